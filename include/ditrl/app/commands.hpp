@@ -1,0 +1,21 @@
+#pragma once
+
+// Subcommands of the `ditrl` executable. Each add_*_command registers its
+// options on the CLI11 app and, when chosen, stores the work to run in
+// `selected`; main() runs it once inside the single error handler.
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <string>
+
+namespace ditrl::app {
+
+using Command = std::function<int()>;
+
+// Multi-line version report: ditrl and every dependency it was built with.
+std::string version_text();
+
+void add_check_command(CLI::App& app, Command& selected);
+
+}  // namespace ditrl::app

@@ -1,0 +1,60 @@
+#pragma once
+
+// A deck is a TOML file of sections (design.md §5). load_deck() parses it,
+// applies `--set section.key=value` overrides, reads every section with type,
+// range and unknown-key checks, runs each section's rules and the deck-wide
+// invariants, and reports all problems at once.
+
+#include <ditrl/config/sections.hpp>
+
+#include <string>
+#include <vector>
+
+namespace ditrl::config {
+
+struct Config {
+  RunSection run;
+  ModelSection model;
+  PrecisionSection precision;
+  ParallelSection parallel;
+  RolloutSection rollout;
+  RewardSection reward;
+  TrainSection train;
+  DataSection data;
+  CheckpointSection checkpoint;
+  MetricsSection metrics;
+  DebugSection debug;
+
+  std::string source;  // the deck file (or a description of where the text came from)
+
+  template <class V>
+  void sections(V& v) {
+    v.table("run", run);
+    v.table("model", model);
+    v.table("precision", precision);
+    v.table("parallel", parallel);
+    v.table("rollout", rollout);
+    v.table("reward", reward);
+    v.table("train", train);
+    v.table("data", data);
+    v.table("checkpoint", checkpoint);
+    v.table("metrics", metrics);
+    v.table("debug", debug);
+  }
+};
+
+// Reads and validates a deck file; throws ditrl::Error listing every problem.
+Config load_deck(const std::string& path, const std::vector<std::string>& overrides = {});
+// The same from TOML text; `source_name` is used in error locations.
+Config parse_deck(const std::string& text, const std::string& source_name,
+                  const std::vector<std::string>& overrides = {});
+// The effective deck as TOML text (defaults included); parse_deck() of it
+// gives back the same Config.
+std::string to_toml(const Config& config);
+
+// Applies one `section.key=value` assignment to a TOML tree. The value is
+// parsed as TOML (numbers, booleans, arrays, quoted strings); anything that is
+// not valid TOML is taken as a bare string.
+void apply_override(toml::table& root, const std::string& assignment);
+
+}  // namespace ditrl::config

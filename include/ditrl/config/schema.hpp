@@ -1,0 +1,305 @@
+#pragma once
+
+// The deck schema machinery. A section is a plain struct with a
+//   template <class V> void fields(V& v)
+// member that names each key once: v("key", member, constraints...). The same
+// description drives reading (Reader: types, ranges, unknown keys with a
+// did-you-mean), writing back to TOML (Writer) and so `--set` overrides, which
+// are applied to the TOML tree before reading and get the same checks.
+
+#include <toml++/toml.h>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+namespace ditrl::config {
+
+// Inclusive numeric range.
+struct Between {
+  double lo, hi;
+};
+// Strictly greater than lo.
+struct Above {
+  double lo;
+};
+// A string drawn from a fixed set.
+struct OneOf {
+  std::vector<std::string> values;
+  OneOf(std::initializer_list<const char*> v) : values(v.begin(), v.end()) {}
+};
+
+// "file:line:col" for a node, or "--set k=v" for an override.
+std::string where(const toml::source_region& region);
+
+// Closest candidate by edit distance, or empty when nothing is close enough.
+std::string did_you_mean(std::string_view key, const std::vector<std::string>& candidates);
+
+// Collects every problem of a deck so a user fixes them in one pass.
+class Diagnostics {
+ public:
+  void error(std::string message) { errors_.push_back(std::move(message)); }
+  bool empty() const { return errors_.empty(); }
+  const std::vector<std::string>& errors() const { return errors_; }
+  // Throws ditrl::Error listing every collected problem, if any.
+  void throw_if_any(std::string_view what) const;
+
+ private:
+  std::vector<std::string> errors_;
+};
+
+// Where each dotted key of the deck came from, for cross-field messages.
+class SourceMap {
+ public:
+  void set(const std::string& key, std::string location) { at_[key] = std::move(location); }
+  // Location of `key`, else of its section, else the deck file.
+  std::string locate(const std::string& key) const;
+  void set_file(std::string file) { file_ = std::move(file); }
+
+ private:
+  std::map<std::string, std::string> at_;
+  std::string file_;
+};
+
+namespace detail {
+
+template <class T>
+struct is_vector : std::false_type {};
+template <class T>
+struct is_vector<std::vector<T>> : std::true_type {};
+template <class T>
+struct is_optional : std::false_type {};
+template <class T>
+struct is_optional<std::optional<T>> : std::true_type {};
+
+template <class T>
+std::string type_name() {
+  if constexpr (std::is_same_v<T, bool>) return "boolean";
+  else if constexpr (std::is_integral_v<T>) return "integer";
+  else if constexpr (std::is_floating_point_v<T>) return "number";
+  else if constexpr (std::is_same_v<T, std::string>) return "string";
+  else if constexpr (is_vector<T>::value) return "array of " + type_name<typename T::value_type>() + "s";
+  else if constexpr (is_optional<T>::value) return type_name<typename T::value_type>();
+  else return "table";
+}
+
+std::string node_type_name(const toml::node& node);
+std::string describe(const Between& c);
+std::string describe(const Above& c);
+std::string describe(const OneOf& c);
+bool satisfies(double v, const Between& c);
+bool satisfies(double v, const Above& c);
+bool satisfies(const std::string& v, const OneOf& c);
+std::string show(double v);
+std::string show(const std::string& v);
+
+// Scalar conversion: false when the node has the wrong type.
+template <class T>
+bool convert(const toml::node& node, T& out) {
+  if constexpr (std::is_same_v<T, bool>) {
+    if (auto v = node.value_exact<bool>()) return out = *v, true;
+    return false;
+  } else if constexpr (std::is_integral_v<T>) {
+    if (auto v = node.value_exact<int64_t>()) return out = static_cast<T>(*v), true;
+    return false;
+  } else if constexpr (std::is_floating_point_v<T>) {
+    if (auto v = node.value_exact<double>()) return out = static_cast<T>(*v), true;
+    if (auto v = node.value_exact<int64_t>()) return out = static_cast<T>(*v), true;
+    return false;
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    if (auto v = node.value_exact<std::string>()) return out = *v, true;
+    return false;
+  } else {
+    static_assert(sizeof(T) == 0, "unsupported deck field type");
+  }
+}
+
+}  // namespace detail
+
+// Reads one TOML table into a section struct.
+class Reader {
+ public:
+  Reader(const toml::table& table, std::string prefix, Diagnostics& diag, SourceMap& sources)
+      : table_(table), prefix_(std::move(prefix)), diag_(diag), sources_(sources) {}
+
+  template <class T, class... C>
+  void operator()(std::string_view key, T& value, const C&... constraints) {
+    read(key, value, false, constraints...);
+  }
+  template <class T, class... C>
+  void required(std::string_view key, T& value, const C&... constraints) {
+    read(key, value, true, constraints...);
+  }
+  // A sub-table ([section.key]) read into a struct with its own fields().
+  template <class S>
+  void table(std::string_view key, S& sub) {
+    known_.emplace_back(key);
+    // An absent table is read as empty so its required keys are reported.
+    static const toml::table empty;
+    const toml::node* node = table_.get(key);
+    const toml::table* t = node ? node->as_table() : &empty;
+    if (!t) return wrong_type(key, *node, "table");
+    Reader r(*t, dotted(key), diag_, sources_);
+    sub.fields(r);
+    r.finish();
+  }
+  // An array of tables ([[section.key]]), each read into S.
+  template <class S>
+  void tables(std::string_view key, std::vector<S>& subs) {
+    known_.emplace_back(key);
+    const toml::node* node = table_.get(key);
+    if (!node) return;
+    const toml::array* arr = node->as_array();
+    if (!arr) return wrong_type(key, *node, "array of tables");
+    subs.clear();
+    for (size_t i = 0; i < arr->size(); ++i) {
+      const toml::table* t = (*arr)[i].as_table();
+      if (!t) return wrong_type(key, (*arr)[i], "array of tables");
+      S sub;
+      Reader r(*t, dotted(key) + "[" + std::to_string(i) + "]", diag_, sources_);
+      sub.fields(r);
+      r.finish();
+      subs.push_back(std::move(sub));
+    }
+  }
+  // Reports keys the section does not know, with a suggestion.
+  void finish();
+
+ private:
+  std::string dotted(std::string_view key) const {
+    return prefix_.empty() ? std::string(key) : prefix_ + "." + std::string(key);
+  }
+  void wrong_type(std::string_view key, const toml::node& node, const std::string& expected);
+  void missing(std::string_view key, const std::string& expected);
+  void out_of_range(std::string_view key, const toml::node& node, const std::string& shown,
+                    const std::string& expected);
+
+  template <class T, class... C>
+  void read(std::string_view key, T& value, bool is_required, const C&... constraints) {
+    known_.emplace_back(key);
+    const toml::node* node = table_.get(key);
+    if (!node) {
+      if (is_required) missing(key, detail::type_name<T>());
+      return;
+    }
+    sources_.set(dotted(key), where(node->source()));
+    if constexpr (detail::is_optional<T>::value) {
+      typename T::value_type inner{};
+      if (convert_checked(key, *node, inner, constraints...)) value = std::move(inner);
+    } else {
+      convert_checked(key, *node, value, constraints...);
+    }
+  }
+
+  template <class T, class... C>
+  bool convert_checked(std::string_view key, const toml::node& node, T& out, const C&... c) {
+    if constexpr (detail::is_vector<T>::value) {
+      const toml::array* arr = node.as_array();
+      if (!arr) return wrong_type(key, node, detail::type_name<T>()), false;
+      T result;
+      for (const toml::node& element : *arr) {
+        typename T::value_type item{};
+        if (!convert_checked(key, element, item, c...)) return false;
+        result.push_back(std::move(item));
+      }
+      out = std::move(result);
+      return true;
+    } else {
+      T converted{};
+      if (!detail::convert(node, converted))
+        return wrong_type(key, node, detail::type_name<T>()), false;
+      bool ok = true;
+      (check(key, node, converted, c, ok), ...);
+      if (ok) out = std::move(converted);
+      return ok;
+    }
+  }
+
+  template <class T, class Constraint>
+  void check(std::string_view key, const toml::node& node, const T& v, const Constraint& c, bool& ok) {
+    if (!ok) return;
+    if constexpr (std::is_same_v<Constraint, OneOf>) {
+      static_assert(std::is_same_v<T, std::string>, "OneOf constrains strings");
+      if (!detail::satisfies(v, c)) {
+        out_of_range(key, node, detail::show(v), detail::describe(c));
+        ok = false;
+      }
+    } else {
+      static_assert(std::is_arithmetic_v<T>, "numeric constraint on a non-number");
+      if (!detail::satisfies(static_cast<double>(v), c)) {
+        out_of_range(key, node, detail::show(static_cast<double>(v)), detail::describe(c));
+        ok = false;
+      }
+    }
+  }
+
+  const toml::table& table_;
+  std::string prefix_;
+  Diagnostics& diag_;
+  SourceMap& sources_;
+  std::vector<std::string> known_;
+};
+
+// Writes a section struct back to a TOML table (the effective deck).
+class Writer {
+ public:
+  explicit Writer(toml::table& out) : out_(out) {}
+
+  template <class T, class... C>
+  void operator()(std::string_view key, const T& value, const C&...) {
+    if constexpr (detail::is_optional<T>::value) {
+      if (value) out_.insert_or_assign(key, to_node(*value));
+    } else {
+      out_.insert_or_assign(key, to_node(value));
+    }
+  }
+  template <class T, class... C>
+  void required(std::string_view key, const T& value, const C&... c) {
+    (*this)(key, value, c...);
+  }
+  template <class S>
+  void table(std::string_view key, S& sub) {
+    toml::table t;
+    Writer w(t);
+    sub.fields(w);
+    out_.insert_or_assign(key, std::move(t));
+  }
+  template <class S>
+  void tables(std::string_view key, std::vector<S>& subs) {
+    if (subs.empty()) return;
+    toml::array arr;
+    for (S& sub : subs) {
+      toml::table t;
+      Writer w(t);
+      sub.fields(w);
+      arr.push_back(std::move(t));
+    }
+    out_.insert_or_assign(key, std::move(arr));
+  }
+
+ private:
+  template <class T>
+  static auto to_node(const T& v) {
+    if constexpr (detail::is_vector<T>::value) {
+      toml::array arr;
+      for (const auto& e : v) arr.push_back(to_node(e));
+      return arr;
+    } else if constexpr (std::is_same_v<T, bool>) {
+      return toml::value<bool>(v);
+    } else if constexpr (std::is_integral_v<T>) {
+      return toml::value<int64_t>(static_cast<int64_t>(v));
+    } else if constexpr (std::is_floating_point_v<T>) {
+      return toml::value<double>(static_cast<double>(v));
+    } else {
+      return toml::value<std::string>(v);
+    }
+  }
+
+  toml::table& out_;
+};
+
+}  // namespace ditrl::config

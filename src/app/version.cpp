@@ -1,0 +1,102 @@
+#include <ditrl/app/commands.hpp>
+#include <ditrl/build_info.hpp>
+
+#include <ATen/Parallel.h>
+#include <ATen/Version.h>
+#include <CLI/Version.hpp>
+#include <boost/version.hpp>
+#include <fmt/format.h>
+#include <hdf5.h>
+#include <mpi.h>
+#include <spdlog/version.h>
+#include <toml++/toml.h>
+#include <torch/version.h>
+#ifdef DITRL_CUDA
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#endif
+
+#include <filesystem>
+#include <sstream>
+
+namespace ditrl::app {
+
+namespace {
+
+std::string mpi_library() {
+  char text[MPI_MAX_LIBRARY_VERSION_STRING] = {0};
+  int length = 0;
+  MPI_Get_library_version(text, &length);
+  std::string line(text, static_cast<size_t>(length));
+  if (size_t cut = line.find_first_of(",\n"); cut != std::string::npos) line.resize(cut);
+  int major = 0, minor = 0;
+  MPI_Get_version(&major, &minor);
+  return fmt::format("{} (MPI {}.{})", line, major, minor);
+}
+
+std::string hdf5_library() {
+  unsigned major = 0, minor = 0, release = 0;
+  H5get_libversion(&major, &minor, &release);
+#ifdef H5_HAVE_PARALLEL
+  const char* flavour = "parallel";
+#else
+  const char* flavour = "serial";
+#endif
+  return fmt::format("{}.{}.{} ({})", major, minor, release, flavour);
+}
+
+// The BLAS LibTorch really calls is whatever libblas.so.3 the Debian
+// alternatives system points at: the reference BLAS is ~25x slower.
+std::string blas_library() {
+  std::error_code ec;
+  const auto target = std::filesystem::read_symlink("/etc/alternatives/libblas.so.3-x86_64-linux-gnu", ec);
+  return ec ? std::string("unknown (no Debian libblas.so.3 alternative)") : target.string();
+}
+
+// The "CPU capability" line of ATen's build report (the kernels it dispatches to).
+std::string torch_cpu_capability() {
+  std::istringstream config(at::show_config());
+  for (std::string line; std::getline(config, line);)
+    if (line.find("CPU capability") != std::string::npos) {
+      const size_t colon = line.find(':');
+      return colon == std::string::npos ? line : line.substr(colon + 2);
+    }
+  return "unknown";
+}
+
+}  // namespace
+
+std::string version_text() {
+  std::string text = fmt::format("ditrl {} (commit {}, {} build, {})\n", build::kVersion, build::kGitCommit,
+                                 build::kBuildType, build::kCompiler);
+  text += fmt::format("  LibTorch   {} ({}, CPU capability {}, {} intra-op threads)\n", TORCH_VERSION,
+#ifdef DITRL_CUDA
+                      "CUDA build",
+#else
+                      "CPU build",
+#endif
+                      torch_cpu_capability(), at::get_num_threads());
+  text += fmt::format("  BLAS       {}\n", blas_library());
+  text += fmt::format("  MPI        {}\n", mpi_library());
+  text += fmt::format("  HDF5       {}\n", hdf5_library());
+  text += fmt::format("  Boost      {}.{}.{} (Boost.JSON)\n", BOOST_VERSION / 100000, BOOST_VERSION / 100 % 1000,
+                      BOOST_VERSION % 100);
+  text += fmt::format("  toml++     {}.{}.{}\n", TOML_LIB_MAJOR, TOML_LIB_MINOR, TOML_LIB_PATCH);
+  text += fmt::format("  CLI11      {}\n", CLI11_VERSION);
+  text += fmt::format("  spdlog     {}.{}.{} (fmt {}.{}.{})\n", SPDLOG_VER_MAJOR, SPDLOG_VER_MINOR, SPDLOG_VER_PATCH,
+                      FMT_VERSION / 10000, FMT_VERSION / 100 % 100, FMT_VERSION % 100);
+#ifdef DITRL_CUDA
+  int runtime = 0, driver = 0, nccl = 0;
+  cudaRuntimeGetVersion(&runtime);
+  cudaDriverGetVersion(&driver);
+  ncclGetVersion(&nccl);
+  text += fmt::format("  CUDA       runtime {}.{}, driver {}\n", runtime / 1000, runtime % 1000 / 10,
+                      driver ? fmt::format("{}.{}", driver / 1000, driver % 1000 / 10) : std::string("none"));
+  text += fmt::format("  NCCL       {}.{}.{}\n", nccl / 10000, nccl / 100 % 100, nccl % 100);
+#else
+  text += "  CUDA/NCCL  not built (configure with -DDITRL_CUDA=ON)\n";
+#endif
+  return text;
+}
+
+}  // namespace ditrl::app

@@ -1,0 +1,143 @@
+#include <ditrl/config/deck.hpp>
+#include <ditrl/error.hpp>
+
+#include <fmt/format.h>
+
+#include <fstream>
+#include <sstream>
+
+namespace ditrl::config {
+
+namespace {
+
+toml::table parse_text(const std::string& text, const std::string& source_name) {
+  try {
+    return toml::parse(std::string_view(text), std::string_view(source_name));
+  } catch (const toml::parse_error& e) {
+    fail("{}: TOML syntax error: {}", where(e.source()), e.description());
+  }
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> parts;
+  std::string part;
+  std::istringstream in(s);
+  while (std::getline(in, part, sep)) parts.push_back(part);
+  return parts;
+}
+
+std::string quoted(const std::string& raw) {
+  std::string out = "\"";
+  for (char ch : raw) {
+    if (ch == '"' || ch == '\\') out += '\\';
+    out += ch;
+  }
+  return out + "\"";
+}
+
+// Rules that span sections: the batch-knob invariant (algorithms.md §8) and
+// family-specific guidance rules.
+void validate_deck(const Config& c, Diagnostics& diag, const SourceMap& sources) {
+  const Checker rollout(diag, sources, "rollout");
+  const Checker train(diag, sources, "train");
+  const int64_t samples = c.rollout.batch * c.rollout.samples_per_prompt;
+  const int64_t consumed = c.train.global_batch * c.train.steps_per_rollout;
+  if (samples != consumed)
+    train.error("global_batch",
+                fmt::format("breaks the batch-knob invariant rollout.batch x rollout.samples_per_prompt = "
+                            "train.global_batch x train.steps_per_rollout: {} x {} = {} but {} x {} = {}",
+                            c.rollout.batch, c.rollout.samples_per_prompt, samples, c.train.global_batch,
+                            c.train.steps_per_rollout, consumed));
+  if (c.model.family == "ltx" && (c.rollout.guidance_scale != 1.0 || c.rollout.negative_prompt))
+    rollout.error("guidance_scale", "must be 1 with no negative prompt: LTX trains unguided");
+  if (c.rollout.guidance_scale_2 && c.model.family != "wan")
+    rollout.error("guidance_scale_2", "is only used by Wan2.2's low-noise expert (family = \"wan\")");
+  if (c.rollout.true_cfg_scale && c.model.family != "qwen_image")
+    rollout.error("true_cfg_scale", "is only used by Qwen-Image (family = \"qwen_image\")");
+  if (c.train.loss != "grpo" && c.train.kl_beta > 0)
+    train.error("kl_beta", "applies to the Flow-GRPO loss only (loss = \"grpo\")");
+}
+
+Config read_config(const toml::table& root, const std::string& source_name) {
+  Config config;
+  config.source = source_name;
+  Diagnostics diag;
+  SourceMap sources;
+  sources.set_file(source_name);
+  for (const auto& [key, node] : root) sources.set(std::string(key.str()), where(node.source()));
+
+  Reader reader(root, "", diag, sources);
+  config.sections(reader);
+  reader.finish();
+  if (diag.empty()) {
+    config.run.validate(Checker(diag, sources, "run"));
+    config.model.validate(Checker(diag, sources, "model"));
+    config.precision.validate(Checker(diag, sources, "precision"));
+    config.rollout.validate(Checker(diag, sources, "rollout"));
+    config.reward.validate(Checker(diag, sources, "reward"));
+    config.train.validate(Checker(diag, sources, "train"));
+    validate_deck(config, diag, sources);
+  }
+  diag.throw_if_any("invalid deck " + source_name);
+  return config;
+}
+
+}  // namespace
+
+void apply_override(toml::table& root, const std::string& assignment) {
+  const size_t eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0)
+    fail("--set {}: expected section.key=value", assignment);
+  const std::string key = assignment.substr(0, eq);
+  const std::string value = assignment.substr(eq + 1);
+  const std::vector<std::string> path = split(key, '.');
+  for (const std::string& part : path)
+    if (part.empty()) fail("--set {}: empty component in key '{}'", assignment, key);
+
+  const std::string origin = "--set " + assignment;
+  toml::table parsed;
+  try {
+    parsed = toml::parse(std::string_view("v = " + value), std::string_view(origin));
+  } catch (const toml::parse_error&) {
+    parsed = toml::parse(std::string_view("v = " + quoted(value)), std::string_view(origin));
+  }
+
+  toml::table* table = &root;
+  for (size_t i = 0; i + 1 < path.size(); ++i) {
+    toml::node* child = table->get(path[i]);
+    if (!child) {
+      table->insert(path[i], toml::table{});
+      child = table->get(path[i]);
+    }
+    table = child->as_table();
+    if (!table) fail("--set {}: '{}' is not a section", assignment, path[i]);
+  }
+  table->insert_or_assign(path.back(), std::move(*parsed.get("v")));
+}
+
+Config parse_deck(const std::string& text, const std::string& source_name,
+                  const std::vector<std::string>& overrides) {
+  toml::table root = parse_text(text, source_name);
+  for (const std::string& assignment : overrides) apply_override(root, assignment);
+  return read_config(root, source_name);
+}
+
+Config load_deck(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("cannot open deck {}: no such file or not readable", path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return parse_deck(text.str(), path, overrides);
+}
+
+std::string to_toml(const Config& config) {
+  Config copy = config;
+  toml::table root;
+  Writer writer(root);
+  copy.sections(writer);
+  std::ostringstream out;
+  out << toml::toml_formatter(root) << "\n";
+  return out.str();
+}
+
+}  // namespace ditrl::config

@@ -1,0 +1,67 @@
+#include <ditrl/config/sections.hpp>
+
+#include <fmt/format.h>
+#include <torch/version.h>
+
+namespace ditrl::config {
+
+void Checker::error(const std::string& key, const std::string& message) const {
+  const std::string dotted = section_ + "." + key;
+  diag_.error(fmt::format("{}: '{}' {}", sources_.locate(dotted), dotted, message));
+}
+
+void RunSection::validate(const Checker& c) const {
+  if (out_dir.empty()) c.error("out_dir", "must not be empty");
+}
+
+void ModelSection::validate(const Checker& c) const {
+  if (!weights_2.empty() && family != "wan")
+    c.error("weights_2", "is only used by the two-expert Wan2.2 A14B family (family = \"wan\")");
+  if (lora.enabled && lora.rank <= 0) c.error("lora.rank", "must be positive when LoRA is enabled");
+}
+
+void PrecisionSection::validate(const Checker& c) const {
+  for (size_t i = 0; i < overrides.size(); ++i)
+    if (overrides[i].pattern.empty())
+      c.error(fmt::format("override[{}].pattern", i), "must not be empty");
+  if (master != "fp32" && master != forward)
+    c.error("master", "below fp32 must equal the forward dtype (masters are what the optimizer updates)");
+#if !defined(DITRL_CUDA) || TORCH_VERSION_MAJOR < 2
+  if (attention != "math")
+    c.error("attention", fmt::format("= \"{}\" needs a CUDA build with LibTorch >= 2.0 (this build has "
+                                     "neither; use \"math\")",
+                                     attention));
+#endif
+}
+
+void RolloutSection::validate(const Checker& c) const {
+  if (!window.empty()) {
+    if (window.size() != 2 || window[0] >= window[1] || window[1] > steps)
+      c.error("window", fmt::format("must be [lo, hi) with 0 <= lo < hi <= steps ({})", steps));
+    else if (sde_steps > window[1] - window[0])
+      c.error("sde_steps", "must not exceed the window width");
+  } else if (sde_steps > steps) {
+    c.error("sde_steps", fmt::format("must not exceed steps ({})", steps));
+  }
+  if (strategy == "epoch_global_random_choice") {
+    if (candidate_steps.empty())
+      c.error("candidate_steps", "is required by strategy \"epoch_global_random_choice\"");
+    for (int64_t s : candidate_steps)
+      if (s >= steps) c.error("candidate_steps", fmt::format("entry {} is not a step index below {}", s, steps));
+  }
+  if (sde != "ode" && strategy != "ode_and_return_last" && noise_level <= 0)
+    c.error("noise_level", "must be > 0 for stochastic (sde/cps) sampling");
+}
+
+void RewardSection::validate(const Checker& c) const {
+  if (kind == "torchscript" && module.empty()) c.error("module", "is required when kind = \"torchscript\"");
+  if (kind == "command" && command.empty()) c.error("command", "is required when kind = \"command\"");
+}
+
+void TrainSection::validate(const Checker& c) const {
+  if (betas.size() != 2) c.error("betas", "must have exactly two entries [beta1, beta2]");
+  if (lr_schedule != "constant" && warmup == 0 && lr_schedule == "warmup")
+    c.error("warmup", "must be > 0 for lr_schedule = \"warmup\"");
+}
+
+}  // namespace ditrl::config

@@ -1,0 +1,108 @@
+#include <ditrl/dist/runtime.hpp>
+#include <ditrl/error.hpp>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <iostream>
+#include <thread>
+
+namespace ditrl::dist {
+
+namespace {
+
+void check_mpi(int code, const char* call) {
+  if (code == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  fail("{} failed: {}", call, std::string(text, length));
+}
+
+std::string hostname() {
+  char name[256] = {0};
+  gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
+}  // namespace
+
+LocalRankCheck check_local_rank(int local_rank_from_mpi) {
+  LocalRankCheck check;
+  check.from_mpi = local_rank_from_mpi;
+  for (const char* variable : {"SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"}) {
+    const char* value = std::getenv(variable);
+    if (!value || !*value) continue;
+    check.launcher_variable = variable;
+    check.from_launcher = std::atoi(value);
+    break;
+  }
+  if (check.from_launcher >= 0 && check.from_launcher != check.from_mpi)
+    check.warning = fmt::format(
+        "node-local rank {} from MPI_Comm_split_type differs from {}={}; using the MPI value "
+        "(the launcher orders ranks differently on this node)",
+        check.from_mpi, check.launcher_variable, check.from_launcher);
+  return check;
+}
+
+MpiRuntime::MpiRuntime(int* argc, char*** argv) {
+  int provided = 0;
+  check_mpi(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
+  // Errors come back as codes and become exceptions that end in MPI_Abort.
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &world_.rank), "MPI_Comm_rank");
+  check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &world_.size), "MPI_Comm_size");
+  check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_.rank, MPI_INFO_NULL, &node_comm_),
+            "MPI_Comm_split_type");
+  check_mpi(MPI_Comm_rank(node_comm_, &world_.local_rank), "MPI_Comm_rank(node)");
+  check_mpi(MPI_Comm_size(node_comm_, &world_.local_size), "MPI_Comm_size(node)");
+  world_.host = hostname();
+  if (provided < MPI_THREAD_MULTIPLE && world_.rank == 0)
+    spdlog::warn("MPI provides thread level {} < MPI_THREAD_MULTIPLE; prefetch runs on the main thread", provided);
+}
+
+MpiRuntime::~MpiRuntime() {
+  // While an exception unwinds, peers may be blocked in a collective:
+  // finalizing here would hang them, so report_fatal() aborts the job instead.
+  if (std::uncaught_exceptions() > 0) return;
+  if (node_comm_ != MPI_COMM_NULL) MPI_Comm_free(&node_comm_);
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+int MpiRuntime::default_threads() const {
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  return std::max(1, static_cast<int>(cores) / std::max(1, world_.local_size));
+}
+
+bool MpiRuntime::active() {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  return initialized && !finalized;
+}
+
+int report_fatal(const std::exception& error) {
+  int rank = 0, size = 1;
+  const bool mpi = MpiRuntime::active();
+  if (mpi) {
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+  }
+  const std::string message = size > 1 ? fmt::format("error on rank {}: {}", rank, error.what())
+                                       : fmt::format("error: {}", error.what());
+  // stderr directly: the logger may be the thing that failed.
+  std::cerr << "ditrl: " << message << std::endl;
+  if (auto logger = spdlog::default_logger()) {
+    logger->error(message);
+    logger->flush();
+  }
+  if (mpi && size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+  if (mpi) MPI_Finalize();
+  return 1;
+}
+
+}  // namespace ditrl::dist

@@ -1,0 +1,526 @@
+#include <ditrl/io/h5.hpp>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <sstream>
+
+namespace ditrl::io::h5 {
+
+namespace {
+
+// HDF5 prints its error stack to stderr by default; we turn that off once
+// and fold the stack into the exception text instead.
+void silence_default_printing() {
+  static std::once_flag once;
+  std::call_once(once, [] { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); });
+}
+
+herr_t collect_error(unsigned n, const H5E_error2_t* entry, void* data) {
+  auto* text = static_cast<std::string*>(data);
+  if (n >= 4) return 0;
+  if (!text->empty()) *text += "; ";
+  *text += fmt::format("{}(): {}", entry->func_name ? entry->func_name : "?", entry->desc ? entry->desc : "?");
+  return 0;
+}
+
+std::string error_stack() {
+  std::string text;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, collect_error, &text);
+  H5Eclear2(H5E_DEFAULT);
+  return text.empty() ? "no HDF5 error detail" : text;
+}
+
+[[noreturn]] void raise(const std::string& context, const std::string& what) {
+  throw Error(fmt::format("HDF5: {}: {} [{}]", context, what, error_stack()));
+}
+
+hid_t checked_id(hid_t id, const std::string& context, const std::string& what) {
+  if (id < 0) raise(context, what);
+  return id;
+}
+
+void checked(herr_t status, const std::string& context, const std::string& what) {
+  if (status < 0) raise(context, what);
+}
+
+std::vector<std::string> split_path(const std::string& path) {
+  std::vector<std::string> parts;
+  std::string part;
+  std::istringstream in(path);
+  while (std::getline(in, part, '/'))
+    if (!part.empty()) parts.push_back(part);
+  return parts;
+}
+
+Handle link_create_intermediate() {
+  Handle lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
+  H5Pset_create_intermediate_group(lcpl.id(), 1);
+  return lcpl;
+}
+
+Handle custom_float16(size_t exponent_bits, size_t mantissa_bits, size_t bias) {
+  Handle type(H5Tcopy(H5T_IEEE_F32LE), H5Tclose);
+  // Field layout must shrink before the size does.
+  H5Tset_fields(type.id(), 15, mantissa_bits, exponent_bits, 0, mantissa_bits);
+  H5Tset_precision(type.id(), 16);
+  H5Tset_size(type.id(), 2);
+  H5Tset_ebias(type.id(), bias);
+  return type;
+}
+
+at::Tensor contiguous_cpu(const at::Tensor& t) { return t.device().is_cpu() ? t.contiguous() : t.cpu().contiguous(); }
+
+std::vector<hsize_t> dims_of(const at::Tensor& t) {
+  std::vector<hsize_t> dims;
+  for (int64_t d : t.sizes()) dims.push_back(static_cast<hsize_t>(d));
+  return dims;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- handles
+
+Handle& Handle::operator=(Handle&& other) noexcept {
+  if (this != &other) {
+    reset();
+    id_ = other.id_;
+    close_ = other.close_;
+    other.id_ = H5I_INVALID_HID;
+  }
+  return *this;
+}
+
+void Handle::reset() {
+  if (id_ >= 0 && close_) close_(id_);
+  id_ = H5I_INVALID_HID;
+}
+
+PropList PropList::file_access(MPI_Comm comm) {
+  silence_default_printing();
+  PropList fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  if (comm != MPI_COMM_NULL) checked(H5Pset_fapl_mpio(fapl.id(), comm, MPI_INFO_NULL), "file access", "H5Pset_fapl_mpio");
+  return fapl;
+}
+
+PropList PropList::transfer(bool collective) {
+  PropList dxpl(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
+  if (collective) checked(H5Pset_dxpl_mpio(dxpl.id(), H5FD_MPIO_COLLECTIVE), "transfer", "H5Pset_dxpl_mpio");
+  return dxpl;
+}
+
+Dataspace Dataspace::simple(const std::vector<hsize_t>& dims, const std::vector<hsize_t>& max_dims) {
+  if (dims.empty()) return scalar();
+  const hsize_t* max = max_dims.empty() ? nullptr : max_dims.data();
+  return Dataspace(checked_id(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), max), "dataspace",
+                           "H5Screate_simple"),
+                   H5Sclose);
+}
+
+Dataspace Dataspace::scalar() { return Dataspace(H5Screate(H5S_SCALAR), H5Sclose); }
+
+std::vector<hsize_t> Dataspace::dims() const {
+  const int rank = H5Sget_simple_extent_ndims(id());
+  std::vector<hsize_t> dims(std::max(rank, 0));
+  if (rank > 0) H5Sget_simple_extent_dims(id(), dims.data(), nullptr);
+  return dims;
+}
+
+void Dataspace::select_hyperslab(const std::vector<hsize_t>& offset, const std::vector<hsize_t>& count) {
+  checked(H5Sselect_hyperslab(id(), H5S_SELECT_SET, offset.data(), nullptr, count.data(), nullptr), "dataspace",
+          "H5Sselect_hyperslab");
+}
+
+void Dataspace::select_none() { checked(H5Sselect_none(id()), "dataspace", "H5Sselect_none"); }
+
+// ---------------------------------------------------------------- dtypes
+
+Handle datatype_for(c10::ScalarType dtype) {
+  silence_default_printing();
+  switch (dtype) {
+    case at::kFloat: return Handle(H5Tcopy(H5T_IEEE_F32LE), H5Tclose);
+    case at::kDouble: return Handle(H5Tcopy(H5T_IEEE_F64LE), H5Tclose);
+    case at::kLong: return Handle(H5Tcopy(H5T_STD_I64LE), H5Tclose);
+    case at::kInt: return Handle(H5Tcopy(H5T_STD_I32LE), H5Tclose);
+    case at::kShort: return Handle(H5Tcopy(H5T_STD_I16LE), H5Tclose);
+    case at::kChar: return Handle(H5Tcopy(H5T_STD_I8LE), H5Tclose);
+    case at::kByte: return Handle(H5Tcopy(H5T_STD_U8LE), H5Tclose);
+    case at::kBool: return Handle(H5Tcopy(H5T_STD_U8LE), H5Tclose);
+    case at::kHalf: return custom_float16(5, 10, 15);
+    case at::kBFloat16: return custom_float16(8, 7, 127);
+    default: throw Error(fmt::format("HDF5: no storage type for torch dtype {}", c10::toString(dtype)));
+  }
+}
+
+c10::ScalarType scalar_type_of(hid_t type, const std::string& context) {
+  const H5T_class_t cls = H5Tget_class(type);
+  const size_t size = H5Tget_size(type);
+  if (cls == H5T_FLOAT) {
+    if (size == 4) return at::kFloat;
+    if (size == 8) return at::kDouble;
+    if (size == 2) {
+      size_t spos, epos, esize, mpos, msize;
+      H5Tget_fields(type, &spos, &epos, &esize, &mpos, &msize);
+      if (esize == 8 && msize == 7) return at::kBFloat16;
+      if (esize == 5 && msize == 10) return at::kHalf;
+    }
+  } else if (cls == H5T_INTEGER) {
+    const bool is_signed = H5Tget_sign(type) == H5T_SGN_2;
+    if (is_signed && size == 8) return at::kLong;
+    if (is_signed && size == 4) return at::kInt;
+    if (is_signed && size == 2) return at::kShort;
+    if (is_signed && size == 1) return at::kChar;
+    if (!is_signed && size == 1) return at::kByte;
+  }
+  throw Error(fmt::format("HDF5: {}: unsupported stored type (class {}, {} bytes)", context, static_cast<int>(cls), size));
+}
+
+const char* dtype_name(c10::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat: return "fp32";
+    case at::kDouble: return "fp64";
+    case at::kHalf: return "fp16";
+    case at::kBFloat16: return "bf16";
+    case at::kLong: return "int64";
+    case at::kInt: return "int32";
+    case at::kByte: return "uint8";
+    default: return c10::toString(dtype);
+  }
+}
+
+// ---------------------------------------------------------------- objects
+
+std::string Object::context() const { return file_ + ":" + path_; }
+
+std::string Object::child_path(const std::string& name) const {
+  if (!name.empty() && name[0] == '/') return name;
+  return path_ == "/" ? "/" + name : path_ + "/" + name;
+}
+
+bool Object::has_attr(const std::string& name) const {
+  const htri_t exists = H5Aexists(id(), name.c_str());
+  if (exists < 0) raise(context(), "H5Aexists(" + name + ")");
+  return exists > 0;
+}
+
+namespace {
+
+Handle open_attr(const Object& object, const std::string& name) {
+  if (!object.has_attr(name)) throw Error(fmt::format("HDF5: {}: no attribute '{}'", object.context(), name));
+  return Handle(checked_id(H5Aopen(object.id(), name.c_str(), H5P_DEFAULT), object.context(), "H5Aopen(" + name + ")"),
+                H5Aclose);
+}
+
+Handle replace_attr(Object& object, const std::string& name, hid_t type, hid_t space) {
+  if (object.has_attr(name)) checked(H5Adelete(object.id(), name.c_str()), object.context(), "H5Adelete");
+  return Handle(checked_id(H5Acreate2(object.id(), name.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT),
+                        object.context(), "H5Acreate2(" + name + ")"),
+                H5Aclose);
+}
+
+}  // namespace
+
+void Object::set_attr(const std::string& name, const std::string& value) {
+  Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_size(type.id(), H5T_VARIABLE);
+  H5Tset_cset(type.id(), H5T_CSET_UTF8);
+  Dataspace space = Dataspace::scalar();
+  Handle attr = replace_attr(*this, name, type.id(), space.id());
+  const char* text = value.c_str();
+  checked(H5Awrite(attr.id(), type.id(), &text), context(), "H5Awrite");
+}
+
+void Object::set_attr(const std::string& name, int64_t value) {
+  Dataspace space = Dataspace::scalar();
+  Handle attr = replace_attr(*this, name, H5T_STD_I64LE, space.id());
+  checked(H5Awrite(attr.id(), H5T_NATIVE_INT64, &value), context(), "H5Awrite");
+}
+
+void Object::set_attr(const std::string& name, double value) {
+  Dataspace space = Dataspace::scalar();
+  Handle attr = replace_attr(*this, name, H5T_IEEE_F64LE, space.id());
+  checked(H5Awrite(attr.id(), H5T_NATIVE_DOUBLE, &value), context(), "H5Awrite");
+}
+
+void Object::set_attr(const std::string& name, const std::vector<int64_t>& value) {
+  Dataspace space = Dataspace::simple({static_cast<hsize_t>(value.size())});
+  Handle attr = replace_attr(*this, name, H5T_STD_I64LE, space.id());
+  if (!value.empty()) checked(H5Awrite(attr.id(), H5T_NATIVE_INT64, value.data()), context(), "H5Awrite");
+}
+
+std::string Object::string_attr(const std::string& name) const {
+  Handle attr = open_attr(*this, name);
+  Handle type(H5Aget_type(attr.id()), H5Tclose);
+  if (H5Tget_class(type.id()) != H5T_STRING)
+    throw Error(fmt::format("HDF5: {}: attribute '{}' is not a string", context(), name));
+  if (H5Tis_variable_str(type.id()) > 0) {
+    char* text = nullptr;
+    Handle mem(H5Tcopy(H5T_C_S1), H5Tclose);
+    H5Tset_size(mem.id(), H5T_VARIABLE);
+    H5Tset_cset(mem.id(), H5Tget_cset(type.id()));
+    checked(H5Aread(attr.id(), mem.id(), &text), context(), "H5Aread");
+    std::string value = text ? text : "";
+    Dataspace space(H5Aget_space(attr.id()), H5Sclose);
+    H5Dvlen_reclaim(mem.id(), space.id(), H5P_DEFAULT, &text);
+    return value;
+  }
+  const size_t size = H5Tget_size(type.id());
+  std::string value(size, '\0');
+  checked(H5Aread(attr.id(), type.id(), value.data()), context(), "H5Aread");
+  value.resize(std::strlen(value.c_str()));
+  return value;
+}
+
+int64_t Object::int_attr(const std::string& name) const {
+  Handle attr = open_attr(*this, name);
+  int64_t value = 0;
+  checked(H5Aread(attr.id(), H5T_NATIVE_INT64, &value), context(), "H5Aread(" + name + ")");
+  return value;
+}
+
+double Object::double_attr(const std::string& name) const {
+  Handle attr = open_attr(*this, name);
+  double value = 0;
+  checked(H5Aread(attr.id(), H5T_NATIVE_DOUBLE, &value), context(), "H5Aread(" + name + ")");
+  return value;
+}
+
+std::vector<int64_t> Object::ints_attr(const std::string& name) const {
+  Handle attr = open_attr(*this, name);
+  Dataspace space(H5Aget_space(attr.id()), H5Sclose);
+  const hssize_t n = H5Sget_simple_extent_npoints(space.id());
+  std::vector<int64_t> value(std::max<hssize_t>(n, 0));
+  if (n > 0) checked(H5Aread(attr.id(), H5T_NATIVE_INT64, value.data()), context(), "H5Aread(" + name + ")");
+  return value;
+}
+
+// ---------------------------------------------------------------- datasets
+
+std::vector<hsize_t> Dataset::shape() const {
+  Dataspace space(checked_id(H5Dget_space(id()), context(), "H5Dget_space"), H5Sclose);
+  return space.dims();
+}
+
+c10::ScalarType Dataset::dtype() const {
+  Handle type(checked_id(H5Dget_type(id()), context(), "H5Dget_type"), H5Tclose);
+  return scalar_type_of(type.id(), context());
+}
+
+void Dataset::write(const at::Tensor& tensor) {
+  const at::Tensor data = contiguous_cpu(tensor);
+  const std::vector<hsize_t> shape_now = shape();
+  if (shape_now != dims_of(data))
+    throw Error(fmt::format("HDF5: {}: writing a tensor of shape {} into a dataset of another shape", context(),
+                            fmt::join(data.sizes(), "x")));
+  Handle type = datatype_for(data.scalar_type());
+  Dataspace file_space(H5Dget_space(id()), H5Sclose);
+  Dataspace mem_space = Dataspace::simple(dims_of(data));
+  if (parallel()) {
+    int rank = 0;
+    MPI_Comm_rank(comm(), &rank);
+    if (rank != 0) {
+      file_space.select_none();
+      mem_space.select_none();
+    }
+  }
+  PropList dxpl = PropList::transfer(parallel());
+  checked(H5Dwrite(id(), type.id(), mem_space.id(), file_space.id(), dxpl.id(), data.data_ptr()), context(),
+          "H5Dwrite");
+}
+
+at::Tensor Dataset::read() const {
+  std::vector<int64_t> sizes;
+  for (hsize_t d : shape()) sizes.push_back(static_cast<int64_t>(d));
+  at::Tensor out = at::empty(sizes, at::TensorOptions().dtype(dtype()));
+  if (out.numel() == 0) return out;
+  Handle type = datatype_for(out.scalar_type());
+  checked(H5Dread(id(), type.id(), H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data_ptr()), context(), "H5Dread");
+  return out;
+}
+
+void Dataset::write_rows(int64_t offset, const at::Tensor& rows, bool collective) {
+  const at::Tensor data = contiguous_cpu(rows);
+  std::vector<hsize_t> dims = shape();
+  if (dims.empty() || data.dim() != static_cast<int64_t>(dims.size()))
+    throw Error(fmt::format("HDF5: {}: row block of rank {} for a dataset of rank {}", context(), data.dim(),
+                            dims.size()));
+  for (size_t d = 1; d < dims.size(); ++d)
+    if (static_cast<int64_t>(dims[d]) != data.size(static_cast<int64_t>(d)))
+      throw Error(fmt::format("HDF5: {}: row block shape {} does not match the dataset's trailing dims", context(),
+                              fmt::join(data.sizes(), "x")));
+  const hsize_t count = static_cast<hsize_t>(data.size(0));
+  if (offset < 0 || static_cast<hsize_t>(offset) + count > dims[0])
+    throw Error(fmt::format("HDF5: {}: rows [{}, {}) outside [0, {})", context(), offset, offset + count, dims[0]));
+
+  Handle type = datatype_for(data.scalar_type());
+  Dataspace file_space(H5Dget_space(id()), H5Sclose);
+  std::vector<hsize_t> mem_dims = dims;
+  mem_dims[0] = std::max<hsize_t>(count, 1);
+  Dataspace mem_space = Dataspace::simple(mem_dims);
+  if (count == 0) {
+    file_space.select_none();
+    mem_space.select_none();
+  } else {
+    std::vector<hsize_t> start(dims.size(), 0), block = dims;
+    start[0] = static_cast<hsize_t>(offset);
+    block[0] = count;
+    file_space.select_hyperslab(start, block);
+  }
+  PropList dxpl = PropList::transfer(parallel() && collective);
+  checked(H5Dwrite(id(), type.id(), mem_space.id(), file_space.id(), dxpl.id(), data.data_ptr()), context(),
+          "H5Dwrite(rows)");
+}
+
+at::Tensor Dataset::read_rows(int64_t offset, int64_t count, bool collective) const {
+  std::vector<hsize_t> dims = shape();
+  if (dims.empty() || offset < 0 || count < 0 || static_cast<hsize_t>(offset + count) > dims[0])
+    throw Error(fmt::format("HDF5: {}: rows [{}, {}) outside the dataset", context(), offset, offset + count));
+  std::vector<int64_t> sizes;
+  for (hsize_t d : dims) sizes.push_back(static_cast<int64_t>(d));
+  sizes[0] = count;
+  at::Tensor out = at::empty(sizes, at::TensorOptions().dtype(dtype()));
+  Handle type = datatype_for(out.scalar_type());
+  Dataspace file_space(H5Dget_space(id()), H5Sclose);
+  std::vector<hsize_t> mem_dims = dims;
+  mem_dims[0] = std::max<hsize_t>(count, 1);
+  Dataspace mem_space = Dataspace::simple(mem_dims);
+  if (count == 0) {
+    file_space.select_none();
+    mem_space.select_none();
+  } else {
+    std::vector<hsize_t> start(dims.size(), 0), block = dims;
+    start[0] = static_cast<hsize_t>(offset);
+    block[0] = static_cast<hsize_t>(count);
+    file_space.select_hyperslab(start, block);
+  }
+  PropList dxpl = PropList::transfer(parallel() && collective);
+  checked(H5Dread(id(), type.id(), mem_space.id(), file_space.id(), dxpl.id(), out.data_ptr()), context(),
+          "H5Dread(rows)");
+  return out;
+}
+
+void Dataset::extend(hsize_t rows) {
+  std::vector<hsize_t> dims = shape();
+  if (dims.empty()) throw Error(fmt::format("HDF5: {}: cannot extend a scalar dataset", context()));
+  dims[0] = rows;
+  checked(H5Dset_extent(id(), dims.data()), context(), "H5Dset_extent");
+}
+
+// ---------------------------------------------------------------- groups
+
+bool Group::exists(const std::string& path) const {
+  std::string prefix = path.size() && path[0] == '/' ? "/" : "";
+  for (const std::string& part : split_path(path)) {
+    prefix += (prefix.empty() || prefix == "/" ? "" : "/") + part;
+    const htri_t link = H5Lexists(id(), prefix.c_str(), H5P_DEFAULT);
+    if (link <= 0) return false;
+  }
+  return H5Oexists_by_name(id(), path.c_str(), H5P_DEFAULT) > 0;
+}
+
+Group Group::create_group(const std::string& path) {
+  Handle lcpl = link_create_intermediate();
+  const hid_t g = H5Gcreate2(id(), path.c_str(), lcpl.id(), H5P_DEFAULT, H5P_DEFAULT);
+  return Group(checked_id(g, context(), "H5Gcreate2(" + path + ")"), H5Gclose, file_name(), child_path(path),
+               comm());
+}
+
+Group Group::open_group(const std::string& path) const {
+  if (!exists(path)) throw Error(fmt::format("HDF5: {}: no group '{}'", context(), path));
+  const hid_t g = H5Gopen2(id(), path.c_str(), H5P_DEFAULT);
+  return Group(checked_id(g, context(), "H5Gopen2(" + path + ")"), H5Gclose, file_name(), child_path(path), comm());
+}
+
+Group Group::require_group(const std::string& path) { return exists(path) ? open_group(path) : create_group(path); }
+
+Dataset Group::create_dataset(const std::string& path, c10::ScalarType dtype, const std::vector<hsize_t>& dims,
+                              const DatasetOptions& options) {
+  Handle type = datatype_for(dtype);
+  Dataspace space = Dataspace::simple(dims, options.max_dims);
+  Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  if (!options.chunk.empty()) {
+    checked(H5Pset_chunk(dcpl.id(), static_cast<int>(options.chunk.size()), options.chunk.data()), context(),
+            "H5Pset_chunk");
+    if (options.fletcher32) checked(H5Pset_fletcher32(dcpl.id()), context(), "H5Pset_fletcher32");
+  }
+  Handle lcpl = link_create_intermediate();
+  const hid_t d = H5Dcreate2(id(), path.c_str(), type.id(), space.id(), lcpl.id(), dcpl.id(), H5P_DEFAULT);
+  return Dataset(checked_id(d, context(), "H5Dcreate2(" + path + ")"), H5Dclose, file_name(), child_path(path),
+                 comm());
+}
+
+Dataset Group::open_dataset(const std::string& path) const {
+  if (!exists(path)) throw Error(fmt::format("HDF5: {}: no dataset '{}'", context(), path));
+  const hid_t d = H5Dopen2(id(), path.c_str(), H5P_DEFAULT);
+  return Dataset(checked_id(d, context(), "H5Dopen2(" + path + ")"), H5Dclose, file_name(), child_path(path),
+                 comm());
+}
+
+namespace {
+herr_t collect_name(hid_t, const char* name, const H5L_info_t*, void* data) {
+  static_cast<std::vector<std::string>*>(data)->emplace_back(name);
+  return 0;
+}
+}  // namespace
+
+std::vector<std::string> Group::children() const {
+  std::vector<std::string> names;
+  checked(H5Literate(id(), H5_INDEX_NAME, H5_ITER_INC, nullptr, collect_name, &names), context(), "H5Literate");
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// ---------------------------------------------------------------- files
+
+File File::create(const std::string& path, MPI_Comm comm) {
+  PropList fapl = PropList::file_access(comm);
+  const hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.id());
+  return File(checked_id(f, path, "cannot create file"), H5Fclose, path, "/", comm);
+}
+
+File File::open(const std::string& path, Mode mode, MPI_Comm comm) {
+  PropList fapl = PropList::file_access(comm);
+  const unsigned flags = mode == Mode::ReadOnly ? H5F_ACC_RDONLY : H5F_ACC_RDWR;
+  const hid_t f = H5Fopen(path.c_str(), flags, fapl.id());
+  return File(checked_id(f, path, "cannot open file"), H5Fclose, path, "/", comm);
+}
+
+void File::flush() { checked(H5Fflush(id(), H5F_SCOPE_GLOBAL), context(), "H5Fflush"); }
+
+// ---------------------------------------------------------------- helpers
+
+void write_rows_collective(Group& group, const std::string& path, int64_t global_rows, const at::Tensor& rows,
+                           int64_t row_offset) {
+  if (rows.dim() != 2) throw Error(fmt::format("HDF5: {}/{}: expected a 2-D row block", group.context(), path));
+  Dataset dataset = group.exists(path)
+                        ? group.open_dataset(path)
+                        : group.create_dataset(path, rows.scalar_type(),
+                                               {static_cast<hsize_t>(global_rows), static_cast<hsize_t>(rows.size(1))});
+  dataset.write_rows(row_offset, rows, /*collective=*/true);
+}
+
+Series Series::open_or_create(Group& group, const std::string& path) {
+  if (group.exists(path)) return Series(group.open_dataset(path));
+  DatasetOptions options;
+  options.chunk = {256};
+  options.max_dims = {H5S_UNLIMITED};
+  return Series(group.create_dataset(path, at::kDouble, {0}, options));
+}
+
+void Series::append(double value) {
+  const hsize_t n = static_cast<hsize_t>(size());
+  dataset_.extend(n + 1);
+  dataset_.write_rows(static_cast<int64_t>(n), at::full({1}, value, at::kDouble), /*collective=*/false);
+}
+
+int64_t Series::size() const { return static_cast<int64_t>(dataset_.shape().at(0)); }
+
+std::vector<double> Series::read() const {
+  const at::Tensor values = dataset_.read();
+  return std::vector<double>(values.data_ptr<double>(), values.data_ptr<double>() + values.numel());
+}
+
+}  // namespace ditrl::io::h5

@@ -1,0 +1,38 @@
+// ditrl: reinforcement-learning post-training of flow-matching diffusion
+// transformers on MPI clusters. This file is the CLI: one CLI11 subcommand per
+// task, and the single place where errors are caught and turned into an exit
+// code (or MPI_Abort, so that no rank is left waiting).
+
+#include <ditrl/app/commands.hpp>
+#include <ditrl/dist/runtime.hpp>
+
+#include <iostream>
+
+int main(int argc, char** argv) {
+  CLI::App cli{"ditrl: RL post-training of flow-matching diffusion transformers (Flow-GRPO, DiffusionNFT, SFT)"};
+  cli.require_subcommand(0, 1);
+  bool show_version = false;
+  cli.add_flag("--version", show_version, "Print ditrl's version and the versions of its dependencies");
+
+  ditrl::app::Command selected;
+  ditrl::app::add_check_command(cli, selected);
+
+  try {
+    cli.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return cli.exit(e);
+  }
+  if (show_version) {
+    std::cout << ditrl::app::version_text();
+    return 0;
+  }
+  if (!selected) {
+    std::cout << cli.help();
+    return 0;
+  }
+  try {
+    return selected();
+  } catch (const std::exception& e) {
+    return ditrl::dist::report_fatal(e);
+  }
+}

@@ -1,0 +1,39 @@
+#include <ditrl/dist/runtime.hpp>
+
+#include <catch2/catch.hpp>
+
+#include "process.hpp"
+
+#include <cstdlib>
+
+using Catch::Matchers::Contains;
+
+TEST_CASE("runtime: a rank that throws ends the whole job non-zero within 30 s", "[runtime][mpi]") {
+  const std::string command =
+      std::string("timeout 60 ") + DITRL_MPIEXEC + " -np 2 " + DITRL_PROBE_fail_probe;
+  const auto result = ditrl::test::run_process(command);
+  INFO(result.output);
+  CHECK(result.exit_code != 0);
+  CHECK(result.exit_code != 124);  // 124 = timeout(1) had to kill a hang
+  CHECK(result.seconds < 30.0);
+  CHECK_THAT(result.output, Contains("error on rank 1: probe failure raised on purpose"));
+}
+
+TEST_CASE("runtime: the launcher's local rank is cross-checked", "[runtime]") {
+  setenv("SLURM_LOCALID", "3", 1);
+  auto check = ditrl::dist::check_local_rank(1);
+  CHECK(check.from_launcher == 3);
+  CHECK(check.launcher_variable == "SLURM_LOCALID");
+  CHECK_THAT(check.warning, Contains("differs from SLURM_LOCALID=3"));
+  setenv("SLURM_LOCALID", "1", 1);
+  CHECK(ditrl::dist::check_local_rank(1).warning.empty());
+  unsetenv("SLURM_LOCALID");
+}
+
+TEST_CASE("runtime: --version lists every dependency", "[runtime][cli]") {
+  const auto result = ditrl::test::run_process(std::string(DITRL_BINARY) + " --version");
+  CHECK(result.exit_code == 0);
+  for (const char* name : {"ditrl ", "LibTorch", "BLAS", "MPI", "HDF5", "Boost", "toml++", "CLI11", "spdlog", "CUDA"})
+    CHECK_THAT(result.output, Contains(name));
+  CHECK_THAT(result.output, Contains("parallel"));
+}
