@@ -1,0 +1,41 @@
+#pragma once
+
+// Collectives over torch tensors, one interface for two backends: MPI for CPU
+// tensors (this file's make_mpi_communicator) and NCCL for CUDA tensors
+// (dist/nccl_communicator.hpp, CUDA builds only). Every rank of the group
+// calls each collective in the same order with tensors of equal size.
+
+#include <ATen/core/Tensor.h>
+#include <mpi.h>
+
+#include <memory>
+
+namespace ditrl::dist {
+
+enum class ReduceOp { Sum, Avg, Max, Min };
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // output (size() * input.numel() elements, contiguous) = every rank's
+  // input concatenated in rank order.
+  virtual void all_gather(const at::Tensor& input, at::Tensor& output) = 0;
+  // input has size() * output.numel() elements; rank r receives the
+  // reduction of every rank's r-th chunk.
+  virtual void reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op) = 0;
+  virtual void all_reduce(at::Tensor& tensor, ReduceOp op) = 0;
+  virtual void broadcast(at::Tensor& tensor, int root) = 0;
+  virtual void barrier() = 0;
+  // A sub-communicator of the ranks passing the same color, ordered by key.
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+};
+
+// MPI backend over `comm` (duplicated, so the communicator owns its own
+// message space). CPU tensors of any dtype.
+std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm = MPI_COMM_WORLD);
+
+}  // namespace ditrl::dist

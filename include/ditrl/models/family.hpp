@@ -1,0 +1,127 @@
+#pragma once
+
+// A model family (SD3/SD3.5, Wan2.2, LTX-2.3, Qwen-Image) is a torch module
+// whose named_parameters() are the checkpoint names, plus what the trainer
+// and the sampler need to drive it: the velocity forward in the timestep
+// domain its DiT consumes, wrap units, LoRA targets, dtype overrides, CFG.
+
+#include <ditrl/models/unit.hpp>
+#include <ditrl/precision/dtype.hpp>
+
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ditrl::models {
+
+// Which rollout array the DiT reads: trajectory timesteps t in [0, 1000]
+// (SD3, Wan) or the sigma snapshot in [0, 1] (LTX, Qwen-Image). Both arrays
+// are always passed; a family never derives one from the other.
+enum class TimestepDomain { Timestep, Sigma };
+
+// Conditioning of a batch, by the reference forward's argument names
+// (e.g. "encoder_hidden_states", "pooled_projections",
+// "encoder_hidden_states_mask").
+struct Cond {
+  std::map<std::string, at::Tensor> tensors;
+
+  bool has(const std::string& name) const { return tensors.count(name) > 0 && tensors.at(name).defined(); }
+  // Throws naming the missing tensor and the ones present.
+  const at::Tensor& at(const std::string& name) const;
+};
+
+// One conditioning tensor per prompt, for synthetic prompts and for
+// validating a prompt dataset against the family.
+struct CondSpec {
+  std::string name;
+  std::vector<int64_t> shape;  // per prompt, without the batch dimension
+  c10::ScalarType dtype = c10::ScalarType::Float;
+};
+
+// Latent grid in VAE latent units; image families use frames = 1.
+struct LatentGrid {
+  int64_t frames = 1;
+  int64_t height = 16;
+  int64_t width = 16;
+};
+
+struct DtypeOverride {
+  std::string pattern;  // glob over canonical parameter names
+  std::string dtype;    // "fp32" | "bf16" | "fp16"
+};
+
+struct GuidanceOptions {
+  double scale = 1.0;
+  std::optional<double> scale_2;         // Wan2.2 low-noise expert
+  std::optional<double> true_cfg_scale;  // Qwen-Image
+};
+
+struct LoraOptions {
+  bool enabled = false;
+  int64_t rank = 32;
+  double alpha = 64.0;
+  std::vector<std::string> targets;  // empty = the family's default targets
+  std::string init = "gaussian";     // "gaussian" | "kaiming"
+  int64_t seed = 0;
+};
+
+struct FamilyOptions {
+  std::string family;        // "sd3" | "wan" | "ltx" | "qwen_image"
+  std::string preset = "tiny";
+  std::string config_json;   // optional config.json (reference format) replacing the preset
+  bool meta = false;         // shapes only: parameters on the meta device, nothing allocated
+  int64_t init_seed = 0;     // seeded init when no weights are loaded
+  std::string attention = "math";
+  LoraOptions lora;
+  precision::InputPolicy inputs;  // boundary casts applied inside noise_pred
+};
+
+class Family : public torch::nn::Module {
+ public:
+  virtual std::string family_name() const = 0;
+  virtual TimestepDomain timestep_domain() const = 0;
+
+  // Velocity prediction for latents in the family's native layout.
+  // `timesteps` and `sigmas` are (B,) fp32 values taken from the rollout's
+  // snapshots at the same indices; the family reads the one its model
+  // consumes and applies the input policy to its boundary inputs.
+  virtual at::Tensor noise_pred(const at::Tensor& latents, const at::Tensor& timesteps, const at::Tensor& sigmas,
+                                const Cond& cond, const ForwardContext& ctx) = 0;
+
+  // The reference forward under its own argument names (fixture and
+  // `ditrl forward` inputs; JSON sidecar values in `extra_json`); returns the
+  // reference output names ("output", or "output.video"/"output.audio").
+  virtual std::map<std::string, at::Tensor> reference_forward(const std::map<std::string, at::Tensor>& inputs,
+                                                              const std::string& extra_json,
+                                                              const ForwardContext& ctx) = 0;
+
+  // Transformer blocks in execution order; everything else is the root.
+  virtual std::vector<WrapUnit> wrap_units() = 0;
+  virtual std::vector<std::string> default_lora_targets() const = 0;
+  // Parameters the family keeps in a dtype other than the forward dtype.
+  virtual std::vector<DtypeOverride> default_overrides() const = 0;
+  virtual precision::InputPolicy default_input_policy(c10::ScalarType forward) const;
+
+  virtual bool supports_cfg() const { return true; }
+  // The guided velocity from the positive and negative predictions.
+  virtual at::Tensor cfg_combine(const at::Tensor& pos, const at::Tensor& neg, const GuidanceOptions& g,
+                                 double timestep) const;
+  // The scale used at a step (Wan2.2 switches with the expert phase).
+  virtual double guidance_scale(const GuidanceOptions& g, double timestep) const { return g.scale; }
+
+  virtual std::vector<int64_t> latent_shape(int64_t batch, const LatentGrid& grid) const = 0;
+  virtual std::vector<CondSpec> cond_spec() const = 0;
+};
+
+// Builds a family from options (preset or config.json, LoRA adapters
+// attached, seeded init or meta shapes). Unknown family -> error listing the
+// known ones.
+std::shared_ptr<Family> create_family(const FamilyOptions& options);
+std::vector<std::string> family_names();
+
+}  // namespace ditrl::models

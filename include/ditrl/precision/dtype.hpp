@@ -1,0 +1,41 @@
+#pragma once
+
+// Deck dtype names and the boundary input dtype policy (design.md §4).
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <string>
+
+namespace ditrl::precision {
+
+// "fp32" | "bf16" | "fp16" (also "fp64") -> torch dtype; throws naming the value.
+c10::ScalarType parse_dtype(const std::string& name);
+// The deck name of a dtype ("fp32", "bf16", ...).
+std::string dtype_name(c10::ScalarType dtype);
+// Bytes per element.
+int64_t dtype_bytes(c10::ScalarType dtype);
+
+// How the DiT's boundary inputs are cast before the forward. Autocast-free
+// code runs element-wise ops at the input dtype, so these casts decide the
+// numerics as much as the parameter dtypes do (algorithms.md §9.3).
+// nullopt = passthrough (keep the caller's dtype).
+struct InputPolicy {
+  std::optional<c10::ScalarType> latents;
+  std::optional<c10::ScalarType> cond;
+  std::optional<c10::ScalarType> timestep;
+
+  // From deck words ("default" = the forward dtype, "passthrough", or a dtype).
+  static InputPolicy resolve(const std::string& latents, const std::string& cond, const std::string& timestep,
+                             c10::ScalarType forward);
+
+  at::Tensor cast_latents(const at::Tensor& t) const { return cast(t, latents); }
+  at::Tensor cast_cond(const at::Tensor& t) const { return cast(t, cond); }
+  at::Tensor cast_timestep(const at::Tensor& t) const { return cast(t, timestep); }
+
+ private:
+  // Only floating tensors are cast: masks and indices keep their dtype.
+  static at::Tensor cast(const at::Tensor& t, const std::optional<c10::ScalarType>& dtype);
+};
+
+}  // namespace ditrl::precision
