@@ -473,6 +473,48 @@ std::vector<std::string> Group::children() const {
   return names;
 }
 
+namespace {
+Handle utf8_vlen_string() {
+  Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_size(type.id(), H5T_VARIABLE);
+  H5Tset_cset(type.id(), H5T_CSET_UTF8);
+  return type;
+}
+}  // namespace
+
+void Group::write_strings(const std::string& path, const std::vector<std::string>& values) {
+  Handle type = utf8_vlen_string();
+  Dataspace space = Dataspace::simple({static_cast<hsize_t>(values.size())});
+  Handle lcpl = link_create_intermediate();
+  Handle dataset(checked_id(H5Dcreate2(id(), path.c_str(), type.id(), space.id(), lcpl.id(), H5P_DEFAULT, H5P_DEFAULT),
+                            context(), "H5Dcreate2(" + path + ")"),
+                 H5Dclose);
+  std::vector<const char*> pointers;
+  for (const std::string& v : values) pointers.push_back(v.c_str());
+  if (!values.empty())
+    checked(H5Dwrite(dataset.id(), type.id(), H5S_ALL, H5S_ALL, H5P_DEFAULT, pointers.data()), context(),
+            "H5Dwrite(" + path + ")");
+}
+
+std::vector<std::string> Group::read_strings(const std::string& path) const {
+  Dataset dataset = open_dataset(path);
+  Handle stored(H5Dget_type(dataset.id()), H5Tclose);
+  if (H5Tget_class(stored.id()) != H5T_STRING || H5Tis_variable_str(stored.id()) <= 0)
+    throw Error(fmt::format("HDF5: {}: expected a dataset of variable-length strings", dataset.context()));
+  const std::vector<hsize_t> dims = dataset.shape();
+  if (dims.size() != 1) throw Error(fmt::format("HDF5: {}: expected a 1-D string dataset", dataset.context()));
+  std::vector<char*> pointers(dims[0], nullptr);
+  Handle type = utf8_vlen_string();
+  std::vector<std::string> values;
+  if (pointers.empty()) return values;
+  checked(H5Dread(dataset.id(), type.id(), H5S_ALL, H5S_ALL, H5P_DEFAULT, pointers.data()), dataset.context(),
+          "H5Dread(strings)");
+  for (char* p : pointers) values.emplace_back(p ? p : "");
+  Dataspace space(H5Dget_space(dataset.id()), H5Sclose);
+  H5Dvlen_reclaim(type.id(), space.id(), H5P_DEFAULT, pointers.data());
+  return values;
+}
+
 // ---------------------------------------------------------------- files
 
 File File::create(const std::string& path, MPI_Comm comm) {

@@ -123,7 +123,7 @@ class Dataset : public Object {
   // only matters in a parallel file; a rank with zero rows still calls.
   void write_rows(int64_t offset, const at::Tensor& rows, bool collective = true);
   at::Tensor read_rows(int64_t offset, int64_t count, bool collective = false) const;
-  // Grows dimension 0 of an extendible dataset.
+  // Resizes dimension 0 of an extendible dataset (grow or truncate).
   void extend(hsize_t rows);
 };
 
@@ -139,6 +139,9 @@ class Group : public Object {
                          const DatasetOptions& options = {});
   Dataset open_dataset(const std::string& path) const;
   std::vector<std::string> children() const;  // link names, sorted
+  // 1-D datasets of variable-length UTF-8 strings (prompt texts).
+  void write_strings(const std::string& path, const std::vector<std::string>& values);
+  std::vector<std::string> read_strings(const std::string& path) const;
 };
 
 class File : public Group {

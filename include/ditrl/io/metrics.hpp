@@ -1,0 +1,39 @@
+#pragma once
+
+// OUT/metrics.h5: one row per optimizer step. /metrics/step holds the global
+// optimizer step of each row; /metrics/<name> (names may contain '/', e.g.
+// train/loss -> /metrics/train/loss) is an extendible float64 series aligned
+// with it. A metric missing from a row is NaN there. The root carries the
+// deck text and build info. Written by rank 0 only.
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace ditrl::io {
+
+class MetricsWriter {
+ public:
+  // Creates the file, or reopens it for a resumed run and drops the rows
+  // from `first_step` on (they belong to the interrupted run and are
+  // recomputed), so a resumed run's file equals an uninterrupted one.
+  MetricsWriter(const std::string& path, const std::string& deck_text, bool resume, int64_t first_step);
+  void write(int64_t step, const std::map<std::string, double>& values);
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  int64_t rows_ = 0;
+  std::vector<std::string> known_;  // every series in the file
+};
+
+struct MetricsTable {
+  std::vector<int64_t> steps;
+  std::map<std::string, std::vector<double>> series;
+};
+
+// Reads every series of a metrics file (error naming the file if it is not one).
+MetricsTable read_metrics(const std::string& path);
+
+}  // namespace ditrl::io

@@ -1,0 +1,99 @@
+#include <ditrl/build_info.hpp>
+#include <ditrl/error.hpp>
+#include <ditrl/io/h5.hpp>
+#include <ditrl/io/metrics.hpp>
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+
+namespace ditrl::io {
+
+namespace {
+
+constexpr const char* kRoot = "/metrics";
+
+// Names of every dataset below /metrics, relative to it ("train/loss").
+void collect_series(const h5::Group& group, const std::string& prefix, std::vector<std::string>& out) {
+  for (const std::string& child : group.children()) {
+    const std::string name = prefix.empty() ? child : prefix + "/" + child;
+    if (H5Oexists_by_name(group.id(), child.c_str(), H5P_DEFAULT) <= 0) continue;
+    H5O_info_t info;
+    H5Oget_info_by_name(group.id(), child.c_str(), &info, H5P_DEFAULT);
+    if (info.type == H5O_TYPE_GROUP)
+      collect_series(group.open_group(child), name, out);
+    else if (name != "step")
+      out.push_back(name);
+  }
+}
+
+void resize(h5::File& file, const std::string& name, int64_t rows) {
+  h5::Dataset d = file.open_dataset(std::string(kRoot) + "/" + name);
+  d.extend(static_cast<hsize_t>(rows));
+}
+
+}  // namespace
+
+MetricsWriter::MetricsWriter(const std::string& path, const std::string& deck_text, bool resume, int64_t first_step)
+    : path_(path) {
+  if (resume && std::filesystem::exists(path)) {
+    h5::File file = h5::File::open(path, h5::File::Mode::ReadWrite);
+    const at::Tensor steps = file.open_dataset("/metrics/step").read();
+    const int64_t* s = steps.data_ptr<int64_t>();
+    while (rows_ < steps.numel() && s[rows_] < first_step) ++rows_;
+    collect_series(file.open_group(kRoot), "", known_);
+    resize(file, "step", rows_);
+    for (const std::string& name : known_) resize(file, name, rows_);
+    return;
+  }
+  h5::File file = h5::File::create(path);
+  h5::Group root = file.create_group(kRoot);
+  h5::DatasetOptions options;
+  options.chunk = {256};
+  options.max_dims = {H5S_UNLIMITED};
+  root.create_dataset("step", at::kLong, {0}, options);
+  file.set_attr("deck", deck_text);
+  file.set_attr("ditrl_version", build::kVersion);
+  file.set_attr("ditrl_commit", build::kGitCommit);
+}
+
+void MetricsWriter::write(int64_t step, const std::map<std::string, double>& values) {
+  h5::File file = h5::File::open(path_, h5::File::Mode::ReadWrite);
+  h5::Group root = file.open_group(kRoot);
+  h5::Dataset steps = root.open_dataset("step");
+  steps.extend(static_cast<hsize_t>(rows_ + 1));
+  steps.write_rows(rows_, at::full({1}, step, at::kLong), false);
+
+  for (const auto& [name, value] : values) {
+    if (std::find(known_.begin(), known_.end(), name) == known_.end()) {
+      // A series that starts late is NaN for the rows before it.
+      h5::Series series = h5::Series::open_or_create(root, name);
+      for (int64_t i = 0; i < rows_; ++i) series.append(std::numeric_limits<double>::quiet_NaN());
+      known_.push_back(name);
+    }
+    h5::Series::open_or_create(root, name).append(value);
+  }
+  for (const std::string& name : known_)
+    if (!values.count(name)) h5::Series::open_or_create(root, name).append(std::numeric_limits<double>::quiet_NaN());
+  ++rows_;
+}
+
+MetricsTable read_metrics(const std::string& path) {
+  h5::File file = h5::File::open(path);
+  if (!file.exists("/metrics/step")) fail("{}: not a ditrl metrics file (no /metrics/step)", path);
+  MetricsTable table;
+  const at::Tensor steps = file.open_dataset("/metrics/step").read();
+  table.steps.assign(steps.data_ptr<int64_t>(), steps.data_ptr<int64_t>() + steps.numel());
+  std::vector<std::string> names;
+  collect_series(file.open_group(kRoot), "", names);
+  for (const std::string& name : names) {
+    h5::Group root = file.open_group(kRoot);
+    table.series[name] = h5::Series::open_or_create(root, name).read();
+  }
+  return table;
+}
+
+}  // namespace ditrl::io

@@ -1,0 +1,160 @@
+#include <ditrl/error.hpp>
+#include <ditrl/io/standard.hpp>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+namespace ditrl::io {
+
+namespace json = boost::json;
+
+namespace {
+
+// JSON has no NaN or infinity; they are written as strings.
+json::value to_json(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  return v;
+}
+
+double from_json(const json::value& v, const std::string& context) {
+  if (v.is_double()) return v.as_double();
+  if (v.is_int64()) return static_cast<double>(v.as_int64());
+  if (v.is_uint64()) return static_cast<double>(v.as_uint64());
+  if (v.is_string()) {
+    const std::string s(v.as_string());
+    if (s == "nan") return std::nan("");
+    if (s == "inf") return INFINITY;
+    if (s == "-inf") return -INFINITY;
+  }
+  fail("{}: expected a number, got {}", context, json::serialize(v));
+}
+
+bool same_bits(double a, double b) {
+  if (std::isnan(a) && std::isnan(b)) return true;
+  return std::memcmp(&a, &b, sizeof(double)) == 0;
+}
+
+}  // namespace
+
+Standard make_standard(const MetricsTable& run, const std::string& deck,
+                       const std::vector<std::string>& excluded_prefixes) {
+  Standard standard;
+  standard.deck = deck;
+  standard.steps = run.steps;
+  for (const auto& [name, values] : run.series) {
+    bool excluded = false;
+    for (const std::string& prefix : excluded_prefixes) excluded |= name.rfind(prefix, 0) == 0;
+    if (!excluded) standard.metrics[name] = values;
+  }
+  return standard;
+}
+
+void write_standard(const std::string& path, const Standard& standard) {
+  json::object root;
+  root["deck"] = standard.deck;
+  json::array steps;
+  for (int64_t s : standard.steps) steps.push_back(s);
+  root["steps"] = std::move(steps);
+  json::object metrics;
+  for (const auto& [name, values] : standard.metrics) {
+    json::array series;
+    for (double v : values) series.push_back(to_json(v));
+    metrics[name] = std::move(series);
+  }
+  root["metrics"] = std::move(metrics);
+  json::object tolerance;
+  for (const auto& [name, t] : standard.tolerance)
+    tolerance[name] = json::object{{"abs", t.abs}, {"rel", t.rel}, {"reason", t.reason}};
+  root["tolerance"] = std::move(tolerance);
+
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    if (!out) fail("cannot write standard {}", tmp);
+    out << json::serialize(root) << "\n";
+    if (!out) fail("cannot write standard {}", tmp);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) fail("cannot rename {} to {}", tmp, path);
+}
+
+Standard read_standard(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) fail("cannot open standard {}", path);
+  std::stringstream text;
+  text << in.rdbuf();
+  json::error_code ec;
+  json::value root = json::parse(text.str(), ec);
+  if (ec || !root.is_object()) fail("{}: not a JSON object ({})", path, ec ? ec.message() : "wrong type");
+  const json::object& obj = root.as_object();
+  Standard standard;
+  try {
+    if (const json::value* deck = obj.if_contains("deck")) standard.deck = json::value_to<std::string>(*deck);
+    if (const json::value* steps = obj.if_contains("steps"))
+      for (const json::value& s : steps->as_array()) standard.steps.push_back(s.to_number<int64_t>());
+    for (const auto& [name, series] : obj.at("metrics").as_object()) {
+      std::vector<double>& values = standard.metrics[std::string(name)];
+      for (const json::value& v : series.as_array())
+        values.push_back(from_json(v, fmt::format("{}: metrics.{}", path, std::string(name))));
+    }
+    if (const json::value* tolerance = obj.if_contains("tolerance"))
+      for (const auto& [name, t] : tolerance->as_object()) {
+        Tolerance& tol = standard.tolerance[std::string(name)];
+        const json::object& o = t.as_object();
+        if (const json::value* v = o.if_contains("abs")) tol.abs = v->to_number<double>();
+        if (const json::value* v = o.if_contains("rel")) tol.rel = v->to_number<double>();
+        if (const json::value* v = o.if_contains("reason")) tol.reason = json::value_to<std::string>(*v);
+        if (tol.reason.empty()) fail("{}: tolerance for '{}' has no reason", path, std::string(name));
+      }
+  } catch (const std::exception& e) {
+    if (dynamic_cast<const ditrl::Error*>(&e)) throw;
+    fail("{}: malformed standard: {}", path, e.what());
+  }
+  return standard;
+}
+
+std::vector<std::string> check_standard(const Standard& standard, const MetricsTable& run) {
+  std::vector<std::string> problems;
+  if (!standard.steps.empty() && standard.steps != run.steps)
+    problems.push_back(fmt::format("steps differ: standard has {} rows, the run {}", standard.steps.size(),
+                                   run.steps.size()));
+  for (const auto& [name, expected] : standard.metrics) {
+    auto it = run.series.find(name);
+    if (it == run.series.end()) {
+      problems.push_back(fmt::format("{}: missing from the run", name));
+      continue;
+    }
+    const std::vector<double>& actual = it->second;
+    if (actual.size() != expected.size()) {
+      problems.push_back(fmt::format("{}: {} values, standard has {}", name, actual.size(), expected.size()));
+      continue;
+    }
+    const auto tol = standard.tolerance.find(name);
+    for (size_t i = 0; i < expected.size(); ++i) {
+      bool ok;
+      if (tol == standard.tolerance.end()) {
+        ok = same_bits(actual[i], expected[i]);
+      } else {
+        const double allowed = tol->second.abs + tol->second.rel * std::fabs(expected[i]);
+        ok = same_bits(actual[i], expected[i]) || std::fabs(actual[i] - expected[i]) <= allowed;
+      }
+      if (!ok) {
+        problems.push_back(fmt::format("{}: row {} (step {}): run {:.17g}, standard {:.17g}{}", name, i,
+                                       i < run.steps.size() ? run.steps[i] : -1, actual[i], expected[i],
+                                       tol == standard.tolerance.end()
+                                           ? " (bitwise)"
+                                           : fmt::format(" (tolerance abs {} rel {})", tol->second.abs,
+                                                         tol->second.rel)));
+        break;
+      }
+    }
+  }
+  return problems;
+}
+
+}  // namespace ditrl::io
