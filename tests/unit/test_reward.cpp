@@ -1,0 +1,124 @@
+#include <ditrl/error.hpp>
+#include <ditrl/rollout/reward.hpp>
+
+#include <ATen/ATen.h>
+#include <catch2/catch.hpp>
+
+#include "process.hpp"
+
+#include <fstream>
+
+using namespace ditrl::rollout;
+using Catch::Matchers::Contains;
+
+namespace {
+
+at::Tensor sample_latents() {
+  at::Generator gen = at::detail::createCPUGenerator(7);
+  return at::randn({3, 4, 6, 6}, gen, at::TensorOptions().dtype(at::kFloat));
+}
+
+}  // namespace
+
+TEST_CASE("reward: analytic scores are per-sample and finite", "[reward]") {
+  const at::Tensor x = sample_latents();
+  const at::Tensor index = at::arange(3, at::kLong);
+  for (const char* kind : {"target_pattern", "brightness", "smoothness"}) {
+    RewardOptions options;
+    options.analytic = kind;
+    auto reward = make_reward(options);
+    const at::Tensor all = reward->score(x, index, {"a", "b", "c"});
+    REQUIRE(all.sizes() == at::IntArrayRef{3});
+    for (int64_t i = 0; i < 3; ++i)  // the same value whatever the batch it is scored in
+      CHECK(all[i].item<float>() == reward->score(x.narrow(0, i, 1), index.narrow(0, i, 1), {"a"})[0].item<float>());
+  }
+  CHECK_THROWS_WITH(
+      [] {
+        RewardOptions o;
+        o.analytic = "nonsense";
+        make_reward(o)->score(sample_latents(), at::arange(3, at::kLong), {});
+      }(),
+      Contains("unknown analytic reward 'nonsense'"));
+}
+
+TEST_CASE("reward: target_pattern is highest at the target and falls with distance", "[reward]") {
+  RewardOptions options;
+  auto reward = make_reward(options);
+  const at::Tensor x = sample_latents();
+  // Recover the target: brightness-free check via the closed form r(x) = -mean((x - T)^2).
+  const at::Tensor zero = at::zeros_like(x);
+  const at::Tensor r0 = reward->score(zero, at::arange(3, at::kLong), {});
+  CHECK(at::allclose(r0, r0[0].expand({3})));  // same pattern for every sample
+  const at::Tensor near = reward->score(zero.add(0.01), at::arange(3, at::kLong), {});
+  const at::Tensor far = reward->score(zero.add(3.0), at::arange(3, at::kLong), {});
+  CHECK((far < near).all().item<bool>());
+}
+
+TEST_CASE("reward: a TorchScript module, with and without prompt indices", "[reward][torchscript]") {
+  const std::string dir = ditrl::test::fresh_output_dir("reward_ts");
+  const std::string script = dir + "/make.py";
+  std::ofstream(script) << R"(
+import sys, torch
+class Two(torch.nn.Module):
+    def forward(self, latents: torch.Tensor, prompt_index: torch.Tensor) -> torch.Tensor:
+        return latents.flatten(1).mean(1) + prompt_index.to(torch.float32)
+class One(torch.nn.Module):
+    def forward(self, latents: torch.Tensor) -> torch.Tensor:
+        return latents.flatten(1).abs().amax(1)
+class Bad(torch.nn.Module):
+    def forward(self, latents: torch.Tensor) -> torch.Tensor:
+        return latents.flatten(1)
+torch.jit.script(Two()).save(sys.argv[1] + "/two.pt")
+torch.jit.script(One()).save(sys.argv[1] + "/one.pt")
+torch.jit.script(Bad()).save(sys.argv[1] + "/bad.pt")
+)";
+  const auto made = ditrl::test::run_process("/usr/bin/python3 " + script + " " + dir);
+  REQUIRE(made.exit_code == 0);
+  const at::Tensor x = sample_latents();
+  const at::Tensor index = at::tensor({4, 0, 2}, at::kLong);
+
+  RewardOptions options;
+  options.kind = "torchscript";
+  options.module = dir + "/two.pt";
+  CHECK(at::allclose(make_reward(options)->score(x, index, {}), x.flatten(1).mean(1) + index.to(at::kFloat)));
+  options.module = dir + "/one.pt";
+  CHECK(at::equal(make_reward(options)->score(x, index, {}), x.flatten(1).abs().amax(1)));
+  options.module = dir + "/bad.pt";
+  CHECK_THROWS_WITH(make_reward(options)->score(x, index, {}), Contains("expected a [3] tensor, got shape [3, 144]"));
+  options.module = dir + "/missing.pt";
+  CHECK_THROWS_WITH(make_reward(options), Contains("missing.pt: no such file"));
+}
+
+TEST_CASE("reward: an external command reading and writing HDF5", "[reward][command]") {
+  const std::string dir = ditrl::test::fresh_output_dir("reward_cmd");
+  const std::string script = dir + "/score.py";
+  std::ofstream(script) << R"(
+import sys, h5py, numpy as np
+with h5py.File(sys.argv[1], "r") as f:
+    lat = f["latents"][...]
+    idx = f["prompt_index"][...]
+    texts = [t.decode() if isinstance(t, bytes) else t for t in f["prompts"][...]]
+rewards = lat.reshape(lat.shape[0], -1).mean(1) + np.array([len(t) for t in texts]) + 0 * idx
+if len(sys.argv) > 3: rewards = rewards[:-1]
+with h5py.File(sys.argv[2], "w") as f:
+    f["rewards"] = rewards.astype(np.float32)
+)";
+  const at::Tensor x = sample_latents();
+  RewardOptions options;
+  options.kind = "command";
+  options.work_dir = dir;
+  options.command = "/usr/bin/python3 " + script + " {input} {output}";
+  const at::Tensor r = make_reward(options)->score(x, at::arange(3, at::kLong), {"a", "bb", "ccc"});
+  CHECK(at::allclose(r, x.flatten(1).mean(1) + at::tensor({1.0f, 2.0f, 3.0f})));
+
+  options.command = "/usr/bin/python3 " + script + " {input} {output} drop-one";
+  CHECK_THROWS_WITH(make_reward(options)->score(x, at::arange(3, at::kLong), {"a", "b", "c"}),
+                    Contains("expected a [3] tensor, got shape [2]"));
+  options.command = "exit 3";
+  CHECK_THROWS_WITH(make_reward(options)->score(x, at::arange(3, at::kLong), {"a", "b", "c"}),
+                    Contains("exited with status 3"));
+  options.command = "sleep 5";
+  options.timeout_s = 0.3;
+  CHECK_THROWS_WITH(make_reward(options)->score(x, at::arange(3, at::kLong), {"a", "b", "c"}),
+                    Contains("timed out after 0.3 s"));
+}
