@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <sstream>
 
@@ -72,7 +73,9 @@ Handle custom_float16(size_t exponent_bits, size_t mantissa_bits, size_t bias) {
   return type;
 }
 
-at::Tensor contiguous_cpu(const at::Tensor& t) { return t.device().is_cpu() ? t.contiguous() : t.cpu().contiguous(); }
+at::Tensor contiguous_cpu(const at::Tensor& t) {
+  return t.device().is_cpu() ? t.contiguous() : t.cpu().contiguous();
+}
 
 std::vector<hsize_t> dims_of(const at::Tensor& t) {
   std::vector<hsize_t> dims;
@@ -102,7 +105,8 @@ void Handle::reset() {
 PropList PropList::file_access(MPI_Comm comm) {
   silence_default_printing();
   PropList fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
-  if (comm != MPI_COMM_NULL) checked(H5Pset_fapl_mpio(fapl.id(), comm, MPI_INFO_NULL), "file access", "H5Pset_fapl_mpio");
+  if (comm != MPI_COMM_NULL)
+    checked(H5Pset_fapl_mpio(fapl.id(), comm, MPI_INFO_NULL), "file access", "H5Pset_fapl_mpio");
   return fapl;
 }
 
@@ -115,12 +119,14 @@ PropList PropList::transfer(bool collective) {
 Dataspace Dataspace::simple(const std::vector<hsize_t>& dims, const std::vector<hsize_t>& max_dims) {
   if (dims.empty()) return scalar();
   const hsize_t* max = max_dims.empty() ? nullptr : max_dims.data();
-  return Dataspace(checked_id(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), max), "dataspace",
-                           "H5Screate_simple"),
-                   H5Sclose);
+  return Dataspace(
+      checked_id(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), max), "dataspace", "H5Screate_simple"),
+      H5Sclose);
 }
 
-Dataspace Dataspace::scalar() { return Dataspace(H5Screate(H5S_SCALAR), H5Sclose); }
+Dataspace Dataspace::scalar() {
+  return Dataspace(H5Screate(H5S_SCALAR), H5Sclose);
+}
 
 std::vector<hsize_t> Dataspace::dims() const {
   const int rank = H5Sget_simple_extent_ndims(id());
@@ -134,24 +140,37 @@ void Dataspace::select_hyperslab(const std::vector<hsize_t>& offset, const std::
           "H5Sselect_hyperslab");
 }
 
-void Dataspace::select_none() { checked(H5Sselect_none(id()), "dataspace", "H5Sselect_none"); }
+void Dataspace::select_none() {
+  checked(H5Sselect_none(id()), "dataspace", "H5Sselect_none");
+}
 
 // ---------------------------------------------------------------- dtypes
 
 Handle datatype_for(c10::ScalarType dtype) {
   silence_default_printing();
   switch (dtype) {
-    case at::kFloat: return Handle(H5Tcopy(H5T_IEEE_F32LE), H5Tclose);
-    case at::kDouble: return Handle(H5Tcopy(H5T_IEEE_F64LE), H5Tclose);
-    case at::kLong: return Handle(H5Tcopy(H5T_STD_I64LE), H5Tclose);
-    case at::kInt: return Handle(H5Tcopy(H5T_STD_I32LE), H5Tclose);
-    case at::kShort: return Handle(H5Tcopy(H5T_STD_I16LE), H5Tclose);
-    case at::kChar: return Handle(H5Tcopy(H5T_STD_I8LE), H5Tclose);
-    case at::kByte: return Handle(H5Tcopy(H5T_STD_U8LE), H5Tclose);
-    case at::kBool: return Handle(H5Tcopy(H5T_STD_U8LE), H5Tclose);
-    case at::kHalf: return custom_float16(5, 10, 15);
-    case at::kBFloat16: return custom_float16(8, 7, 127);
-    default: throw Error(fmt::format("HDF5: no storage type for torch dtype {}", c10::toString(dtype)));
+    case at::kFloat:
+      return Handle(H5Tcopy(H5T_IEEE_F32LE), H5Tclose);
+    case at::kDouble:
+      return Handle(H5Tcopy(H5T_IEEE_F64LE), H5Tclose);
+    case at::kLong:
+      return Handle(H5Tcopy(H5T_STD_I64LE), H5Tclose);
+    case at::kInt:
+      return Handle(H5Tcopy(H5T_STD_I32LE), H5Tclose);
+    case at::kShort:
+      return Handle(H5Tcopy(H5T_STD_I16LE), H5Tclose);
+    case at::kChar:
+      return Handle(H5Tcopy(H5T_STD_I8LE), H5Tclose);
+    case at::kByte:
+      return Handle(H5Tcopy(H5T_STD_U8LE), H5Tclose);
+    case at::kBool:
+      return Handle(H5Tcopy(H5T_STD_U8LE), H5Tclose);
+    case at::kHalf:
+      return custom_float16(5, 10, 15);
+    case at::kBFloat16:
+      return custom_float16(8, 7, 127);
+    default:
+      throw Error(fmt::format("HDF5: no storage type for torch dtype {}", c10::toString(dtype)));
   }
 }
 
@@ -175,25 +194,36 @@ c10::ScalarType scalar_type_of(hid_t type, const std::string& context) {
     if (is_signed && size == 1) return at::kChar;
     if (!is_signed && size == 1) return at::kByte;
   }
-  throw Error(fmt::format("HDF5: {}: unsupported stored type (class {}, {} bytes)", context, static_cast<int>(cls), size));
+  throw Error(
+      fmt::format("HDF5: {}: unsupported stored type (class {}, {} bytes)", context, static_cast<int>(cls), size));
 }
 
 const char* dtype_name(c10::ScalarType dtype) {
   switch (dtype) {
-    case at::kFloat: return "fp32";
-    case at::kDouble: return "fp64";
-    case at::kHalf: return "fp16";
-    case at::kBFloat16: return "bf16";
-    case at::kLong: return "int64";
-    case at::kInt: return "int32";
-    case at::kByte: return "uint8";
-    default: return c10::toString(dtype);
+    case at::kFloat:
+      return "fp32";
+    case at::kDouble:
+      return "fp64";
+    case at::kHalf:
+      return "fp16";
+    case at::kBFloat16:
+      return "bf16";
+    case at::kLong:
+      return "int64";
+    case at::kInt:
+      return "int32";
+    case at::kByte:
+      return "uint8";
+    default:
+      return c10::toString(dtype);
   }
 }
 
 // ---------------------------------------------------------------- objects
 
-std::string Object::context() const { return file_ + ":" + path_; }
+std::string Object::context() const {
+  return file_ + ":" + path_;
+}
 
 std::string Object::child_path(const std::string& name) const {
   if (!name.empty() && name[0] == '/') return name;
@@ -217,7 +247,7 @@ Handle open_attr(const Object& object, const std::string& name) {
 Handle replace_attr(Object& object, const std::string& name, hid_t type, hid_t space) {
   if (object.has_attr(name)) checked(H5Adelete(object.id(), name.c_str()), object.context(), "H5Adelete");
   return Handle(checked_id(H5Acreate2(object.id(), name.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT),
-                        object.context(), "H5Acreate2(" + name + ")"),
+                           object.context(), "H5Acreate2(" + name + ")"),
                 H5Aclose);
 }
 
@@ -345,8 +375,8 @@ void Dataset::write_rows(int64_t offset, const at::Tensor& rows, bool collective
   const at::Tensor data = contiguous_cpu(rows);
   std::vector<hsize_t> dims = shape();
   if (dims.empty() || data.dim() != static_cast<int64_t>(dims.size()))
-    throw Error(fmt::format("HDF5: {}: row block of rank {} for a dataset of rank {}", context(), data.dim(),
-                            dims.size()));
+    throw Error(
+        fmt::format("HDF5: {}: row block of rank {} for a dataset of rank {}", context(), data.dim(), dims.size()));
   for (size_t d = 1; d < dims.size(); ++d)
     if (static_cast<int64_t>(dims[d]) != data.size(static_cast<int64_t>(d)))
       throw Error(fmt::format("HDF5: {}: row block shape {} does not match the dataset's trailing dims", context(),
@@ -402,6 +432,97 @@ at::Tensor Dataset::read_rows(int64_t offset, int64_t count, bool collective) co
   return out;
 }
 
+namespace {
+
+// Selects the row-major element range [begin, end) of an N-D space as a union
+// of at most 2N-1 boxes: a partial leading block, whole middle blocks, a
+// partial trailing block, recursively.
+void select_flat_range(Dataspace& space, const std::vector<hsize_t>& dims, hsize_t begin, hsize_t end) {
+  bool first = true;
+  std::vector<hsize_t> offset(dims.size(), 0), count(dims.size(), 1);
+  std::function<void(size_t, hsize_t, hsize_t)> boxes = [&](size_t axis, hsize_t b, hsize_t e) {
+    if (b >= e) return;
+    hsize_t inner = 1;
+    for (size_t d = axis + 1; d < dims.size(); ++d) inner *= dims[d];
+    auto add_box = [&](hsize_t lead_begin, hsize_t lead_count) {
+      offset[axis] = lead_begin;
+      count[axis] = lead_count;
+      for (size_t d = axis + 1; d < dims.size(); ++d) offset[d] = 0, count[d] = dims[d];
+      checked(H5Sselect_hyperslab(space.id(), first ? H5S_SELECT_SET : H5S_SELECT_OR, offset.data(), nullptr,
+                                  count.data(), nullptr),
+              "dataspace", "H5Sselect_hyperslab(flat range)");
+      first = false;
+    };
+    const hsize_t lead_b = b / inner, lead_e = e / inner;
+    if (b % inner == 0 && e % inner == 0) return add_box(lead_b, lead_e - lead_b);
+    if (lead_b == lead_e) {  // inside one block of this axis
+      offset[axis] = lead_b, count[axis] = 1;
+      return boxes(axis + 1, b % inner, e % inner);
+    }
+    hsize_t middle_b = lead_b;
+    if (b % inner != 0) {
+      offset[axis] = lead_b, count[axis] = 1;
+      boxes(axis + 1, b % inner, inner);
+      middle_b = lead_b + 1;
+    }
+    if (lead_e > middle_b) add_box(middle_b, lead_e - middle_b);
+    if (e % inner != 0) {
+      offset[axis] = lead_e, count[axis] = 1;
+      boxes(axis + 1, 0, e % inner);
+    }
+  };
+  if (dims.empty()) return;  // scalars have no ranges to select
+  boxes(0, begin, end);
+}
+
+}  // namespace
+
+void Dataset::write_flat_range(int64_t flat_begin, const at::Tensor& values) {
+  const at::Tensor data = contiguous_cpu(values).flatten();
+  const std::vector<hsize_t> dims = shape();
+  hsize_t total = 1;
+  for (hsize_t d : dims) total *= d;
+  const hsize_t n = static_cast<hsize_t>(data.numel());
+  if (flat_begin < 0 || static_cast<hsize_t>(flat_begin) + n > total)
+    throw Error(
+        fmt::format("HDF5: {}: flat range [{}, {}) outside [0, {})", context(), flat_begin, flat_begin + n, total));
+  Handle type = datatype_for(data.scalar_type());
+  Dataspace file_space(H5Dget_space(id()), H5Sclose);
+  Dataspace mem_space = Dataspace::simple({std::max<hsize_t>(n, 1)});
+  if (n == 0) {
+    file_space.select_none();
+    mem_space.select_none();
+  } else if (!dims.empty()) {
+    select_flat_range(file_space, dims, static_cast<hsize_t>(flat_begin), static_cast<hsize_t>(flat_begin) + n);
+  }
+  PropList dxpl = PropList::transfer(parallel());
+  checked(H5Dwrite(id(), type.id(), mem_space.id(), file_space.id(), dxpl.id(), data.data_ptr()), context(),
+          "H5Dwrite(flat range)");
+}
+
+at::Tensor Dataset::read_flat_range(int64_t flat_begin, int64_t count, bool collective) const {
+  const std::vector<hsize_t> dims = shape();
+  hsize_t total = 1;
+  for (hsize_t d : dims) total *= d;
+  if (flat_begin < 0 || count < 0 || static_cast<hsize_t>(flat_begin + count) > total)
+    throw Error(
+        fmt::format("HDF5: {}: flat range [{}, {}) outside [0, {})", context(), flat_begin, flat_begin + count, total));
+  at::Tensor out = at::empty({count}, at::TensorOptions().dtype(dtype()));
+  Handle type = datatype_for(out.scalar_type());
+  Dataspace file_space(H5Dget_space(id()), H5Sclose);
+  Dataspace mem_space = Dataspace::simple({std::max<hsize_t>(static_cast<hsize_t>(count), 1)});
+  if (count == 0) {
+    file_space.select_none();
+    mem_space.select_none();
+  } else if (!dims.empty()) {
+    select_flat_range(file_space, dims, static_cast<hsize_t>(flat_begin), static_cast<hsize_t>(flat_begin + count));
+  }
+  PropList dxpl = PropList::transfer(parallel() && collective);
+  checked(H5Dread(id(), type.id(), mem_space.id(), file_space.id(), dxpl.id(), out.data_ptr()), context(),
+          "H5Dread(flat range)");
+  return out;
+}
+
 void Dataset::extend(hsize_t rows) {
   std::vector<hsize_t> dims = shape();
   if (dims.empty()) throw Error(fmt::format("HDF5: {}: cannot extend a scalar dataset", context()));
@@ -424,8 +545,7 @@ bool Group::exists(const std::string& path) const {
 Group Group::create_group(const std::string& path) {
   Handle lcpl = link_create_intermediate();
   const hid_t g = H5Gcreate2(id(), path.c_str(), lcpl.id(), H5P_DEFAULT, H5P_DEFAULT);
-  return Group(checked_id(g, context(), "H5Gcreate2(" + path + ")"), H5Gclose, file_name(), child_path(path),
-               comm());
+  return Group(checked_id(g, context(), "H5Gcreate2(" + path + ")"), H5Gclose, file_name(), child_path(path), comm());
 }
 
 Group Group::open_group(const std::string& path) const {
@@ -434,7 +554,9 @@ Group Group::open_group(const std::string& path) const {
   return Group(checked_id(g, context(), "H5Gopen2(" + path + ")"), H5Gclose, file_name(), child_path(path), comm());
 }
 
-Group Group::require_group(const std::string& path) { return exists(path) ? open_group(path) : create_group(path); }
+Group Group::require_group(const std::string& path) {
+  return exists(path) ? open_group(path) : create_group(path);
+}
 
 Dataset Group::create_dataset(const std::string& path, c10::ScalarType dtype, const std::vector<hsize_t>& dims,
                               const DatasetOptions& options) {
@@ -448,15 +570,13 @@ Dataset Group::create_dataset(const std::string& path, c10::ScalarType dtype, co
   }
   Handle lcpl = link_create_intermediate();
   const hid_t d = H5Dcreate2(id(), path.c_str(), type.id(), space.id(), lcpl.id(), dcpl.id(), H5P_DEFAULT);
-  return Dataset(checked_id(d, context(), "H5Dcreate2(" + path + ")"), H5Dclose, file_name(), child_path(path),
-                 comm());
+  return Dataset(checked_id(d, context(), "H5Dcreate2(" + path + ")"), H5Dclose, file_name(), child_path(path), comm());
 }
 
 Dataset Group::open_dataset(const std::string& path) const {
   if (!exists(path)) throw Error(fmt::format("HDF5: {}: no dataset '{}'", context(), path));
   const hid_t d = H5Dopen2(id(), path.c_str(), H5P_DEFAULT);
-  return Dataset(checked_id(d, context(), "H5Dopen2(" + path + ")"), H5Dclose, file_name(), child_path(path),
-                 comm());
+  return Dataset(checked_id(d, context(), "H5Dopen2(" + path + ")"), H5Dclose, file_name(), child_path(path), comm());
 }
 
 namespace {
@@ -530,7 +650,9 @@ File File::open(const std::string& path, Mode mode, MPI_Comm comm) {
   return File(checked_id(f, path, "cannot open file"), H5Fclose, path, "/", comm);
 }
 
-void File::flush() { checked(H5Fflush(id(), H5F_SCOPE_GLOBAL), context(), "H5Fflush"); }
+void File::flush() {
+  checked(H5Fflush(id(), H5F_SCOPE_GLOBAL), context(), "H5Fflush");
+}
 
 // ---------------------------------------------------------------- helpers
 
@@ -558,7 +680,9 @@ void Series::append(double value) {
   dataset_.write_rows(static_cast<int64_t>(n), at::full({1}, value, at::kDouble), /*collective=*/false);
 }
 
-int64_t Series::size() const { return static_cast<int64_t>(dataset_.shape().at(0)); }
+int64_t Series::size() const {
+  return static_cast<int64_t>(dataset_.shape().at(0));
+}
 
 std::vector<double> Series::read() const {
   const at::Tensor values = dataset_.read();

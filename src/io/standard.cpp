@@ -1,8 +1,8 @@
 #include <ditrl/error.hpp>
 #include <ditrl/io/standard.hpp>
 
-#include <boost/json.hpp>
 #include <fmt/format.h>
+#include <boost/json.hpp>
 
 #include <cmath>
 #include <cstring>
@@ -121,8 +121,8 @@ Standard read_standard(const std::string& path) {
 std::vector<std::string> check_standard(const Standard& standard, const MetricsTable& run) {
   std::vector<std::string> problems;
   if (!standard.steps.empty() && standard.steps != run.steps)
-    problems.push_back(fmt::format("steps differ: standard has {} rows, the run {}", standard.steps.size(),
-                                   run.steps.size()));
+    problems.push_back(
+        fmt::format("steps differ: standard has {} rows, the run {}", standard.steps.size(), run.steps.size()));
   for (const auto& [name, expected] : standard.metrics) {
     auto it = run.series.find(name);
     if (it == run.series.end()) {
@@ -144,12 +144,12 @@ std::vector<std::string> check_standard(const Standard& standard, const MetricsT
         ok = same_bits(actual[i], expected[i]) || std::fabs(actual[i] - expected[i]) <= allowed;
       }
       if (!ok) {
-        problems.push_back(fmt::format("{}: row {} (step {}): run {:.17g}, standard {:.17g}{}", name, i,
-                                       i < run.steps.size() ? run.steps[i] : -1, actual[i], expected[i],
-                                       tol == standard.tolerance.end()
-                                           ? " (bitwise)"
-                                           : fmt::format(" (tolerance abs {} rel {})", tol->second.abs,
-                                                         tol->second.rel)));
+        problems.push_back(
+            fmt::format("{}: row {} (step {}): run {:.17g}, standard {:.17g}{}", name, i,
+                        i < run.steps.size() ? run.steps[i] : -1, actual[i], expected[i],
+                        tol == standard.tolerance.end()
+                            ? " (bitwise)"
+                            : fmt::format(" (tolerance abs {} rel {})", tol->second.abs, tol->second.rel)));
         break;
       }
     }

@@ -25,9 +25,8 @@ at::Tensor checked_rewards(const at::Tensor& rewards, int64_t samples, const std
          rewards.defined() ? fmt::format("shape [{}]", fmt::join(rewards.sizes(), ", ")) : "nothing");
   const at::Tensor values = rewards.to(at::kFloat).cpu().contiguous();
   if (!at::isfinite(values).all().item<bool>())
-    fail("reward {}: non-finite reward values {}", source, fmt::join(std::vector<float>(values.data_ptr<float>(),
-                                                                                        values.data_ptr<float>() + samples),
-                                                                    ", "));
+    fail("reward {}: non-finite reward values {}", source,
+         fmt::join(std::vector<float>(values.data_ptr<float>(), values.data_ptr<float>() + samples), ", "));
   return values;
 }
 
@@ -178,7 +177,8 @@ class CommandReward final : public Reward {
 std::unique_ptr<Reward> make_reward(const RewardOptions& options) {
   if (options.kind == "analytic") return std::make_unique<AnalyticReward>(options.analytic, options.target_seed);
   if (options.kind == "torchscript") return std::make_unique<TorchScriptReward>(options.module);
-  if (options.kind == "command") return std::make_unique<CommandReward>(options.command, options.timeout_s, options.work_dir);
+  if (options.kind == "command")
+    return std::make_unique<CommandReward>(options.command, options.timeout_s, options.work_dir);
   fail("unknown reward kind '{}': expected analytic, torchscript or command", options.kind);
 }
 

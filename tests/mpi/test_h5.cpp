@@ -53,8 +53,8 @@ TEST_CASE("h5: every rank writes its rows of one dataset collectively; rank 0 re
     // bf16 and int64 row blocks through the same path.
     h5::write_rows_collective(file, "/weights/matrix_bf16", rows, full.narrow(0, begin, count).to(at::kBFloat16),
                               begin);
-    h5::write_rows_collective(file, "/index", rows,
-                              at::arange(begin, begin + count, at::kLong).reshape({count, 1}), begin);
+    h5::write_rows_collective(file, "/index", rows, at::arange(begin, begin + count, at::kLong).reshape({count, 1}),
+                              begin);
   }
   MPI_Barrier(MPI_COMM_WORLD);
   if (rank() == 0) {

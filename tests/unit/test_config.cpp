@@ -7,9 +7,9 @@
 
 #include <fstream>
 
+using Catch::Matchers::Contains;
 using ditrl::config::Config;
 using ditrl::config::parse_deck;
-using Catch::Matchers::Contains;
 
 namespace {
 
@@ -78,13 +78,13 @@ TEST_CASE("config: out-of-range values name key, value and range", "[config]") {
   const std::string error = deck_error(std::string(kMinimal) + "[rollout]\nsteps = 0\n");
   CHECK_THAT(error, Contains("deck.toml:5:9"));
   CHECK_THAT(error, Contains("'rollout.steps' = 0 is out of range: expected a value in [1, 1000]"));
-  CHECK_THAT(deck_error(std::string(kMinimal) + "[train]\nlr = -1e-4\n"),
-             Contains("expected a value > 0"));
+  CHECK_THAT(deck_error(std::string(kMinimal) + "[train]\nlr = -1e-4\n"), Contains("expected a value > 0"));
 }
 
 TEST_CASE("config: a value outside a fixed set lists the choices", "[config]") {
   const std::string error = deck_error(std::string(kMinimal) + "[precision]\nforward = \"fp8\"\n");
-  CHECK_THAT(error, Contains("'precision.forward' = \"fp8\" is out of range: expected one of \"fp32\", \"bf16\", \"fp16\""));
+  CHECK_THAT(error,
+             Contains("'precision.forward' = \"fp8\" is out of range: expected one of \"fp32\", \"bf16\", \"fp16\""));
 }
 
 TEST_CASE("config: array elements are type- and range-checked", "[config]") {

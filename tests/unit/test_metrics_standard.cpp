@@ -84,7 +84,8 @@ TEST_CASE("standard: round trip, bitwise check, tolerances with reasons", "[stan
   tolerant.tolerance["train/loss"] = Tolerance{0.0, 1e-12, "summation order differs across CPU models"};
   CHECK(check_standard(tolerant, nudged).empty());
   write_standard(dir + "/t.json", tolerant);
-  CHECK(read_standard(dir + "/t.json").tolerance.at("train/loss").reason == "summation order differs across CPU models");
+  CHECK(read_standard(dir + "/t.json").tolerance.at("train/loss").reason ==
+        "summation order differs across CPU models");
 
   MetricsTable missing = run;
   missing.series.erase("rollout/reward/raw_mean");

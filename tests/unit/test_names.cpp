@@ -23,7 +23,8 @@ TEST_CASE("names: PEFT and wrapped names resolve to canonical names and back", "
         "transformer_blocks.0.attn.to_q.weight");
   CHECK(canonical_name("base_model.model.transformer_blocks.0.attn.to_q.lora_A.default.weight") ==
         "transformer_blocks.0.attn.to_q.lora_A.weight");
-  CHECK(canonical_name("transformer_blocks.0.attn.to_q.lora_B.weight") == "transformer_blocks.0.attn.to_q.lora_B.weight");
+  CHECK(canonical_name("transformer_blocks.0.attn.to_q.lora_B.weight") ==
+        "transformer_blocks.0.attn.to_q.lora_B.weight");
   CHECK(canonical_name("proj_out.bias") == "proj_out.bias");
   for (const std::string name : {"blocks.1.attn1.to_k.lora_A.weight", "blocks.1.attn1.to_k.lora_B.weight"})
     CHECK(canonical_name(peft_name(name)) == name);

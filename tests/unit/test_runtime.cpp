@@ -9,8 +9,7 @@
 using Catch::Matchers::Contains;
 
 TEST_CASE("runtime: a rank that throws ends the whole job non-zero within 30 s", "[runtime][mpi]") {
-  const std::string command =
-      std::string("timeout 60 ") + DITRL_MPIEXEC + " -np 2 " + DITRL_PROBE_fail_probe;
+  const std::string command = std::string("timeout 60 ") + DITRL_MPIEXEC + " -np 2 " + DITRL_PROBE_fail_probe;
   const auto result = ditrl::test::run_process(command);
   INFO(result.output);
   CHECK(result.exit_code != 0);

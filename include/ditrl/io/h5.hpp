@@ -123,6 +123,12 @@ class Dataset : public Object {
   // only matters in a parallel file; a rank with zero rows still calls.
   void write_rows(int64_t offset, const at::Tensor& rows, bool collective = true);
   at::Tensor read_rows(int64_t offset, int64_t count, bool collective = false) const;
+  // Elements [flat_begin, flat_begin + values.numel()) of the dataset in
+  // row-major order, whatever its rank: how a rank writes and reads its
+  // slice of a flattened parameter. Collective in a parallel file (a rank
+  // with an empty range still calls).
+  void write_flat_range(int64_t flat_begin, const at::Tensor& values);
+  at::Tensor read_flat_range(int64_t flat_begin, int64_t count, bool collective = true) const;
   // Resizes dimension 0 of an extendible dataset (grow or truncate).
   void extend(hsize_t rows);
 };
@@ -131,7 +137,7 @@ class Group : public Object {
  public:
   using Object::Object;
 
-  bool exists(const std::string& path) const;  // any depth, no error when absent
+  bool exists(const std::string& path) const;   // any depth, no error when absent
   Group create_group(const std::string& path);  // intermediate groups are created
   Group open_group(const std::string& path) const;
   Group require_group(const std::string& path);

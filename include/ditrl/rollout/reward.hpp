@@ -19,10 +19,10 @@
 namespace ditrl::rollout {
 
 struct RewardOptions {
-  std::string kind = "analytic";           // analytic | torchscript | command
+  std::string kind = "analytic";            // analytic | torchscript | command
   std::string analytic = "target_pattern";  // target_pattern | brightness | smoothness
-  std::string module;                      // TorchScript file
-  std::string command;                     // shell command; {input} and {output} are replaced by file paths
+  std::string module;                       // TorchScript file
+  std::string command;                      // shell command; {input} and {output} are replaced by file paths
   int64_t target_seed = 1234;
   double timeout_s = 600;
   std::string work_dir = ".";  // where command rewards exchange their files
