@@ -79,7 +79,8 @@ SnapshotEntries lookup(const diffusion::Schedule& snapshot, const at::Tensor& qu
     }
     if (idx[b] < 0)
       fail(
-          "sigma lookup: {} {} (query {} of {}) was not found in the rollout's snapshot of {} entries; nearest: {}. Values "
+          "sigma lookup: {} {} (query {} of {}) was not found in the rollout's snapshot of {} entries; nearest: {}. "
+          "Values "
           "are matched exactly, never rescaled between t and sigma: the pair must carry a value the rollout "
           "recorded",
           what, describe(values[b]), b, n, count, nearest_entries(entries, count, values[b]));

@@ -16,7 +16,9 @@ using namespace ditrl::rl;
 
 namespace {
 
-at::Tensor f32(std::vector<float> v) { return at::tensor(v, at::kFloat); }
+at::Tensor f32(std::vector<float> v) {
+  return at::tensor(v, at::kFloat);
+}
 
 }  // namespace
 
@@ -118,8 +120,8 @@ TEST_CASE("nft loss: small hand-computed case", "[rl][loss]") {
       expected[b] = (r * pos / beta + (1 - r) * neg / beta) * clip;
     }
     const NftTerms t = nft_loss(to_tensor(v), to_tensor(v_old), to_tensor(x0), to_tensor(xt),
-                                at::tensor(sigma, at::kDouble).to(at::kFloat), at::tensor(adv, at::kDouble).to(at::kFloat),
-                                NftOptions{beta, clip, adaptive, 0.0});
+                                at::tensor(sigma, at::kDouble).to(at::kFloat),
+                                at::tensor(adv, at::kDouble).to(at::kFloat), NftOptions{beta, clip, adaptive, 0.0});
     CHECK(t.per_pair[0].item<double>() == Approx(expected[0]).epsilon(1e-6));
     CHECK(t.per_pair[1].item<double>() == Approx(expected[1]).epsilon(1e-6));
     CHECK(t.loss_sum.item<double>() == Approx(expected[0] + expected[1]).epsilon(1e-6));

@@ -46,8 +46,7 @@ TEST_CASE("sde step: every shared fixture case is reproduced", "[diffusion][sde]
     const StepKernel kernel = kernel_of(fx);
     const StepSigmas sigmas = resolve(fx);
     const bool generate = fx.metadata.at("mode") == "generate";
-    const StepTarget target =
-        generate ? StepTarget::noise(fx.at("noise")) : StepTarget::score(fx.at("prev_sample_in"));
+    const StepTarget target = generate ? StepTarget::noise(fx.at("noise")) : StepTarget::score(fx.at("prev_sample_in"));
     const StepResult r = sde_step(kernel, fx.at("model_output"), fx.at("sample"), sigmas, target);
 
     CHECK(at::equal(r.std_dev_t, fx.at("std_dev_t")));
@@ -133,9 +132,9 @@ TEST_CASE("sde step: invalid inputs are errors", "[diffusion][sde]") {
                              StepSigmas{sigmas.sigma.to(at::kDouble), sigmas.sigma_next, sigmas.sigma_after_one},
                              StepTarget::score(x)),
                     Catch::Contains("fp32"));
-  CHECK_THROWS_WITH(sde_step(StepKernel{SdeType::Sde, 0.7}, v, x,
-                             StepSigmas{sigmas.sigma.narrow(0, 0, 2), sigmas.sigma_next.narrow(0, 0, 2), 0.9f},
-                             StepTarget::score(x)),
-                    Catch::Contains("expected 1 or the batch size 3"));
+  CHECK_THROWS_WITH(
+      sde_step(StepKernel{SdeType::Sde, 0.7}, v, x,
+               StepSigmas{sigmas.sigma.narrow(0, 0, 2), sigmas.sigma_next.narrow(0, 0, 2), 0.9f}, StepTarget::score(x)),
+      Catch::Contains("expected 1 or the batch size 3"));
   CHECK_THROWS_WITH(parse_sde_type("ddim"), Catch::Contains("expected sde, cps or ode"));
 }

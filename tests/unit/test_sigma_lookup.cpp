@@ -104,7 +104,8 @@ TEST_CASE("lookup: reverse lookup sigma -> index -> t for NFT", "[rl][lookup]") 
   CHECK(bits(e.timesteps[0].item<float>()) == bits(grid.timestep(11)));
   CHECK(bits(e.timesteps[2].item<float>()) == bits(grid.timestep(39)));
   // the terminal 0 is not a trainable sigma
-  CHECK_THROWS_WITH(lookup_timesteps(grid, at::tensor({0.0f})), Catch::Contains("sigma 0") && Catch::Contains("not found"));
+  CHECK_THROWS_WITH(lookup_timesteps(grid, at::tensor({0.0f})),
+                    Catch::Contains("sigma 0") && Catch::Contains("not found"));
 }
 
 TEST_CASE("lookup: duplicate snapshot values are ambiguous", "[rl][lookup]") {
@@ -128,8 +129,8 @@ TEST_CASE("prepared batch: stacks pairs, carries both domains and the conditioni
     pairs.push_back(p);
   }
   // a separately deserialised, bitwise-equal snapshot is accepted
-  pairs[2].snapshot = std::make_shared<diffusion::Schedule>(
-      diffusion::Schedule{snap->timesteps.clone(), snap->sigmas.clone()});
+  pairs[2].snapshot =
+      std::make_shared<diffusion::Schedule>(diffusion::Schedule{snap->timesteps.clone(), snap->sigmas.clone()});
   const PreparedBatch b = prepare_batch(pairs);
   CHECK(b.size() == 3);
   CHECK(b.latents.scalar_type() == at::kFloat);
@@ -149,8 +150,8 @@ TEST_CASE("prepared batch: stacks pairs, carries both domains and the conditioni
 
 TEST_CASE("prepared batch: samples with different snapshots are rejected, naming the sample", "[rl][lookup]") {
   auto snap = std::make_shared<diffusion::Schedule>(sd35_40());
-  auto other = std::make_shared<diffusion::Schedule>(
-      diffusion::Schedule{snap->timesteps.clone(), snap->sigmas.clone()});
+  auto other =
+      std::make_shared<diffusion::Schedule>(diffusion::Schedule{snap->timesteps.clone(), snap->sigmas.clone()});
   other->sigmas.data_ptr<float>()[7] = std::nextafter(snap->sigma(7), 2.0f);
   std::vector<TrainPair> pairs(2);
   for (int i = 0; i < 2; ++i) {
@@ -160,8 +161,9 @@ TEST_CASE("prepared batch: samples with different snapshots are rejected, naming
   }
   pairs[0].snapshot = snap;
   pairs[1].snapshot = other;
-  CHECK_THROWS_WITH(prepare_batch(pairs), Catch::Contains("sample 5 carries different scheduler sigmas than sample 0") &&
-                                              Catch::Contains("entry [7]") && Catch::Contains("+1 ULP"));
+  CHECK_THROWS_WITH(prepare_batch(pairs),
+                    Catch::Contains("sample 5 carries different scheduler sigmas than sample 0") &&
+                        Catch::Contains("entry [7]") && Catch::Contains("+1 ULP"));
   auto shorter = std::make_shared<diffusion::Schedule>(diffusion::flow_match_schedule({}));
   pairs[1].snapshot = shorter;
   CHECK_THROWS_WITH(prepare_batch(pairs), Catch::Contains("sample 5 carries timesteps of shape 10"));
