@@ -8,11 +8,13 @@
 namespace ditrl::diffusion {
 
 float Schedule::timestep(int64_t i) const {
+  check("schedule");
   if (i < 0 || i >= steps()) fail("timestep index {} is outside the schedule's {} steps", i, steps());
   return timesteps.data_ptr<float>()[i];
 }
 
 float Schedule::sigma(int64_t i) const {
+  check("schedule");
   if (i < 0 || i > steps()) fail("sigma index {} is outside the schedule's {} sigmas", i, steps() + 1);
   return sigmas.data_ptr<float>()[i];
 }

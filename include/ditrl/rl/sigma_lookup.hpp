@@ -5,7 +5,8 @@
 // snapshot's timesteps; its sigma (and the next one) are read from the sigma
 // snapshot at that index. There is no "t / 1000" fallback: the two arrays are
 // computed separately and differ by ULPs, so a miss is an error that shows how
-// far the value is from the nearest entries.
+// far the value is from the nearest entries. A value matching two entries is an
+// error too (diffusers' index_for_timestep would silently take the second).
 
 #include <ditrl/diffusion/schedule.hpp>
 
