@@ -112,7 +112,7 @@ class Family : public torch::nn::Module {
   virtual at::Tensor cfg_combine(const at::Tensor& pos, const at::Tensor& neg, const GuidanceOptions& g,
                                  double timestep) const;
   // The scale used at a step (Wan2.2 switches with the expert phase).
-  virtual double guidance_scale(const GuidanceOptions& g, double timestep) const { return g.scale; }
+  virtual double guidance_scale(const GuidanceOptions& g, double /*timestep*/) const { return g.scale; }
 
   virtual std::vector<int64_t> latent_shape(int64_t batch, const LatentGrid& grid) const = 0;
   virtual std::vector<CondSpec> cond_spec() const = 0;
