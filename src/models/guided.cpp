@@ -1,0 +1,28 @@
+#include <ditrl/error.hpp>
+#include <ditrl/models/guided.hpp>
+
+#include <ATen/ATen.h>
+
+namespace ditrl::models {
+
+bool uses_cfg(const Family& family, const GuidanceOptions& guidance, double timestep) {
+  return family.supports_cfg() && family.guidance_scale(guidance, timestep) > 1.0;
+}
+
+at::Tensor guided_velocity(Family& family, const GuidedInputs& in, const GuidanceOptions& guidance,
+                           const ForwardContext& ctx) {
+  // Every pair of a batch shares one step (phase-pure micro-batches), so the
+  // first timestep decides the guidance of the whole batch.
+  const double t = in.timesteps[0].item<double>();
+  if (!uses_cfg(family, guidance, t)) return family.noise_pred(in.latents, in.timesteps, in.sigmas, *in.cond, ctx);
+  if (!in.negative) fail("{}: guidance scale {} > 1 needs negative-prompt conditioning", family.family_name(),
+                         family.guidance_scale(guidance, t));
+  Cond joint;
+  for (const auto& [name, tensor] : in.cond->tensors) joint.tensors[name] = at::cat({tensor, in.negative->at(name)}, 0);
+  const at::Tensor v = family.noise_pred(at::cat({in.latents, in.latents}, 0), at::cat({in.timesteps, in.timesteps}, 0),
+                                         at::cat({in.sigmas, in.sigmas}, 0), joint, ctx);
+  const int64_t b = in.latents.size(0);
+  return family.cfg_combine(v.narrow(0, 0, b), v.narrow(0, b, b).detach(), guidance, t);
+}
+
+}  // namespace ditrl::models

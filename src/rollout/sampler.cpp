@@ -1,0 +1,117 @@
+#include <ditrl/error.hpp>
+#include <ditrl/models/guided.hpp>
+#include <ditrl/rollout/sampler.hpp>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <algorithm>
+
+namespace ditrl::rollout {
+
+namespace {
+
+int64_t slot_of(const std::vector<int64_t>& values, int64_t value, const char* what) {
+  auto it = std::find(values.begin(), values.end(), value);
+  if (it == values.end()) fail("trajectory has no {} for step {}", what, value);
+  return it - values.begin();
+}
+
+bool contains(const std::vector<int64_t>& values, int64_t value) {
+  return std::find(values.begin(), values.end(), value) != values.end();
+}
+
+models::Cond rows(const models::Cond& cond, int64_t begin, int64_t count) {
+  models::Cond out;
+  for (const auto& [name, tensor] : cond.tensors) out.tensors[name] = tensor.narrow(0, begin, count);
+  return out;
+}
+
+// One micro-group through every denoising step.
+struct GroupResult {
+  std::vector<at::Tensor> kept;  // x_i for i in return_latents, each [m, ...]
+  std::vector<at::Tensor> log_probs, outputs;  // per SDE step, [m] and [m, ...]
+  at::Tensor final;
+};
+
+GroupResult denoise(models::Family& family, const models::ForwardContext& ctx, const diffusion::Schedule& schedule,
+                    const rl::StepSelection& steps, const models::Cond& cond, const models::Cond* negative,
+                    std::vector<at::Generator>& generators, const std::vector<int64_t>& latent_shape,
+                    const SamplerOptions& options) {
+  const int64_t m = static_cast<int64_t>(generators.size());
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  std::vector<at::Tensor> initial;
+  for (at::Generator& g : generators) initial.push_back(at::randn(latent_shape, g, f32));
+  at::Tensor x = at::stack(initial, 0);
+
+  GroupResult out;
+  const diffusion::StepKernel ode{diffusion::SdeType::Ode, 0.0};
+  for (int64_t i = 0; i < schedule.steps(); ++i) {
+    if (contains(steps.return_latents, i)) out.kept.push_back(x);
+    const at::Tensor t = schedule.timesteps.narrow(0, i, 1).expand({m}).contiguous();
+    const at::Tensor sigma = schedule.sigmas.narrow(0, i, 1).expand({m}).contiguous();
+    const at::Tensor sigma_next = schedule.sigmas.narrow(0, i + 1, 1).expand({m}).contiguous();
+    const at::Tensor v = models::guided_velocity(family, {x, t, sigma, &cond, negative}, options.guidance, ctx);
+    const diffusion::StepSigmas sigmas{sigma, sigma_next, schedule.sigma(1)};
+    if (contains(steps.sde_steps, i)) {
+      std::vector<at::Tensor> eps;
+      for (at::Generator& g : generators) eps.push_back(at::randn(latent_shape, g, f32));
+      const diffusion::StepResult r =
+          diffusion::sde_step(options.kernel, v, x, sigmas, diffusion::StepTarget::noise(at::stack(eps, 0)));
+      out.log_probs.push_back(r.log_prob);
+      out.outputs.push_back(v.to(at::kFloat));
+      x = r.next;
+    } else {
+      // An ODE step draws nothing.
+      x = diffusion::sde_step(ode, v, x, sigmas, diffusion::StepTarget::draw(at::Generator())).next;
+    }
+  }
+  if (contains(steps.return_latents, schedule.steps())) out.kept.push_back(x);
+  out.final = x;
+  return out;
+}
+
+}  // namespace
+
+int64_t Trajectories::latent_slot(int64_t step) const { return slot_of(steps.return_latents, step, "latent"); }
+int64_t Trajectories::sde_slot(int64_t step) const { return slot_of(steps.sde_steps, step, "SDE log-prob"); }
+
+Trajectories sample(models::Family& family, const models::ForwardContext& ctx, const diffusion::Schedule& schedule,
+                    const rl::StepSelection& steps, const SampleBatch& batch, const SamplerOptions& options) {
+  schedule.check("rollout schedule");
+  const int64_t n = static_cast<int64_t>(batch.seeds.size());
+  if (options.microgroup <= 0 || n % options.microgroup != 0)
+    fail("rollout: {} samples on this rank do not split into micro-groups of {}", n, options.microgroup);
+  torch::NoGradGuard no_grad;
+
+  std::vector<at::Tensor> kept, log_probs, outputs, finals;
+  for (int64_t begin = 0; begin < n; begin += options.microgroup) {
+    std::vector<at::Generator> generators;
+    for (int64_t s = begin; s < begin + options.microgroup; ++s)
+      generators.push_back(at::detail::createCPUGenerator(batch.seeds[static_cast<size_t>(s)]));
+    const models::Cond cond = rows(batch.cond, begin, options.microgroup);
+    const models::Cond negative = batch.negative ? rows(*batch.negative, begin, options.microgroup) : models::Cond{};
+    GroupResult g = denoise(family, ctx, schedule, steps, cond, batch.negative ? &negative : nullptr, generators,
+                            batch.latent_shape, options);
+    kept.push_back(at::stack(g.kept, 1));
+    if (!g.log_probs.empty()) {
+      log_probs.push_back(at::stack(g.log_probs, 1));
+      outputs.push_back(at::stack(g.outputs, 1));
+    }
+    finals.push_back(g.final);
+  }
+
+  Trajectories out;
+  out.snapshot = std::make_shared<const diffusion::Schedule>(schedule);
+  out.steps = steps;
+  out.latents = at::cat(kept, 0);
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  out.log_probs = log_probs.empty() ? at::zeros({n, 0}, f32) : at::cat(log_probs, 0);
+  out.model_outputs = outputs.empty() ? at::Tensor() : at::cat(outputs, 0);
+  out.final_latents = at::cat(finals, 0);
+  out.prompt_index = batch.prompt_index;
+  out.sample_index = batch.sample_index;
+  return out;
+}
+
+}  // namespace ditrl::rollout
