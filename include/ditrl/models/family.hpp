@@ -71,11 +71,11 @@ struct LoraOptions {
 };
 
 struct FamilyOptions {
-  std::string family;        // "sd3" | "wan" | "ltx" | "qwen_image"
+  std::string family;  // "sd3" | "wan" | "ltx" | "qwen_image"
   std::string preset = "tiny";
-  std::string config_json;   // optional config.json (reference format) replacing the preset
-  bool meta = false;         // shapes only: parameters on the meta device, nothing allocated
-  int64_t init_seed = 0;     // seeded init when no weights are loaded
+  std::string config_json;  // optional config.json (reference format) replacing the preset
+  bool meta = false;        // shapes only: parameters on the meta device, nothing allocated
+  int64_t init_seed = 0;    // seeded init when no weights are loaded
   std::string attention = "math";
   LoraOptions lora;
   precision::InputPolicy inputs;  // boundary casts applied inside noise_pred
@@ -112,7 +112,7 @@ class Family : public torch::nn::Module {
   virtual at::Tensor cfg_combine(const at::Tensor& pos, const at::Tensor& neg, const GuidanceOptions& g,
                                  double timestep) const;
   // The scale used at a step (Wan2.2 switches with the expert phase).
-  virtual double guidance_scale(const GuidanceOptions& g, double timestep) const { return g.scale; }
+  virtual double guidance_scale(const GuidanceOptions& g, double /*timestep*/) const { return g.scale; }
 
   virtual std::vector<int64_t> latent_shape(int64_t batch, const LatentGrid& grid) const = 0;
   virtual std::vector<CondSpec> cond_spec() const = 0;
