@@ -6,14 +6,8 @@ namespace {
 thread_local bool taps_suppressed = false;
 }
 
-TapSuppressGuard::TapSuppressGuard() : previous_(taps_suppressed) {
-  taps_suppressed = true;
-}
-TapSuppressGuard::~TapSuppressGuard() {
-  taps_suppressed = previous_;
-}
-bool TapSuppressGuard::active() {
-  return taps_suppressed;
-}
+TapSuppressGuard::TapSuppressGuard() : previous_(taps_suppressed) { taps_suppressed = true; }
+TapSuppressGuard::~TapSuppressGuard() { taps_suppressed = previous_; }
+bool TapSuppressGuard::active() { return taps_suppressed; }
 
 }  // namespace ditrl::models

@@ -71,11 +71,11 @@ struct LoraOptions {
 };
 
 struct FamilyOptions {
-  std::string family;  // "sd3" | "wan" | "ltx" | "qwen_image"
+  std::string family;        // "sd3" | "wan" | "ltx" | "qwen_image"
   std::string preset = "tiny";
-  std::string config_json;  // optional config.json (reference format) replacing the preset
-  bool meta = false;        // shapes only: parameters on the meta device, nothing allocated
-  int64_t init_seed = 0;    // seeded init when no weights are loaded
+  std::string config_json;   // optional config.json (reference format) replacing the preset
+  bool meta = false;         // shapes only: parameters on the meta device, nothing allocated
+  int64_t init_seed = 0;     // seeded init when no weights are loaded
   std::string attention = "math";
   LoraOptions lora;
   precision::InputPolicy inputs;  // boundary casts applied inside noise_pred
