@@ -16,6 +16,8 @@ int main(int argc, char** argv) {
 
   ditrl::app::Command selected;
   ditrl::app::add_check_command(cli, selected);
+  ditrl::app::add_inspect_command(cli, selected);
+  ditrl::app::add_forward_command(cli, selected);
 
   try {
     cli.parse(argc, argv);

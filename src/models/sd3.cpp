@@ -248,7 +248,7 @@ void SD3::check_inputs(const at::Tensor& hidden_states, const at::Tensor& encode
   const c10::ScalarType weights = pos_embed->proj->weight.scalar_type();
   if (hidden_states.scalar_type() != weights)
     fail("sd3: input 'hidden_states' is {} but the patch embedding weights are {} (pass inputs in the forward dtype)",
-         c10::toString(hidden_states.scalar_type()), c10::toString(weights));
+         precision::dtype_name(hidden_states.scalar_type()), precision::dtype_name(weights));
 }
 
 at::Tensor SD3::forward(const at::Tensor& hidden_states, const at::Tensor& encoder_hidden_states,

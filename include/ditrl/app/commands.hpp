@@ -17,5 +17,7 @@ using Command = std::function<int()>;
 std::string version_text();
 
 void add_check_command(CLI::App& app, Command& selected);
+void add_inspect_command(CLI::App& app, Command& selected);
+void add_forward_command(CLI::App& app, Command& selected);
 
 }  // namespace ditrl::app
