@@ -17,6 +17,8 @@ int main(int argc, char** argv) {
   ditrl::app::Command selected;
   ditrl::app::add_check_command(cli, selected);
   ditrl::app::add_standard_command(cli, selected);
+  ditrl::app::add_inspect_command(cli, selected);
+  ditrl::app::add_forward_command(cli, selected);
 
   try {
     cli.parse(argc, argv);

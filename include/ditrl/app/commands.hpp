@@ -18,5 +18,7 @@ std::string version_text();
 
 void add_check_command(CLI::App& app, Command& selected);
 void add_standard_command(CLI::App& app, Command& selected);
+void add_inspect_command(CLI::App& app, Command& selected);
+void add_forward_command(CLI::App& app, Command& selected);
 
 }  // namespace ditrl::app

@@ -73,7 +73,7 @@ struct LoraOptions {
 struct FamilyOptions {
   std::string family;        // "sd3" | "wan" | "ltx" | "qwen_image"
   std::string preset = "tiny";
-  std::string config_json;   // optional config.json (reference format) replacing the preset
+  std::string config_json;   // path of an optional config.json (reference format) replacing the preset
   bool meta = false;         // shapes only: parameters on the meta device, nothing allocated
   int64_t init_seed = 0;     // seeded init when no weights are loaded
   std::string attention = "math";

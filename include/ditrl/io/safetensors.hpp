@@ -1,0 +1,115 @@
+#pragma once
+
+// safetensors checkpoints (families.md §8): a little-endian u64 header length,
+// a JSON header {name: {dtype, shape, data_offsets}, "__metadata__": {..}},
+// then the raw tensor bytes. Files are memory-mapped (private, copy-on-write);
+// a sharded checkpoint is a `*.index.json` whose weight_map names the shard
+// holding each tensor. Every malformed or hostile file is an Error naming the
+// file (and the tensor) and what was expected; nothing is read out of bounds.
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ditrl::io {
+
+// Header-declared size cap, as in the reference reader.
+constexpr uint64_t kSafetensorsMaxHeader = 100'000'000;
+
+struct TensorInfo {
+  std::string name;
+  std::string dtype;           // safetensors code: "F32", "BF16", "I64", ...
+  std::vector<int64_t> shape;  // [] = scalar
+  uint64_t begin = 0;          // byte offsets relative to the data section
+  uint64_t end = 0;
+
+  uint64_t nbytes() const { return end - begin; }
+  int64_t numel() const;
+};
+
+// Bits per element of a safetensors dtype code; 0 when the code is unknown.
+int safetensors_dtype_bits(const std::string& code);
+// The LibTorch dtype of a code; throws naming `what` when this LibTorch
+// cannot hold it (sub-byte floats, unsigned 16/32/64 on 1.13, ...).
+c10::ScalarType safetensors_scalar_type(const std::string& code, const std::string& what);
+// The code of a LibTorch dtype; throws for dtypes safetensors cannot store.
+std::string safetensors_dtype_code(c10::ScalarType dtype);
+
+class MappedBytes;
+
+// One safetensors file, validated on open.
+class SafetensorsFile {
+ public:
+  explicit SafetensorsFile(const std::string& path);
+  // Parses bytes already in memory; `source` names them in errors.
+  static SafetensorsFile from_bytes(std::vector<uint8_t> bytes, const std::string& source);
+
+  const std::string& path() const { return path_; }
+  // Tensors in data-offset order.
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  std::vector<std::string> names() const;
+  bool contains(const std::string& name) const { return index_.count(name) > 0; }
+  const TensorInfo& info(const std::string& name) const;
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+  // An owned CPU copy of the tensor.
+  at::Tensor get(const std::string& name) const;
+  // A CPU tensor over the mapping (kept alive by the tensor); writes stay in
+  // this process. Falls back to a copy when the bytes are not aligned.
+  at::Tensor view(const std::string& name) const;
+
+ private:
+  SafetensorsFile(std::shared_ptr<const MappedBytes> bytes, std::string path);
+
+  std::string path_;
+  std::shared_ptr<const MappedBytes> bytes_;
+  uint64_t data_start_ = 0;
+  std::vector<TensorInfo> tensors_;
+  std::map<std::string, size_t> index_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// A checkpoint: one safetensors file, or a `*.safetensors.index.json` and its
+// shards (resolved next to the index). Names are unique across shards.
+class Checkpoint {
+ public:
+  explicit Checkpoint(const std::string& path);
+
+  const std::string& path() const { return path_; }
+  std::vector<std::string> names() const;  // sorted
+  bool contains(const std::string& name) const { return shard_of_.count(name) > 0; }
+  const TensorInfo& info(const std::string& name) const;
+  at::Tensor get(const std::string& name) const;
+  at::Tensor view(const std::string& name) const;  // see SafetensorsFile::view
+  // The file that holds `name` (the shard for an index).
+  const std::string& file_of(const std::string& name) const;
+  // The single file's metadata, or the index's "metadata" values as text.
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const std::vector<SafetensorsFile>& files() const { return files_; }
+
+ private:
+  const SafetensorsFile& shard(const std::string& name) const;
+
+  std::string path_;
+  std::vector<SafetensorsFile> files_;
+  std::map<std::string, size_t> shard_of_;
+  std::map<std::string, std::string> metadata_;
+};
+
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+// Writes tensors (any device; copied to CPU, made contiguous) to `path`
+// atomically: data sorted by dtype alignment (descending) then name, header
+// padded with spaces to a multiple of 8, `metadata` as "__metadata__".
+void write_safetensors(const std::string& path, const NamedTensors& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+// The bytes write_safetensors would write.
+std::vector<uint8_t> serialize_safetensors(const NamedTensors& tensors,
+                                           const std::map<std::string, std::string>& metadata = {});
+
+}  // namespace ditrl::io

@@ -1,0 +1,54 @@
+#pragma once
+
+// The layers own their parameters directly (no torch::nn::Linear) so that a
+// model can be built on the meta device and its named_parameters() are the
+// checkpoint names: `X.weight`, `X.bias`, and with a LoRA adapter
+// `X.lora_A.weight` [r, in] / `X.lora_B.weight` [out, r].
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <memory>
+
+namespace ditrl::models {
+
+// A module that is only a namespace in the parameter names (`to_out`, `net`).
+class Container : public torch::nn::Module {};
+
+// A module holding one `weight` (the two LoRA factors).
+class WeightOnly : public torch::nn::Module {
+ public:
+  explicit WeightOnly(at::Tensor w) { weight = register_parameter("weight", std::move(w)); }
+  at::Tensor weight;
+};
+
+class Linear : public torch::nn::Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, bool bias, const at::TensorOptions& options);
+
+  // base(x) with bias first, then ((x A^T) B^T) * alpha/r cast to the output
+  // dtype and added (PEFT order, algorithms.md §9.5).
+  at::Tensor forward(const at::Tensor& x) const;
+
+  int64_t in_features() const { return weight.size(1); }
+  int64_t out_features() const { return weight.size(0); }
+
+  // Adds zero-initialised-B adapters (A drawn by the caller) and freezes the
+  // base weight and bias; the adapters are trainable.
+  void attach_lora(int64_t rank, double alpha);
+  bool has_lora() const { return lora_A != nullptr; }
+  double lora_scale() const { return lora_scale_; }
+  // W + alpha/r * B A, in W's dtype (the full weight a merged export writes).
+  at::Tensor merged_weight() const;
+
+  at::Tensor weight;
+  at::Tensor bias;  // undefined without bias
+  std::shared_ptr<WeightOnly> lora_A;
+  std::shared_ptr<WeightOnly> lora_B;
+
+ private:
+  double lora_scale_ = 0;
+};
+
+}  // namespace ditrl::models

@@ -1,0 +1,51 @@
+#pragma once
+
+// Parameters of an unsharded model by checkpoint name: validation of a
+// checkpoint against the model, loading, the seeded init, and the cast to a
+// forward dtype with the family's dtype overrides.
+
+#include <ditrl/io/safetensors.hpp>
+#include <ditrl/models/family.hpp>
+
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ditrl::models {
+
+struct CheckpointEntry {
+  std::string name;
+  std::vector<int64_t> shape;
+  // Parameters are required; LoRA factors keep their init when absent, and
+  // persistent buffers (SD3's pos_embed table) are computed by the model.
+  bool required = true;
+};
+
+// What a checkpoint of `model` holds, in registration order.
+std::vector<CheckpointEntry> checkpoint_layout(const torch::nn::Module& model);
+
+// Checks the checkpoint's names (PEFT names resolved to canonical ones) and
+// shapes against the model; throws one Error, naming the checkpoint, that
+// lists every missing, unexpected and wrongly-shaped tensor together.
+void validate_checkpoint(const torch::nn::Module& model, const io::Checkpoint& checkpoint);
+
+// validate_checkpoint, then copies every tensor into the model (converted to
+// the parameter's dtype).
+void load_weights(torch::nn::Module& model, const io::Checkpoint& checkpoint);
+
+// Seeded init of every non-LoRA parameter, in registration order: tensors
+// with >= 2 dims N(0, 1)/sqrt(fan_in), 1-D `*weight` 1 + 0.1 N(0, 1), other
+// 1-D 0.1 N(0, 1) (the reference fixtures' rule: every weight matters).
+void init_parameters(torch::nn::Module& model, int64_t seed);
+
+// Casts every parameter and floating buffer to `forward`, except names an
+// override pattern matches (the last matching rule sets the dtype). The
+// unsharded counterpart of the precision plan.
+void cast_parameters(torch::nn::Module& model, c10::ScalarType forward, const std::vector<DtypeOverride>& overrides);
+
+// Parameters and persistent buffers under their checkpoint names.
+io::NamedTensors state_tensors(const torch::nn::Module& model);
+
+}  // namespace ditrl::models

@@ -1,0 +1,422 @@
+#include <ditrl/error.hpp>
+#include <ditrl/io/safetensors.hpp>
+
+#include <ATen/ATen.h>
+#include <boost/json.hpp>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors data is little-endian; this reader copies bytes");
+
+namespace ditrl::io {
+
+namespace json = boost::json;
+
+// The bytes of a file (a private, copy-on-write mapping) or of a buffer.
+class MappedBytes {
+ public:
+  static std::shared_ptr<const MappedBytes> map_file(const std::string& path) {
+    auto bytes = std::shared_ptr<MappedBytes>(new MappedBytes());
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) fail("cannot open safetensors file {}: {}", path, std::strerror(errno));
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd);
+      fail("{} is not a regular file", path);
+    }
+    bytes->size_ = static_cast<size_t>(st.st_size);
+    if (bytes->size_ > 0) {
+      void* addr = ::mmap(nullptr, bytes->size_, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+      if (addr == MAP_FAILED) {
+        const int err = errno;
+        ::close(fd);
+        fail("cannot map safetensors file {} ({} bytes): {}", path, bytes->size_, std::strerror(err));
+      }
+      bytes->data_ = static_cast<uint8_t*>(addr);
+      bytes->mapped_ = true;
+    }
+    ::close(fd);  // the mapping stays valid without the descriptor
+    return bytes;
+  }
+
+  static std::shared_ptr<const MappedBytes> own(std::vector<uint8_t> buffer) {
+    auto bytes = std::shared_ptr<MappedBytes>(new MappedBytes());
+    bytes->buffer_ = std::move(buffer);
+    bytes->data_ = bytes->buffer_.data();
+    bytes->size_ = bytes->buffer_.size();
+    return bytes;
+  }
+
+  ~MappedBytes() {
+    if (mapped_) ::munmap(data_, size_);
+  }
+  MappedBytes(const MappedBytes&) = delete;
+  MappedBytes& operator=(const MappedBytes&) = delete;
+
+  uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  MappedBytes() = default;
+  uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+  bool mapped_ = false;
+  std::vector<uint8_t> buffer_;
+};
+
+namespace {
+
+struct DtypeCode {
+  const char* code;
+  int bits;
+};
+
+// Every code of the format (families.md §8.1 item 6).
+constexpr DtypeCode kDtypeCodes[] = {
+    {"BOOL", 8},    {"U8", 8},   {"I8", 8},      {"I16", 16},    {"U16", 16},        {"F16", 16},
+    {"BF16", 16},   {"I32", 32}, {"U32", 32},    {"F32", 32},    {"F64", 64},        {"I64", 64},
+    {"U64", 64},    {"C64", 64}, {"F8_E4M3", 8}, {"F8_E5M2", 8}, {"F8_E4M3FNUZ", 8}, {"F8_E5M2FNUZ", 8},
+    {"F8_E8M0", 8}, {"F4", 4},   {"F6_E2M3", 6}, {"F6_E3M2", 6},
+};
+
+// A non-negative JSON integer that fits `limit`, or fail with `what`.
+uint64_t json_count(const json::value& v, uint64_t limit, const std::string& what) {
+  if (v.is_uint64()) {
+    if (v.get_uint64() <= limit) return v.get_uint64();
+  } else if (v.is_int64() && v.get_int64() >= 0 && static_cast<uint64_t>(v.get_int64()) <= limit) {
+    return static_cast<uint64_t>(v.get_int64());
+  }
+  fail("{} must be an integer in [0, {}], got {}", what, limit, json::serialize(v));
+}
+
+TensorInfo parse_entry(const std::string& source, const std::string& name, const json::value& value) {
+  const std::string where = fmt::format("{}: tensor '{}'", source, name);
+  if (!value.is_object()) fail("{} must be an object with dtype, shape and data_offsets", where);
+  const json::object& entry = value.get_object();
+  for (const char* key : {"dtype", "shape", "data_offsets"})
+    if (!entry.contains(key)) fail("{} has no '{}'", where, key);
+  TensorInfo info;
+  info.name = name;
+  if (!entry.at("dtype").is_string()) fail("{}: dtype must be a string", where);
+  info.dtype = std::string(entry.at("dtype").get_string());
+  const int bits = safetensors_dtype_bits(info.dtype);
+  if (bits == 0) fail("{} has unknown dtype '{}'", where, info.dtype);
+  if (!entry.at("shape").is_array()) fail("{}: shape must be an array of dimensions", where);
+  // Both the element count and the extent of the non-empty dimensions (what a
+  // strided tensor of this shape spans) must fit in int64.
+  uint64_t numel = 1, extent = 1;
+  bool overflow = false;
+  for (const json::value& d : entry.at("shape").get_array()) {
+    const uint64_t dim = json_count(d, INT64_MAX, where + ": shape dimension");
+    info.shape.push_back(static_cast<int64_t>(dim));
+    overflow |= __builtin_mul_overflow(numel, dim, &numel);
+    overflow |= __builtin_mul_overflow(extent, std::max<uint64_t>(dim, 1), &extent);
+  }
+  if (overflow || extent > static_cast<uint64_t>(INT64_MAX))
+    fail("{}: shape [{}] is too large", where, fmt::join(info.shape, ", "));
+  const json::value& offsets = entry.at("data_offsets");
+  if (!offsets.is_array() || offsets.get_array().size() != 2) fail("{}: data_offsets must be [begin, end]", where);
+  info.begin = json_count(offsets.get_array()[0], UINT64_MAX, where + ": data_offsets begin");
+  info.end = json_count(offsets.get_array()[1], UINT64_MAX, where + ": data_offsets end");
+  if (info.end < info.begin) fail("{}: data_offsets end {} is before begin {}", where, info.end, info.begin);
+  uint64_t total_bits = 0;
+  if (__builtin_mul_overflow(numel, static_cast<uint64_t>(bits), &total_bits))
+    fail("{}: byte size of shape overflows", where);
+  if (total_bits % 8 != 0) fail("{}: {} elements of {} are not a whole number of bytes", where, numel, info.dtype);
+  if (info.nbytes() != total_bits / 8)
+    fail("{}: {} {} of shape [{}] need {} bytes but data_offsets span {}", where, numel, info.dtype,
+         fmt::join(info.shape, ", "), total_bits / 8, info.nbytes());
+  return info;
+}
+
+std::map<std::string, std::string> parse_metadata(const std::string& source, const json::value& value) {
+  if (!value.is_object()) fail("{}: __metadata__ must be an object of strings", source);
+  std::map<std::string, std::string> out;
+  for (const auto& [key, v] : value.get_object()) {
+    if (!v.is_string()) fail("{}: __metadata__ value '{}' must be a string", source, std::string(key));
+    out[std::string(key)] = std::string(v.get_string());
+  }
+  return out;
+}
+
+json::value parse_json(const std::string& source, std::string_view text, const char* what) {
+  json::error_code ec;
+  json::value value = json::parse(text, ec);
+  if (ec) fail("{}: {} is not valid JSON: {}", source, what, ec.message());
+  return value;
+}
+
+}  // namespace
+
+int64_t TensorInfo::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+int safetensors_dtype_bits(const std::string& code) {
+  for (const DtypeCode& c : kDtypeCodes)
+    if (code == c.code) return c.bits;
+  return 0;
+}
+
+c10::ScalarType safetensors_scalar_type(const std::string& code, const std::string& what) {
+  static const std::map<std::string, c10::ScalarType> kTypes = {
+      {"BOOL", at::kBool}, {"U8", at::kByte},    {"I8", at::kChar},          {"I16", at::kShort},
+      {"I32", at::kInt},   {"I64", at::kLong},   {"F16", at::kHalf},         {"BF16", at::kBFloat16},
+      {"F32", at::kFloat}, {"F64", at::kDouble}, {"C64", at::kComplexFloat},
+  };
+  const auto it = kTypes.find(code);
+  if (it == kTypes.end()) fail("{} has dtype {}, which this LibTorch build cannot load", what, code);
+  return it->second;
+}
+
+std::string safetensors_dtype_code(c10::ScalarType dtype) {
+  switch (dtype) {
+    case at::kBool:
+      return "BOOL";
+    case at::kByte:
+      return "U8";
+    case at::kChar:
+      return "I8";
+    case at::kShort:
+      return "I16";
+    case at::kInt:
+      return "I32";
+    case at::kLong:
+      return "I64";
+    case at::kHalf:
+      return "F16";
+    case at::kBFloat16:
+      return "BF16";
+    case at::kFloat:
+      return "F32";
+    case at::kDouble:
+      return "F64";
+    case at::kComplexFloat:
+      return "C64";
+    default:
+      fail("safetensors cannot store dtype {}", c10::toString(dtype));
+  }
+}
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : SafetensorsFile(MappedBytes::map_file(path), path) {}
+
+SafetensorsFile SafetensorsFile::from_bytes(std::vector<uint8_t> bytes, const std::string& source) {
+  return SafetensorsFile(MappedBytes::own(std::move(bytes)), source);
+}
+
+SafetensorsFile::SafetensorsFile(std::shared_ptr<const MappedBytes> bytes, std::string path)
+    : path_(std::move(path)), bytes_(std::move(bytes)) {
+  const size_t size = bytes_->size();
+  if (size < 8)
+    fail("{}: {} bytes is too short for a safetensors file (an 8-byte header length comes first)", path_, size);
+  uint64_t header_len = 0;
+  std::memcpy(&header_len, bytes_->data(), 8);
+  if (header_len > kSafetensorsMaxHeader)
+    fail("{}: header length {} exceeds the {}-byte limit (not a safetensors file?)", path_, header_len,
+         kSafetensorsMaxHeader);
+  if (header_len > size - 8)
+    fail("{}: header length {} runs past the end of the file ({} bytes)", path_, header_len, size);
+  data_start_ = 8 + header_len;
+  const json::value header =
+      parse_json(path_, std::string_view(reinterpret_cast<const char*>(bytes_->data()) + 8, header_len), "the header");
+  if (!header.is_object()) fail("{}: the header must be a JSON object", path_);
+  for (const auto& [key, value] : header.get_object()) {
+    const std::string name(key);
+    if (name == "__metadata__")
+      metadata_ = parse_metadata(path_, value);
+    else
+      tensors_.push_back(parse_entry(path_, name, value));
+  }
+  std::sort(tensors_.begin(), tensors_.end(), [](const TensorInfo& a, const TensorInfo& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  uint64_t expected = 0;
+  for (const TensorInfo& t : tensors_) {
+    if (t.begin != expected)
+      fail("{}: tensor '{}' starts at data byte {} but the previous tensor ends at {} ({})", path_, t.name, t.begin,
+           expected, t.begin < expected ? "overlap" : "gap");
+    expected = t.end;
+  }
+  if (expected != size - data_start_)
+    fail("{}: tensor data ends at byte {} but the file has {} bytes after the header (truncated or trailing data)",
+         path_, expected, size - data_start_);
+  for (size_t i = 0; i < tensors_.size(); ++i) index_[tensors_[i].name] = i;
+}
+
+std::vector<std::string> SafetensorsFile::names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, i] : index_) out.push_back(name);
+  return out;
+}
+
+const TensorInfo& SafetensorsFile::info(const std::string& name) const {
+  const auto it = index_.find(name);
+  if (it == index_.end()) fail("{} has no tensor '{}'", path_, name);
+  return tensors_[it->second];
+}
+
+at::Tensor SafetensorsFile::get(const std::string& name) const {
+  const TensorInfo& t = info(name);
+  const c10::ScalarType dtype = safetensors_scalar_type(t.dtype, fmt::format("tensor '{}' of {}", name, path_));
+  at::Tensor out = at::empty(t.shape, at::TensorOptions().dtype(dtype));
+  if (t.nbytes() > 0) std::memcpy(out.data_ptr(), bytes_->data() + data_start_ + t.begin, t.nbytes());
+  return out;
+}
+
+at::Tensor SafetensorsFile::view(const std::string& name) const {
+  const TensorInfo& t = info(name);
+  const c10::ScalarType dtype = safetensors_scalar_type(t.dtype, fmt::format("tensor '{}' of {}", name, path_));
+  uint8_t* ptr = bytes_->data() + data_start_ + t.begin;
+  if (t.nbytes() == 0 || reinterpret_cast<uintptr_t>(ptr) % c10::elementSize(dtype) != 0) return get(name);
+  std::shared_ptr<const MappedBytes> keep = bytes_;
+  return at::from_blob(
+      ptr, t.shape, [keep](void*) mutable { keep.reset(); }, at::TensorOptions().dtype(dtype));
+}
+
+Checkpoint::Checkpoint(const std::string& path) : path_(path) {
+  const bool is_index = path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0;
+  if (!is_index) {
+    files_.emplace_back(path);
+    for (const TensorInfo& t : files_[0].tensors()) shard_of_[t.name] = 0;
+    metadata_ = files_[0].metadata();
+    return;
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("cannot open checkpoint index {}", path);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const json::value index = parse_json(path, text, "the index");
+  if (!index.is_object() || !index.get_object().contains("weight_map") ||
+      !index.get_object().at("weight_map").is_object())
+    fail("{}: a checkpoint index needs a \"weight_map\" object (tensor name -> shard file)", path);
+  if (const json::value* meta = index.get_object().if_contains("metadata"); meta && meta->is_object())
+    for (const auto& [key, v] : meta->get_object())
+      metadata_[std::string(key)] = v.is_string() ? std::string(v.get_string()) : json::serialize(v);
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  std::map<std::string, size_t> file_index;
+  std::map<std::string, std::string> listed;  // tensor -> shard file name
+  for (const auto& [key, v] : index.get_object().at("weight_map").get_object()) {
+    if (!v.is_string()) fail("{}: weight_map entry '{}' must name a shard file", path, std::string(key));
+    const std::string shard_name(v.get_string());
+    listed[std::string(key)] = shard_name;
+    if (file_index.count(shard_name)) continue;
+    const std::filesystem::path shard_path = dir / shard_name;
+    if (!std::filesystem::is_regular_file(shard_path))
+      fail("{}: shard '{}' (holding '{}') does not exist at {}", path, shard_name, std::string(key),
+           shard_path.string());
+    file_index[shard_name] = files_.size();
+    files_.emplace_back(shard_path.string());
+  }
+  for (size_t f = 0; f < files_.size(); ++f)
+    for (const TensorInfo& t : files_[f].tensors()) {
+      if (shard_of_.count(t.name))
+        fail("{}: tensor '{}' is in both {} and {}", path, t.name, files_[shard_of_[t.name]].path(), files_[f].path());
+      shard_of_[t.name] = f;
+    }
+  for (const auto& [name, shard_name] : listed) {
+    const auto it = shard_of_.find(name);
+    if (it == shard_of_.end() || it->second != file_index.at(shard_name))
+      fail("{}: weight_map puts '{}' in {} but that shard has no such tensor", path, name, shard_name);
+  }
+}
+
+std::vector<std::string> Checkpoint::names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, f] : shard_of_) out.push_back(name);
+  return out;
+}
+
+const SafetensorsFile& Checkpoint::shard(const std::string& name) const {
+  const auto it = shard_of_.find(name);
+  if (it == shard_of_.end()) fail("checkpoint {} has no tensor '{}'", path_, name);
+  return files_[it->second];
+}
+
+const TensorInfo& Checkpoint::info(const std::string& name) const {
+  return shard(name).info(name);
+}
+at::Tensor Checkpoint::get(const std::string& name) const {
+  return shard(name).get(name);
+}
+at::Tensor Checkpoint::view(const std::string& name) const {
+  return shard(name).view(name);
+}
+const std::string& Checkpoint::file_of(const std::string& name) const {
+  return shard(name).path();
+}
+
+std::vector<uint8_t> serialize_safetensors(const NamedTensors& tensors,
+                                           const std::map<std::string, std::string>& metadata) {
+  std::vector<std::pair<std::string, at::Tensor>> sorted;
+  std::set<std::string> seen;
+  for (const auto& [name, tensor] : tensors) {
+    if (name == "__metadata__") fail("a tensor cannot be named __metadata__");
+    if (!seen.insert(name).second) fail("tensor '{}' is written twice", name);
+    if (!tensor.defined()) fail("tensor '{}' is undefined", name);
+    sorted.emplace_back(name, tensor.detach().to(at::kCPU).contiguous());
+  }
+  std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) {
+    const size_t sa = a.second.element_size(), sb = b.second.element_size();
+    return sa != sb ? sa > sb : a.first < b.first;
+  });
+  json::object header;
+  if (!metadata.empty()) {
+    json::object meta;
+    for (const auto& [k, v] : metadata) meta[k] = v;
+    header["__metadata__"] = std::move(meta);
+  }
+  uint64_t offset = 0;
+  for (const auto& [name, t] : sorted) {
+    const uint64_t nbytes = t.numel() * t.element_size();
+    json::array shape;
+    for (int64_t d : t.sizes()) shape.push_back(d);
+    header[name] = json::object{{"dtype", safetensors_dtype_code(t.scalar_type())},
+                                {"shape", std::move(shape)},
+                                {"data_offsets", json::array{offset, offset + nbytes}}};
+    offset += nbytes;
+  }
+  std::string text = json::serialize(header);
+  text.append((8 - text.size() % 8) % 8, ' ');
+  std::vector<uint8_t> out(8 + text.size() + offset);
+  const uint64_t header_len = text.size();
+  std::memcpy(out.data(), &header_len, 8);
+  std::memcpy(out.data() + 8, text.data(), text.size());
+  uint8_t* data = out.data() + 8 + text.size();
+  for (const auto& [name, t] : sorted) {
+    const size_t nbytes = t.numel() * t.element_size();
+    if (nbytes > 0) std::memcpy(data, t.data_ptr(), nbytes);
+    data += nbytes;
+  }
+  return out;
+}
+
+void write_safetensors(const std::string& path, const NamedTensors& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  const std::vector<uint8_t> bytes = serialize_safetensors(tensors, metadata);
+  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) fail("cannot create {}: {}", tmp, std::strerror(errno));
+    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    out.flush();
+    if (!out) fail("cannot write {} ({} bytes): {}", tmp, bytes.size(), std::strerror(errno));
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::filesystem::remove(tmp);
+    fail("cannot rename {} to {}: {}", tmp, path, ec.message());
+  }
+}
+
+}  // namespace ditrl::io

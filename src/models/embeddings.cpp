@@ -1,0 +1,109 @@
+#include <ditrl/error.hpp>
+#include <ditrl/models/embeddings.hpp>
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+namespace ditrl::models {
+
+at::Tensor timestep_sinusoid(const at::Tensor& t, const SinusoidOptions& o) {
+  if (t.dim() != 1) fail("timesteps must be a 1-D tensor, got shape {}", c10::str(t.sizes()));
+  const int64_t half = o.dim / 2;
+  at::Tensor exponent = at::arange(half, t.options().dtype(at::kFloat)) * (-std::log(o.max_period));
+  exponent = exponent / (static_cast<double>(half) - o.shift);
+  at::Tensor emb = t.unsqueeze(1).to(at::kFloat) * at::exp(exponent).unsqueeze(0);
+  emb = emb * o.scale;
+  emb = at::cat({at::sin(emb), at::cos(emb)}, -1);
+  if (o.flip_sin_to_cos) emb = at::cat({emb.slice(1, half), emb.slice(1, 0, half)}, -1);
+  if (o.dim % 2 == 1) emb = at::constant_pad_nd(emb, {0, 1, 0, 0});
+  return emb;
+}
+
+at::Tensor activate(const at::Tensor& x, Activation act) {
+  return act == Activation::SiLU ? at::silu(x) : at::gelu(x, "tanh");
+}
+
+MLPEmbedding::MLPEmbedding(int64_t in, int64_t dim, int64_t out, Activation act, const at::TensorOptions& options)
+    : act_(act) {
+  linear_1 = register_module("linear_1", std::make_shared<Linear>(in, dim, true, options));
+  linear_2 = register_module("linear_2", std::make_shared<Linear>(dim, out, true, options));
+}
+
+PatchProjection::PatchProjection(int64_t in_channels, int64_t dim, const std::vector<int64_t>& patch,
+                                 const at::TensorOptions& options)
+    : patch_(patch) {
+  std::vector<int64_t> shape = {dim, in_channels};
+  shape.insert(shape.end(), patch.begin(), patch.end());
+  weight = register_parameter("weight", at::empty(shape, options));
+  bias = register_parameter("bias", at::empty({dim}, options));
+}
+
+at::Tensor PatchProjection::forward(const at::Tensor& x) const {
+  if (x.dim() != static_cast<int64_t>(patch_.size()) + 2)
+    fail("patch projection expects a {}-D latent, got shape {}", patch_.size() + 2, c10::str(x.sizes()));
+  if (patch_.size() == 2) return at::conv2d(x, weight, bias, patch_);
+  return at::conv3d(x, weight, bias, patch_);
+}
+
+namespace {
+
+// diffusers get_1d_sincos_pos_embed_from_grid: (N,) fp32 positions -> (N, dim) fp64.
+at::Tensor sincos_1d(int64_t dim, const at::Tensor& pos) {
+  at::Tensor omega = at::arange(dim / 2, at::TensorOptions().dtype(at::kDouble));
+  omega = omega / (static_cast<double>(dim) / 2.0);
+  omega = at::pow(10000.0, omega).reciprocal();
+  const at::Tensor angles = pos.reshape({-1, 1}).to(at::kDouble) * omega.unsqueeze(0);
+  return at::cat({at::sin(angles), at::cos(angles)}, 1);
+}
+
+}  // namespace
+
+at::Tensor sincos_pos_embed_2d(int64_t dim, int64_t grid, double base_size, double interpolation_scale) {
+  const auto coords = [&] {
+    return at::arange(grid, at::TensorOptions().dtype(at::kFloat)) / (static_cast<double>(grid) / base_size) /
+           interpolation_scale;
+  };
+  // meshgrid "xy": the first grid varies along columns (width).
+  const std::vector<at::Tensor> mesh = at::meshgrid({coords(), coords()}, "xy");
+  return at::cat({sincos_1d(dim / 2, mesh[0]), sincos_1d(dim / 2, mesh[1])}, 1).to(at::kFloat);
+}
+
+PatchEmbed::PatchEmbed(int64_t in_channels, int64_t dim, int64_t patch, int64_t pos_embed_max_size, double base_size,
+                       const at::TensorOptions& options)
+    : patch_(patch), max_size_(pos_embed_max_size) {
+  proj = register_module(
+      "proj", std::make_shared<PatchProjection>(in_channels, dim, std::vector<int64_t>{patch, patch}, options));
+  const int64_t rows = pos_embed_max_size * pos_embed_max_size;
+  at::Tensor table =
+      options.device().is_meta()
+          ? at::empty({1, rows, dim}, options.dtype(at::kFloat))
+          : sincos_pos_embed_2d(dim, pos_embed_max_size, base_size, 1.0).unsqueeze(0).to(options.device());
+  pos_embed = register_buffer("pos_embed", table);
+}
+
+at::Tensor PatchEmbed::cropped_pos_embed(int64_t h, int64_t w) const {
+  if (h > max_size_ || w > max_size_)
+    fail("latent grid {}x{} (patches) exceeds pos_embed_max_size {}", h, w, max_size_);
+  const int64_t top = (max_size_ - h) / 2;
+  const int64_t left = (max_size_ - w) / 2;
+  return pos_embed.reshape({1, max_size_, max_size_, -1})
+      .slice(1, top, top + h)
+      .slice(2, left, left + w)
+      .reshape({1, -1, pos_embed.size(-1)});
+}
+
+at::Tensor PatchEmbed::forward(const at::Tensor& latent) const {
+  const int64_t h = latent.size(-2) / patch_;
+  const int64_t w = latent.size(-1) / patch_;
+  const at::Tensor x = proj->forward(latent).flatten(2).transpose(1, 2);
+  return (x + cropped_pos_embed(h, w)).to(x.scalar_type());
+}
+
+at::Tensor unpatchify_2d(const at::Tensor& x, int64_t h, int64_t w, int64_t patch, int64_t channels) {
+  return x.reshape({x.size(0), h, w, patch, patch, channels})
+      .permute({0, 5, 1, 3, 2, 4})
+      .reshape({x.size(0), channels, h * patch, w * patch});
+}
+
+}  // namespace ditrl::models

@@ -1,0 +1,77 @@
+#include <ditrl/error.hpp>
+#include <ditrl/models/family.hpp>
+#include <ditrl/models/lora.hpp>
+#include <ditrl/models/sd3.hpp>
+#include <ditrl/models/weights.hpp>
+
+#include <ATen/ATen.h>
+
+#include <fstream>
+#include <functional>
+#include <sstream>
+
+namespace ditrl::models {
+
+namespace {
+
+using Factory = std::function<std::shared_ptr<Family>(const FamilyOptions&)>;
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("cannot read model config {}", path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+std::shared_ptr<Family> make_sd3(const FamilyOptions& o) {
+  const SD3Config config = o.config_json.empty() ? SD3Config::preset(o.preset)
+                                                 : SD3Config::from_json(read_text(o.config_json), o.config_json);
+  return std::make_shared<SD3>(config, o);
+}
+
+const std::map<std::string, Factory>& registry() {
+  static const std::map<std::string, Factory> families = {{"sd3", make_sd3}};
+  return families;
+}
+
+}  // namespace
+
+const at::Tensor& Cond::at(const std::string& name) const {
+  const auto it = tensors.find(name);
+  if (it != tensors.end() && it->second.defined()) return it->second;
+  std::vector<std::string> present;
+  for (const auto& [key, value] : tensors)
+    if (value.defined()) present.push_back(key);
+  fail("conditioning tensor '{}' is missing (present: {})", name,
+       present.empty() ? std::string("none") : fmt::format("{}", fmt::join(present, ", ")));
+}
+
+precision::InputPolicy Family::default_input_policy(c10::ScalarType forward) const {
+  // Latents and text features in the forward dtype; timesteps as the
+  // scheduler made them (fp32), so the sinusoid sees the exact values.
+  return precision::InputPolicy{forward, forward, std::nullopt};
+}
+
+at::Tensor Family::cfg_combine(const at::Tensor& pos, const at::Tensor& neg, const GuidanceOptions& g,
+                               double timestep) const {
+  return neg + guidance_scale(g, timestep) * (pos - neg);
+}
+
+std::vector<std::string> family_names() {
+  std::vector<std::string> names;
+  for (const auto& [name, factory] : registry()) names.push_back(name);
+  return names;
+}
+
+std::shared_ptr<Family> create_family(const FamilyOptions& options) {
+  const auto it = registry().find(options.family);
+  if (it == registry().end())
+    fail("unknown model family '{}': known families are {}", options.family, fmt::join(family_names(), ", "));
+  std::shared_ptr<Family> family = it->second(options);
+  if (!options.meta) init_parameters(*family, options.init_seed);
+  if (options.lora.enabled) attach_lora(*family, options.lora, family->default_lora_targets());
+  return family;
+}
+
+}  // namespace ditrl::models

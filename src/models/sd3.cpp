@@ -1,0 +1,337 @@
+#include <ditrl/error.hpp>
+#include <ditrl/models/norms.hpp>
+#include <ditrl/models/sd3.hpp>
+
+#include <ATen/ATen.h>
+#include <boost/json.hpp>
+
+#include <algorithm>
+#include <set>
+
+namespace ditrl::models {
+
+namespace json = boost::json;
+
+namespace {
+
+constexpr double kNormEps = 1e-6;
+
+SD3Config real_config(int64_t layers, int64_t heads, int64_t pos_embed_max_size, int64_t dual_layers, bool qk_norm) {
+  SD3Config c;
+  c.num_layers = layers;
+  c.num_attention_heads = heads;
+  c.attention_head_dim = 64;
+  c.caption_projection_dim = heads * 64;
+  c.pos_embed_max_size = pos_embed_max_size;
+  for (int64_t i = 0; i < dual_layers; ++i) c.dual_attention_layers.push_back(i);
+  c.qk_norm = qk_norm;
+  return c;
+}
+
+int64_t json_int(const json::value& v, const std::string& key, const std::string& source) {
+  if (v.is_int64()) return v.get_int64();
+  if (v.is_uint64() && v.get_uint64() <= static_cast<uint64_t>(INT64_MAX)) return static_cast<int64_t>(v.get_uint64());
+  fail("{}: '{}' must be an integer, got {}", source, key, json::serialize(v));
+}
+
+void require_shape(const at::Tensor& t, const char* name, const std::vector<int64_t>& shape) {
+  bool ok = t.dim() == static_cast<int64_t>(shape.size());
+  for (size_t i = 0; ok && i < shape.size(); ++i) ok = shape[i] < 0 || t.size(static_cast<int64_t>(i)) == shape[i];
+  if (!ok) {
+    std::vector<std::string> dims;
+    for (int64_t d : shape) dims.push_back(d < 0 ? "*" : std::to_string(d));
+    fail("sd3: input '{}' has shape {}, expected [{}]", name, c10::str(t.sizes()), fmt::join(dims, ", "));
+  }
+}
+
+}  // namespace
+
+bool SD3Config::dual(int64_t layer) const {
+  return std::find(dual_attention_layers.begin(), dual_attention_layers.end(), layer) != dual_attention_layers.end();
+}
+
+std::vector<std::string> SD3Config::preset_names() {
+  return {"tiny", "sd3-medium", "sd3.5-medium", "sd3.5-large"};
+}
+
+SD3Config SD3Config::preset(const std::string& name) {
+  // families.md §1.2 (released checkpoints) and §6.1 (tiny, every structural feature).
+  if (name == "sd3-medium") return real_config(24, 24, 192, 0, false);
+  if (name == "sd3.5-medium") return real_config(24, 24, 384, 13, true);
+  if (name == "sd3.5-large") return real_config(38, 38, 192, 0, true);
+  if (name == "tiny") {
+    SD3Config c;
+    c.sample_size = 16;
+    c.num_layers = 4;
+    c.num_attention_heads = 4;
+    c.attention_head_dim = 16;
+    c.joint_attention_dim = 48;
+    c.caption_projection_dim = 64;
+    c.pooled_projection_dim = 32;
+    c.pos_embed_max_size = 12;
+    c.dual_attention_layers = {0, 1};
+    c.qk_norm = true;
+    c.text_tokens = 8;
+    return c;
+  }
+  fail("unknown sd3 preset '{}': known presets are {}", name, fmt::join(preset_names(), ", "));
+}
+
+SD3Config SD3Config::from_json(const std::string& text, const std::string& source) {
+  json::error_code ec;
+  const json::value doc = json::parse(text, ec);
+  if (ec) fail("{}: not valid JSON: {}", source, ec.message());
+  if (!doc.is_object()) fail("{}: an SD3 config.json must be a JSON object", source);
+  SD3Config c;
+  const std::map<std::string, int64_t*> ints = {
+      {"sample_size", &c.sample_size},
+      {"patch_size", &c.patch_size},
+      {"in_channels", &c.in_channels},
+      {"num_layers", &c.num_layers},
+      {"attention_head_dim", &c.attention_head_dim},
+      {"num_attention_heads", &c.num_attention_heads},
+      {"joint_attention_dim", &c.joint_attention_dim},
+      {"caption_projection_dim", &c.caption_projection_dim},
+      {"pooled_projection_dim", &c.pooled_projection_dim},
+      {"out_channels", &c.out_channels},
+  };
+  for (const auto& [k, v] : doc.get_object()) {
+    const std::string key(k);
+    if (key.rfind('_', 0) == 0) continue;  // _class_name, _diffusers_version, ...
+    if (const auto it = ints.find(key); it != ints.end()) {
+      *it->second = json_int(v, key, source);
+    } else if (key == "pos_embed_max_size") {
+      if (v.is_null())
+        fail("{}: pos_embed_max_size = null is not supported (every SD3/SD3.5 checkpoint sets it)", source);
+      c.pos_embed_max_size = json_int(v, key, source);
+    } else if (key == "dual_attention_layers") {
+      if (!v.is_array()) fail("{}: dual_attention_layers must be a list of block indices", source);
+      c.dual_attention_layers.clear();
+      for (const json::value& i : v.get_array()) c.dual_attention_layers.push_back(json_int(i, key, source));
+    } else if (key == "qk_norm") {
+      if (v.is_null())
+        c.qk_norm = false;
+      else if (v.is_string() && v.get_string() == "rms_norm")
+        c.qk_norm = true;
+      else
+        fail("{}: qk_norm must be \"rms_norm\" or null, got {}", source, json::serialize(v));
+    } else {
+      fail("{}: unknown SD3Transformer2DModel config key '{}'", source, key);
+    }
+  }
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    fail("{}: {}", source, e.what());
+  }
+  return c;
+}
+
+void SD3Config::validate() const {
+  for (const auto& [name, value] :
+       std::vector<std::pair<const char*, int64_t>>{{"sample_size", sample_size},
+                                                    {"patch_size", patch_size},
+                                                    {"in_channels", in_channels},
+                                                    {"num_layers", num_layers},
+                                                    {"attention_head_dim", attention_head_dim},
+                                                    {"num_attention_heads", num_attention_heads},
+                                                    {"joint_attention_dim", joint_attention_dim},
+                                                    {"pooled_projection_dim", pooled_projection_dim},
+                                                    {"out_channels", out_channels},
+                                                    {"pos_embed_max_size", pos_embed_max_size}})
+    if (value <= 0) fail("sd3 config: {} must be positive, got {}", name, value);
+  if (caption_projection_dim != inner_dim())
+    fail("sd3 config: caption_projection_dim {} must equal num_attention_heads x attention_head_dim = {}",
+         caption_projection_dim, inner_dim());
+  if (sample_size / patch_size <= 0)
+    fail("sd3 config: sample_size {} is smaller than patch_size {}", sample_size, patch_size);
+  for (int64_t i : dual_attention_layers)
+    if (i < 0 || i >= num_layers) fail("sd3 config: dual attention layer {} is not a block index < {}", i, num_layers);
+}
+
+JointTransformerBlock::JointTransformerBlock(const SD3Config& config, int64_t index, AttentionBackend backend,
+                                             const at::TensorOptions& options)
+    : context_pre_only_(index == config.num_layers - 1) {
+  const int64_t dim = config.inner_dim();
+  const bool dual = config.dual(index);
+  norm1 = register_module("norm1", std::make_shared<AdaLayerNormZero>(dim, dual ? 9 : 6, options));
+  if (context_pre_only_)
+    norm1_context_last =
+        register_module("norm1_context", std::make_shared<AdaLayerNormContinuous>(dim, dim, kNormEps, options));
+  else
+    norm1_context = register_module("norm1_context", std::make_shared<AdaLayerNormZero>(dim, 6, options));
+  AttentionConfig ac;
+  ac.dim = dim;
+  ac.heads = config.num_attention_heads;
+  ac.head_dim = config.attention_head_dim;
+  ac.qk_norm = config.qk_norm ? QKNorm::PerHead : QKNorm::None;
+  ac.rms_flavour = RmsFlavour::Diffusers;
+  ac.eps = kNormEps;
+  ac.joint = true;
+  ac.context_out = !context_pre_only_;
+  ac.order = JointOrder::ImageFirst;
+  ac.backend = backend;
+  attn = register_module("attn", std::make_shared<Attention>(ac, options));
+  if (dual) {
+    ac.joint = false;
+    attn2 = register_module("attn2", std::make_shared<Attention>(ac, options));
+  }
+  ff = register_module("ff", std::make_shared<FeedForward>(dim, 4 * dim, dim, true, options));
+  if (!context_pre_only_)
+    ff_context = register_module("ff_context", std::make_shared<FeedForward>(dim, 4 * dim, dim, true, options));
+}
+
+// diffusers JointTransformerBlock.forward, op for op.
+Tensors JointTransformerBlock::forward(const Tensors& inputs) {
+  const at::Tensor& x = inputs.at(0);
+  const at::Tensor& c = inputs.at(1);
+  const at::Tensor& temb = inputs.at(2);
+  // shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp[, shift_msa2, scale_msa2, gate_msa2]
+  const std::vector<at::Tensor> m = norm1->forward(temb);
+  const at::Tensor x_norm = layer_norm(x, kNormEps);
+  const at::Tensor x_in = modulate(x_norm, m[0], m[1]);
+  std::vector<at::Tensor> cm;
+  at::Tensor c_in;
+  if (context_pre_only_) {
+    c_in = norm1_context_last->forward(c, temb);
+  } else {
+    cm = norm1_context->forward(temb);
+    c_in = modulate(layer_norm(c, kNormEps), cm[0], cm[1]);
+  }
+  const auto [attn_x, attn_c] = attn->joint_attention(x_in, c_in);
+  at::Tensor h = x + m[2].unsqueeze(1) * attn_x;
+  if (attn2) h = h + m[8].unsqueeze(1) * attn2->self_attention(modulate(x_norm, m[6], m[7]));
+  h = h + m[5].unsqueeze(1) * ff->forward(modulate(layer_norm(h, kNormEps), m[3], m[4]));
+  if (context_pre_only_) return {h};
+  at::Tensor e = c + cm[2].unsqueeze(1) * attn_c;
+  e = e + cm[5].unsqueeze(1) * ff_context->forward(modulate(layer_norm(e, kNormEps), cm[3], cm[4]));
+  return {e, h};
+}
+
+SD3::SD3(const SD3Config& config, const FamilyOptions& options) : config_(config), inputs_(options.inputs) {
+  config_.validate();
+  const AttentionBackend backend = parse_attention_backend(options.attention);
+  const at::TensorOptions opts =
+      at::TensorOptions().dtype(at::kFloat).device(options.meta ? at::Device(at::kMeta) : at::Device(at::kCPU));
+  const int64_t dim = config_.inner_dim();
+  pos_embed = register_module("pos_embed", std::make_shared<PatchEmbed>(
+                                               config_.in_channels, dim, config_.patch_size, config_.pos_embed_max_size,
+                                               static_cast<double>(config_.sample_size / config_.patch_size), opts));
+  auto time_text = register_module("time_text_embed", std::make_shared<Container>());
+  timestep_embedder = time_text->register_module("timestep_embedder",
+                                                 std::make_shared<MLPEmbedding>(256, dim, dim, Activation::SiLU, opts));
+  text_embedder = time_text->register_module(
+      "text_embedder", std::make_shared<MLPEmbedding>(config_.pooled_projection_dim, dim, dim, Activation::SiLU, opts));
+  context_embedder =
+      register_module("context_embedder", std::make_shared<Linear>(config_.joint_attention_dim, dim, true, opts));
+  auto list = register_module("transformer_blocks", std::make_shared<Container>());
+  for (int64_t i = 0; i < config_.num_layers; ++i)
+    blocks.push_back(
+        list->register_module(std::to_string(i), std::make_shared<JointTransformerBlock>(config_, i, backend, opts)));
+  norm_out = register_module("norm_out", std::make_shared<AdaLayerNormContinuous>(dim, dim, kNormEps, opts));
+  proj_out = register_module(
+      "proj_out",
+      std::make_shared<Linear>(dim, config_.patch_size * config_.patch_size * config_.out_channels, true, opts));
+}
+
+void SD3::check_inputs(const at::Tensor& hidden_states, const at::Tensor& encoder_hidden_states,
+                       const at::Tensor& pooled_projections, const at::Tensor& timestep) const {
+  require_shape(hidden_states, "hidden_states", {-1, config_.in_channels, -1, -1});
+  const int64_t batch = hidden_states.size(0);
+  require_shape(encoder_hidden_states, "encoder_hidden_states", {batch, -1, config_.joint_attention_dim});
+  require_shape(pooled_projections, "pooled_projections", {batch, config_.pooled_projection_dim});
+  require_shape(timestep, "timestep", {batch});
+  const int64_t p = config_.patch_size;
+  if (hidden_states.size(2) % p != 0 || hidden_states.size(3) % p != 0)
+    fail("sd3: latent height and width {}x{} must be multiples of patch_size {}", hidden_states.size(2),
+         hidden_states.size(3), p);
+  const c10::ScalarType weights = pos_embed->proj->weight.scalar_type();
+  if (hidden_states.scalar_type() != weights)
+    fail("sd3: input 'hidden_states' is {} but the patch embedding weights are {} (pass inputs in the forward dtype)",
+         precision::dtype_name(hidden_states.scalar_type()), precision::dtype_name(weights));
+}
+
+at::Tensor SD3::forward(const at::Tensor& hidden_states, const at::Tensor& encoder_hidden_states,
+                        const at::Tensor& pooled_projections, const at::Tensor& timestep, const ForwardContext& ctx) {
+  check_inputs(hidden_states, encoder_hidden_states, pooled_projections, timestep);
+  const int64_t p = config_.patch_size;
+  const int64_t h = hidden_states.size(2) / p;
+  const int64_t w = hidden_states.size(3) / p;
+
+  at::Tensor x = pos_embed->forward(hidden_states);
+  ctx.record("pos_embed", "out0", x);
+  const at::Tensor t_emb = timestep_sinusoid(timestep, SinusoidOptions{});
+  const at::Tensor temb = timestep_embedder->forward(t_emb.to(pooled_projections.scalar_type())) +
+                          text_embedder->forward(pooled_projections);
+  ctx.record("time_text_embed", "out0", temb);
+  at::Tensor c = context_embedder->forward(encoder_hidden_states);
+  ctx.record("context_embedder", "out0", c);
+
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    JointTransformerBlock* block = blocks[i].get();
+    const Tensors out = ctx.run_unit(i, {x, c, temb}, [block](const Tensors& in) { return block->forward(in); });
+    const std::string module = "transformer_blocks." + std::to_string(i);
+    if (block->context_pre_only()) {
+      x = out.at(0);
+      ctx.record(module, "out1", x);
+    } else {
+      c = out.at(0);
+      x = out.at(1);
+      ctx.record(module, "out0", c);
+      ctx.record(module, "out1", x);
+    }
+  }
+  x = norm_out->forward(x, temb);
+  ctx.record("norm_out", "out0", x);
+  x = proj_out->forward(x);
+  return unpatchify_2d(x, h, w, p, config_.out_channels);
+}
+
+at::Tensor SD3::noise_pred(const at::Tensor& latents, const at::Tensor& timesteps, const at::Tensor& /*sigmas*/,
+                           const Cond& cond, const ForwardContext& ctx) {
+  // SD3 embeds the trajectory timesteps t in [0, 1000] directly; sigma is a
+  // separate array (1-2 ulp away from t/1000) and is never used here.
+  return forward(inputs_.cast_latents(latents), inputs_.cast_cond(cond.at("encoder_hidden_states")),
+                 inputs_.cast_cond(cond.at("pooled_projections")), inputs_.cast_timestep(timesteps), ctx);
+}
+
+std::map<std::string, at::Tensor> SD3::reference_forward(const std::map<std::string, at::Tensor>& inputs,
+                                                         const std::string& extra_json, const ForwardContext& ctx) {
+  const std::set<std::string> expected = {"hidden_states", "encoder_hidden_states", "pooled_projections", "timestep"};
+  for (const auto& [name, tensor] : inputs)
+    if (!expected.count(name))
+      fail("sd3: unexpected input '{}' (the forward takes {})", name, fmt::join(expected, ", "));
+  for (const std::string& name : expected)
+    if (!inputs.count(name)) fail("sd3: missing input '{}' (the forward takes {})", name, fmt::join(expected, ", "));
+  if (!extra_json.empty()) {
+    // SD3 takes no non-tensor arguments; a sidecar's notes are ignored.
+    json::error_code ec;
+    const json::value extra = json::parse(extra_json, ec);
+    if (ec || !extra.is_object()) fail("sd3: extra arguments must be a JSON object, got '{}'", extra_json);
+  }
+  return {{"output", forward(inputs.at("hidden_states"), inputs.at("encoder_hidden_states"),
+                             inputs.at("pooled_projections"), inputs.at("timestep"), ctx)}};
+}
+
+std::vector<WrapUnit> SD3::wrap_units() {
+  std::vector<WrapUnit> units;
+  for (size_t i = 0; i < blocks.size(); ++i) units.push_back({"transformer_blocks." + std::to_string(i), blocks[i]});
+  return units;
+}
+
+std::vector<std::string> SD3::default_lora_targets() const {
+  // miles configs/sd3.py and flow_grpo train_sd3.py (families.md §1.8).
+  return {"attn.to_q",       "attn.to_k",       "attn.to_v",       "attn.to_out.0",
+          "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out"};
+}
+
+std::vector<int64_t> SD3::latent_shape(int64_t batch, const LatentGrid& grid) const {
+  return {batch, config_.in_channels, grid.height, grid.width};
+}
+
+std::vector<CondSpec> SD3::cond_spec() const {
+  return {{"encoder_hidden_states", {config_.text_tokens, config_.joint_attention_dim}, c10::ScalarType::Float},
+          {"pooled_projections", {config_.pooled_projection_dim}, c10::ScalarType::Float}};
+}
+
+}  // namespace ditrl::models

@@ -1,0 +1,141 @@
+#include <ditrl/error.hpp>
+#include <ditrl/models/weights.hpp>
+#include <ditrl/precision/dtype.hpp>
+#include <ditrl/precision/names.hpp>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <cmath>
+#include <map>
+
+namespace ditrl::models {
+
+namespace {
+
+// At most `limit` names, then how many more.
+std::string name_list(const std::vector<std::string>& names, size_t limit = 20) {
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < limit; ++i) out += (i ? ", " : "") + names[i];
+  if (names.size() > limit) out += fmt::format(", ... and {} more", names.size() - limit);
+  return out;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
+// Checkpoint name -> canonical name, refusing two spellings of one tensor.
+std::map<std::string, std::string> canonical_names(const io::Checkpoint& checkpoint) {
+  std::map<std::string, std::string> out;  // canonical -> name in the file
+  for (const std::string& name : checkpoint.names()) {
+    const std::string canonical = precision::canonical_name(name);
+    if (const auto it = out.find(canonical); it != out.end())
+      fail("{}: '{}' and '{}' are the same parameter '{}'", checkpoint.path(), it->second, name, canonical);
+    out[canonical] = name;
+  }
+  return out;
+}
+
+// Every parameter and buffer by checkpoint name.
+std::map<std::string, at::Tensor> named_tensors(const torch::nn::Module& model) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& p : model.named_parameters()) out[p.key()] = p.value();
+  for (const auto& b : model.named_buffers()) out[b.key()] = b.value();
+  return out;
+}
+
+void require_materialized(const torch::nn::Module& model, const std::string& what) {
+  for (const auto& p : model.named_parameters())
+    if (p.value().is_meta()) fail("cannot {} a model built on the meta device (shapes only): '{}'", what, p.key());
+}
+
+}  // namespace
+
+std::vector<CheckpointEntry> checkpoint_layout(const torch::nn::Module& model) {
+  std::vector<CheckpointEntry> out;
+  for (const auto& p : model.named_parameters())
+    out.push_back({p.key(), p.value().sizes().vec(), !precision::is_lora_name(p.key())});
+  for (const auto& b : model.named_buffers()) out.push_back({b.key(), b.value().sizes().vec(), false});
+  return out;
+}
+
+void validate_checkpoint(const torch::nn::Module& model, const io::Checkpoint& checkpoint) {
+  const std::map<std::string, std::string> in_file = canonical_names(checkpoint);
+  std::vector<std::string> missing, unexpected, wrong_shape;
+  std::map<std::string, const CheckpointEntry*> expected;
+  const std::vector<CheckpointEntry> layout = checkpoint_layout(model);
+  for (const CheckpointEntry& e : layout) {
+    expected[e.name] = &e;
+    const auto it = in_file.find(e.name);
+    if (it == in_file.end()) {
+      if (e.required) missing.push_back(e.name);
+      continue;
+    }
+    const std::vector<int64_t>& shape = checkpoint.info(it->second).shape;
+    if (shape != e.shape)
+      wrong_shape.push_back(
+          fmt::format("{} (checkpoint {}, model {})", it->second, shape_text(shape), shape_text(e.shape)));
+  }
+  for (const auto& [canonical, name] : in_file)
+    if (!expected.count(canonical)) unexpected.push_back(name);
+  if (missing.empty() && unexpected.empty() && wrong_shape.empty()) return;
+  std::string message = fmt::format(
+      "checkpoint {} does not match the model ({} tensors in the checkpoint, {} in the model):", checkpoint.path(),
+      in_file.size(), layout.size());
+  if (!missing.empty()) message += fmt::format("\n  missing ({}): {}", missing.size(), name_list(missing));
+  if (!unexpected.empty()) message += fmt::format("\n  unexpected ({}): {}", unexpected.size(), name_list(unexpected));
+  if (!wrong_shape.empty())
+    message += fmt::format("\n  wrong shape ({}): {}", wrong_shape.size(), name_list(wrong_shape, 10));
+  throw Error(message);
+}
+
+void load_weights(torch::nn::Module& model, const io::Checkpoint& checkpoint) {
+  require_materialized(model, "load weights into");
+  validate_checkpoint(model, checkpoint);
+  const std::map<std::string, at::Tensor> targets = named_tensors(model);
+  torch::NoGradGuard no_grad;
+  for (const auto& [canonical, name] : canonical_names(checkpoint)) targets.at(canonical).copy_(checkpoint.view(name));
+}
+
+void init_parameters(torch::nn::Module& model, int64_t seed) {
+  require_materialized(model, "initialise");
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(seed));
+  torch::NoGradGuard no_grad;
+  for (const auto& p : model.named_parameters()) {
+    if (precision::is_lora_name(p.key())) continue;
+    at::Tensor v = at::empty(p.value().sizes(), at::TensorOptions().dtype(at::kFloat));
+    v.normal_(0.0, 1.0, gen);
+    const bool is_weight = p.key().size() >= 6 && p.key().compare(p.key().size() - 6, 6, "weight") == 0;
+    if (v.dim() >= 2)
+      v.div_(std::sqrt(static_cast<double>(v.numel() / v.size(0))));
+    else if (is_weight)
+      v.mul_(0.1).add_(1.0);
+    else
+      v.mul_(0.1);
+    p.value().copy_(v);
+  }
+}
+
+void cast_parameters(torch::nn::Module& model, c10::ScalarType forward, const std::vector<DtypeOverride>& overrides) {
+  const auto cast = [&](const std::string& name, at::Tensor t) {
+    if (!t.is_floating_point()) return;
+    c10::ScalarType dtype = forward;
+    for (const DtypeOverride& rule : overrides)
+      if (precision::glob_match(rule.pattern, name)) dtype = precision::parse_dtype(rule.dtype);
+    if (t.scalar_type() != dtype) t.set_data(t.to(dtype));
+  };
+  torch::NoGradGuard no_grad;
+  for (const auto& p : model.named_parameters()) cast(p.key(), p.value());
+  for (const auto& b : model.named_buffers()) cast(b.key(), b.value());
+}
+
+io::NamedTensors state_tensors(const torch::nn::Module& model) {
+  io::NamedTensors out;
+  for (const auto& p : model.named_parameters()) out.emplace_back(p.key(), p.value().detach());
+  for (const auto& b : model.named_buffers()) out.emplace_back(b.key(), b.value().detach());
+  return out;
+}
+
+}  // namespace ditrl::models

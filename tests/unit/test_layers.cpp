@@ -1,0 +1,242 @@
+#include <ditrl/error.hpp>
+#include <ditrl/io/safetensors.hpp>
+#include <ditrl/models/adaln.hpp>
+#include <ditrl/models/attention.hpp>
+#include <ditrl/models/embeddings.hpp>
+#include <ditrl/models/feed_forward.hpp>
+#include <ditrl/models/norms.hpp>
+#include <ditrl/models/weights.hpp>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/grad_mode.h>
+#include <catch2/catch.hpp>
+
+#include "model_fixtures.hpp"
+
+#include <cmath>
+
+using namespace ditrl::models;
+using Catch::Matchers::Contains;
+using ditrl::test::max_abs_diff;
+
+namespace {
+
+const at::TensorOptions kCpu = at::TensorOptions().dtype(at::kFloat);
+
+// A module's parameters from a seeded init.
+template <class M>
+std::shared_ptr<M> seeded(std::shared_ptr<M> module, int64_t seed) {
+  init_parameters(*module, seed);
+  return module;
+}
+
+}  // namespace
+
+TEST_CASE("layers: timestep sinusoid follows get_timestep_embedding", "[models][layers]") {
+  const at::Tensor t = at::tensor({0.0f, 3.0f, 917.5f});
+  const at::Tensor emb = timestep_sinusoid(t, SinusoidOptions{});
+  REQUIRE(emb.sizes() == at::IntArrayRef{3, 256});
+  CHECK(emb.scalar_type() == at::kFloat);
+  // flip_sin_to_cos: [cos | sin] of t * 10000^(-i/128).
+  for (int64_t row = 0; row < 3; ++row)
+    for (int64_t i : {0, 1, 64, 127}) {
+      const double angle = t[row].item<double>() * std::exp(-std::log(10000.0) * i / 128.0);
+      CHECK(emb[row][i].item<double>() == Approx(std::cos(angle)).margin(2e-4));
+      CHECK(emb[row][128 + i].item<double>() == Approx(std::sin(angle)).margin(2e-4));
+    }
+  SinusoidOptions o;
+  o.dim = 9;
+  o.flip_sin_to_cos = false;
+  o.shift = 1;
+  const at::Tensor odd = timestep_sinusoid(at::tensor({2.0f}), o);
+  REQUIRE(odd.sizes() == at::IntArrayRef{1, 9});
+  CHECK(odd[0][8].item<double>() == 0.0);                    // odd dims are zero-padded
+  const double f1 = std::exp(-std::log(10000.0) * 1 / 3.0);  // half - shift = 3
+  CHECK(odd[0][1].item<double>() == Approx(std::sin(2 * f1)).margin(1e-6));
+  CHECK(odd[0][5].item<double>() == Approx(std::cos(2 * f1)).margin(1e-6));
+  // The scale multiplies t * f (Qwen-Image's 1000): not the same op as scaling t first.
+  SinusoidOptions qwen;
+  qwen.scale = 1000;
+  const at::Tensor sigma = at::tensor({0.2478f, 0.6631f, 0.9912f});
+  const at::Tensor scaled_after = timestep_sinusoid(sigma, qwen);
+  const at::Tensor scaled_first = timestep_sinusoid(sigma * 1000, SinusoidOptions{});
+  CHECK(max_abs_diff(scaled_after, scaled_first) < 1e-3);
+  CHECK_FALSE(at::equal(scaled_after, scaled_first));
+  CHECK_THROWS_WITH(timestep_sinusoid(at::ones({2, 2}), SinusoidOptions{}), Contains("1-D"));
+}
+
+TEST_CASE("layers: the 2-D sin-cos table is the reference's buffer bit for bit", "[models][layers]") {
+  const ditrl::io::SafetensorsFile weights(ditrl::test::fixture_path("sd3/weights.safetensors"));
+  // The fixture: pos_embed_max_size 16, sample 16 / patch 2 -> base size 8, D = 64.
+  const at::Tensor table = sincos_pos_embed_2d(64, 16, 8.0, 1.0);
+  CHECK(at::equal(table.unsqueeze(0), weights.get("pos_embed.pos_embed")));
+  // Token r*M + c is [S(col) | S(row)], S(u) = [sin(u w_k) | cos(u w_k)], u = index * 8/16.
+  const int64_t r = 5, c = 11;
+  for (int64_t k : {0, 3, 15}) {
+    const double omega = std::pow(10000.0, -k / 16.0);
+    CHECK(table[r * 16 + c][k].item<double>() == Approx(std::sin(c * 0.5 * omega)).margin(1e-6));
+    CHECK(table[r * 16 + c][16 + k].item<double>() == Approx(std::cos(c * 0.5 * omega)).margin(1e-6));
+    CHECK(table[r * 16 + c][32 + k].item<double>() == Approx(std::sin(r * 0.5 * omega)).margin(1e-6));
+    CHECK(table[r * 16 + c][48 + k].item<double>() == Approx(std::cos(r * 0.5 * omega)).margin(1e-6));
+  }
+}
+
+TEST_CASE("layers: patch embedding crops the table at the centre", "[models][layers]") {
+  PatchEmbed embed(4, 64, 2, 16, 8.0, kCpu);
+  const at::Tensor crop = embed.cropped_pos_embed(3, 6);  // top (16-3)/2 = 6, left (16-6)/2 = 5
+  REQUIRE(crop.sizes() == at::IntArrayRef{1, 18, 64});
+  for (int64_t r = 0; r < 3; ++r)
+    for (int64_t c = 0; c < 6; ++c) CHECK(at::equal(crop[0][r * 6 + c], embed.pos_embed[0][(6 + r) * 16 + 5 + c]));
+  CHECK_THROWS_WITH(embed.cropped_pos_embed(17, 2), Contains("exceeds pos_embed_max_size 16"));
+  // Tokens are row-major over the patch grid.
+  init_parameters(embed, 1);
+  const at::Tensor latent = at::randn({1, 4, 6, 12});
+  const at::Tensor tokens = embed.forward(latent);
+  REQUIRE(tokens.sizes() == at::IntArrayRef{1, 18, 64});
+  const at::Tensor patch = latent.slice(2, 2, 4).slice(3, 8, 10);  // row 1, column 4
+  const at::Tensor expected = (embed.proj->weight * patch).sum({1, 2, 3}) + embed.proj->bias + crop[0][1 * 6 + 4];
+  CHECK(max_abs_diff(tokens[0][1 * 6 + 4], expected) < 1e-5);
+}
+
+TEST_CASE("layers: unpatchify puts feature (py, px, c) of token (r, w) at pixel (r p + py, w p + px)",
+          "[models][layers]") {
+  const int64_t h = 3, w = 4, p = 2, channels = 5;
+  const at::Tensor x = at::arange(2 * h * w * p * p * channels, at::kFloat).reshape({2, h * w, p * p * channels});
+  const at::Tensor img = unpatchify_2d(x, h, w, p, channels);
+  REQUIRE(img.sizes() == at::IntArrayRef{2, channels, h * p, w * p});
+  for (int64_t b : {0, 1})
+    for (int64_t r : {0, 2})
+      for (int64_t col : {1, 3})
+        for (int64_t py : {0, 1})
+          for (int64_t px : {0, 1})
+            for (int64_t c : {0, 4})
+              CHECK(img[b][c][r * p + py][col * p + px].item<float>() ==
+                    x[b][r * w + col][(py * p + px) * channels + c].item<float>());
+}
+
+TEST_CASE("layers: RMSNorm flavours round where their references do", "[models][layers]") {
+  const at::Tensor x = at::randn({3, 16}).to(at::kBFloat16);
+  const at::Tensor w = (1 + 0.1 * at::randn({16})).to(at::kBFloat16);
+  const at::Tensor normed = x.to(at::kFloat) * at::rsqrt(x.to(at::kFloat).pow(2).mean(-1, true) + 1e-6);
+  // diffusers: normalised value rounded to the (bf16) weight dtype, bf16 * bf16.
+  const at::Tensor diffusers = rms_norm(x, w, 1e-6, RmsFlavour::Diffusers);
+  CHECK(diffusers.scalar_type() == at::kBFloat16);
+  CHECK(at::equal(diffusers, normed.to(at::kBFloat16) * w));
+  // diffusers with an fp32 weight keeps fp32.
+  CHECK(rms_norm(x, w.to(at::kFloat), 1e-6, RmsFlavour::Diffusers).scalar_type() == at::kFloat);
+  // torch composite: cast back to the input dtype, then times the weight.
+  CHECK(at::equal(rms_norm(x, w.to(at::kFloat), 1e-6, RmsFlavour::Torch), normed.to(at::kBFloat16) * w.to(at::kFloat)));
+  CHECK(at::equal(rms_norm(x, {}, 1e-6, RmsFlavour::Torch), normed.to(at::kBFloat16)));
+  const at::Tensor y = rms_norm(at::randn({4, 32}) * 7, {}, 1e-6, RmsFlavour::Diffusers);
+  CHECK(max_abs_diff(y.pow(2).mean(-1), at::ones({4})) < 1e-5);
+}
+
+TEST_CASE("layers: LayerNorm without affine, and the fp32 affine variant", "[models][layers]") {
+  const at::Tensor x = at::randn({2, 5, 32}) * 3 + 1;
+  const at::Tensor y = layer_norm(x, 1e-6);
+  CHECK(max_abs_diff(y.mean(-1), at::zeros({2, 5})) < 1e-5);
+  CHECK(max_abs_diff(y.var(-1, false), at::ones({2, 5})) < 1e-4);
+  auto ln = seeded(std::make_shared<LayerNorm>(32, 1e-6, true, true, kCpu), 2);
+  const at::Tensor xb = x.to(at::kBFloat16);
+  const at::Tensor out = ln->forward(xb);
+  CHECK(out.scalar_type() == at::kBFloat16);
+  CHECK(at::equal(out, (layer_norm(xb.to(at::kFloat), 1e-6) * ln->weight + ln->bias).to(at::kBFloat16)));
+  CHECK(ln->named_parameters().size() == 2);
+}
+
+TEST_CASE("layers: math attention, masks and joint attention orders", "[models][layers]") {
+  const at::Tensor q = at::randn({2, 3, 5, 8}), k = at::randn({2, 3, 7, 8}), v = at::randn({2, 3, 7, 8});
+  const auto naive = [&](const at::Tensor& bias) {
+    const at::Tensor s = at::matmul(q.to(at::kDouble), k.to(at::kDouble).transpose(-2, -1)) / std::sqrt(8.0) + bias;
+    return at::matmul(at::softmax(s, -1), v.to(at::kDouble));
+  };
+  const at::Tensor none = scaled_dot_product_attention(q, k, v, {}, AttentionBackend::Math);
+  CHECK(max_abs_diff(none, naive(at::zeros({1}, at::kDouble))) < 1e-5);
+  // A bool mask (true = attend) and the equivalent additive mask.
+  const at::Tensor keep = at::arange(7).lt(5).reshape({1, 1, 1, 7});
+  const at::Tensor additive = at::where(keep, at::zeros({1}), at::full({1}, -INFINITY));
+  const at::Tensor masked = scaled_dot_product_attention(q, k, v, keep, AttentionBackend::Math);
+  CHECK(at::equal(masked, scaled_dot_product_attention(q, k, v, additive, AttentionBackend::Math)));
+  CHECK(max_abs_diff(masked, naive(additive.to(at::kDouble))) < 1e-5);
+  // With the math backend an all-true mask changes nothing.
+  CHECK(at::equal(none,
+                  scaled_dot_product_attention(q, k, v, at::ones({1, 1, 1, 7}, at::kBool), AttentionBackend::Math)));
+  // Half inputs: fp32 inside, rounded once at the end.
+  const at::Tensor qb = q.to(at::kBFloat16), kb = k.to(at::kBFloat16), vb = v.to(at::kBFloat16);
+  CHECK(at::equal(
+      scaled_dot_product_attention(qb, kb, vb, {}, AttentionBackend::Math),
+      scaled_dot_product_attention(qb.to(at::kFloat), kb.to(at::kFloat), vb.to(at::kFloat), {}, AttentionBackend::Math)
+          .to(at::kBFloat16)));
+  CHECK(parse_attention_backend("math") == AttentionBackend::Math);
+  CHECK_THROWS_WITH(parse_attention_backend("flash"), Contains("needs a CUDA build with LibTorch >= 2.0"));
+  CHECK_THROWS_WITH(parse_attention_backend("sdpa"), Contains("unknown attention backend 'sdpa'"));
+
+  // Joint attention: image-first and text-first differ only in the order of
+  // the keys, so the outputs agree to rounding.
+  AttentionConfig config;
+  config.dim = 32;
+  config.heads = 4;
+  config.head_dim = 8;
+  config.qk_norm = QKNorm::PerHead;
+  config.joint = true;
+  auto image_first = seeded(std::make_shared<Attention>(config, kCpu), 5);
+  config.order = JointOrder::TextFirst;
+  auto text_first = seeded(std::make_shared<Attention>(config, kCpu), 5);
+  const at::Tensor x = at::randn({2, 6, 32}), c = at::randn({2, 3, 32});
+  torch::NoGradGuard no_grad;
+  const auto [x1, c1] = image_first->joint_attention(x, c);
+  const auto [x2, c2] = text_first->joint_attention(x, c);
+  CHECK(max_abs_diff(x1, x2) < 1e-5);
+  CHECK(max_abs_diff(c1, c2) < 1e-5);
+  // A joint mask in the stream order: masking the last text token of sample 1.
+  at::Tensor mask = at::ones({2, 1, 1, 9}, at::kBool);
+  mask[1][0][0][8] = false;
+  const auto [x3, c3] = image_first->joint_attention(x, c, mask);
+  CHECK(at::equal(x3[0], x1[0]));
+  CHECK_FALSE(at::allclose(x3[1], x1[1]));
+  const auto [x4, c4] = image_first->joint_attention(x, c.slice(1, 0, 2));
+  CHECK(max_abs_diff(x3[1], x4[1]) < 1e-5);  // same as dropping that token
+  // The per-stream rotary hook sees (B, H, L, Dh).
+  int64_t calls = 0;
+  const QKRotary probe = [&](at::Tensor& qq, at::Tensor& kk) {
+    CHECK(qq.sizes() == at::IntArrayRef{2, 4, 6, 8});
+    CHECK(kk.sizes() == at::IntArrayRef{2, 4, 6, 8});
+    ++calls;
+  };
+  image_first->joint_attention(x, c, {}, probe);
+  CHECK(calls == 1);
+}
+
+TEST_CASE("layers: parameter names follow the checkpoints", "[models][layers]") {
+  AttentionConfig config;
+  config.dim = 32;
+  config.heads = 2;
+  config.head_dim = 16;
+  config.qk_norm = QKNorm::AcrossHeads;
+  config.rms_flavour = RmsFlavour::Torch;
+  config.kv_dim = 24;
+  Attention cross(config, kCpu);
+  const auto params = cross.named_parameters();
+  CHECK(params["to_out.0.weight"].sizes() == at::IntArrayRef{32, 32});
+  CHECK(params["to_k.weight"].sizes() == at::IntArrayRef{32, 24});
+  CHECK(params["norm_q.weight"].sizes() == at::IntArrayRef{32});  // across heads: H * Dh
+  CHECK_FALSE(params.contains("add_q_proj.weight"));
+  init_parameters(cross, 4);
+  torch::NoGradGuard no_grad;
+  CHECK(cross.cross_attention(at::randn({1, 5, 32}), at::randn({1, 9, 24})).sizes() == at::IntArrayRef{1, 5, 32});
+
+  FeedForward ff(8, 32, 8, true, kCpu);
+  CHECK(ff.named_parameters().contains("net.0.proj.weight"));
+  CHECK(ff.named_parameters()["net.2.weight"].sizes() == at::IntArrayRef{8, 32});
+  init_parameters(ff, 1);
+  const at::Tensor x = at::randn({2, 8});
+  CHECK(at::equal(ff.forward(x), at::linear(at::gelu(at::linear(x, ff.proj->weight, ff.proj->bias), "tanh"),
+                                            ff.out->weight, ff.out->bias)));
+
+  // AdaLN-continuous chunks (scale, shift): scale first.
+  AdaLayerNormContinuous norm(8, 4, 1e-6, kCpu);
+  init_parameters(norm, 6);
+  const at::Tensor cond = at::randn({2, 4}), h = at::randn({2, 3, 8});
+  const auto emb = at::linear(at::silu(cond), norm.linear->weight, norm.linear->bias).chunk(2, 1);
+  CHECK(at::equal(norm.forward(h, cond), layer_norm(h, 1e-6) * (1 + emb[0].unsqueeze(1)) + emb[1].unsqueeze(1)));
+}

@@ -1,0 +1,84 @@
+#include <ditrl/io/safetensors.hpp>
+#include <ditrl/models/reference.hpp>
+
+#include <fmt/format.h>
+#include <catch2/catch.hpp>
+
+#include "model_fixtures.hpp"
+#include "process.hpp"
+
+#include <set>
+
+using namespace ditrl;
+using Catch::Matchers::Contains;
+using test::fixture_path;
+using test::run_process;
+
+namespace {
+
+std::string forward_command(const std::string& inputs, const std::string& out, const std::string& extra = "") {
+  return fmt::format("{} forward --family sd3 --config {} --weights {} --inputs {} --out {} {}", DITRL_BINARY,
+                     fixture_path("sd3/config.json"), fixture_path("sd3/weights.safetensors"), inputs, out, extra);
+}
+
+}  // namespace
+
+TEST_CASE("cli: ditrl forward writes what the in-process reference run computes", "[app][cli]") {
+  const std::string dir = test::fresh_output_dir("cli_forward");
+  const std::string inputs = fixture_path("sd3/case_1.safetensors");
+  const auto result = run_process(forward_command(inputs, dir + "/out.safetensors", "--intermediates --threads 1"));
+  INFO(result.output);
+  REQUIRE(result.exit_code == 0);
+  CHECK_THAT(result.output, Contains("output  Float  [2, 4, 8, 12]  max |ditrl - stored| ="));
+  const io::SafetensorsFile out(dir + "/out.safetensors");
+  const models::ReferenceCase c = models::load_reference_case(inputs);
+  std::set<std::string> stored, written;
+  for (const auto& [name, t] : c.stored) stored.insert(name);
+  for (const std::string& name : out.names()) written.insert(name);
+  CHECK(written == stored);  // `output` and every intermediate, under the fixture's names
+  CHECK(out.metadata().at("family") == "sd3");
+  auto family = test::fixture_family("sd3");
+  const auto expected = models::run_reference_case(*family, c, true);
+  for (const auto& [name, tensor] : expected) CHECK(at::equal(out.get(name), tensor));
+
+  const auto bf16 = run_process(
+      forward_command(fixture_path("sd3/case_bf16.safetensors"), dir + "/bf16.safetensors", "--dtype bf16"));
+  INFO(bf16.output);
+  REQUIRE(bf16.exit_code == 0);
+  const at::Tensor got = io::SafetensorsFile(dir + "/bf16.safetensors").get("output");
+  CHECK(got.scalar_type() == at::kBFloat16);
+  CHECK(test::max_abs_diff(got, io::SafetensorsFile(fixture_path("sd3/case_bf16.safetensors")).get("output")) <=
+        1.0 / 32);
+
+  const auto mismatch = run_process(forward_command(inputs, dir + "/x.safetensors", "--dtype bf16"));
+  CHECK(mismatch.exit_code != 0);
+  CHECK_THAT(mismatch.output, Contains("case_1.safetensors") &&
+                                  Contains("'hidden_states' is fp32 but the patch embedding weights are bf16"));
+  const auto missing = run_process(forward_command(dir + "/absent.safetensors", dir + "/x.safetensors"));
+  CHECK(missing.exit_code != 0);
+  CHECK_THAT(missing.output, Contains("absent.safetensors"));
+}
+
+TEST_CASE("cli: ditrl inspect lists tensors and validates them against a family", "[app][cli]") {
+  const std::string weights = fixture_path("sd3/weights.safetensors");
+  const auto listed = run_process(fmt::format("{} inspect {}", DITRL_BINARY, weights));
+  REQUIRE(listed.exit_code == 0);
+  CHECK_THAT(listed.output,
+             Contains("pos_embed.pos_embed  F32  [1, 256, 64]  65536") && Contains("# metadata format = pt"));
+  const auto valid = run_process(
+      fmt::format("{} inspect {} --family sd3 --config {}", DITRL_BINARY, weights, fixture_path("sd3/config.json")));
+  INFO(valid.output);
+  CHECK(valid.exit_code == 0);
+  CHECK_THAT(valid.output, Contains("# matches family sd3"));
+  const auto wrong = run_process(fmt::format("{} inspect {} --family sd3 --preset sd3.5-large", DITRL_BINARY, weights));
+  CHECK(wrong.exit_code != 0);
+  CHECK_THAT(wrong.output, Contains("does not match the model") && Contains("missing (") && Contains("wrong shape (") &&
+                               Contains(weights));
+  const auto unknown = run_process(fmt::format("{} inspect {} --family flux", DITRL_BINARY, weights));
+  CHECK_THAT(unknown.output, Contains("unknown model family 'flux'"));
+  const std::string bad = test::fresh_output_dir("cli_inspect") + "/bad.safetensors";
+  std::ofstream(bad) << "not a safetensors file at all";
+  const auto hostile = run_process(fmt::format("{} inspect {}", DITRL_BINARY, bad));
+  CHECK(hostile.exit_code != 0);
+  CHECK_THAT(hostile.output, Contains(bad) && Contains("header length"));
+}
