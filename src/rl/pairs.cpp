@@ -1,0 +1,98 @@
+#include <ditrl/error.hpp>
+#include <ditrl/rl/nft_loss.hpp>
+#include <ditrl/rl/pairs.hpp>
+#include <ditrl/rl/stable_hash.hpp>
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+
+namespace ditrl::rl {
+
+namespace {
+
+int64_t slot(const std::vector<int64_t>& values, int64_t value, const char* what) {
+  auto it = std::find(values.begin(), values.end(), value);
+  if (it == values.end()) fail("rollout kept no {} for step {}", what, value);
+  return it - values.begin();
+}
+
+int64_t samples_of(const RolloutView& r) { return r.sample_index.size(0); }
+
+TrainPair base_pair(const RolloutView& r, int64_t row) {
+  TrainPair p;
+  p.advantage = r.advantages[row].item<float>();
+  p.sample_index = r.sample_index[row].item<int64_t>();
+  p.prompt_index = row;
+  p.snapshot = r.snapshot;
+  return p;
+}
+
+}  // namespace
+
+std::vector<TrainPair> grpo_pairs(const RolloutView& r, int64_t microgroup) {
+  const int64_t n = samples_of(r);
+  if (microgroup <= 0 || n % microgroup != 0)
+    fail("grpo pairs: {} samples do not split into micro-groups of {}", n, microgroup);
+  if (r.sde_steps.empty()) fail("grpo pairs: the rollout has no SDE step to train (all steps were ODE)");
+  std::vector<TrainPair> pairs;
+  for (int64_t group = 0; group < n; group += microgroup)
+    for (size_t s = 0; s < r.sde_steps.size(); ++s) {
+      const int64_t step = r.sde_steps[s];
+      const int64_t k = slot(r.latent_steps, step, "latent"), k_next = slot(r.latent_steps, step + 1, "latent");
+      for (int64_t row = group; row < group + microgroup; ++row) {
+        TrainPair p = base_pair(r, row);
+        p.latent = r.latents[row][k];
+        p.next_latent = r.latents[row][k_next];
+        p.timestep = r.snapshot->timestep(step);
+        p.log_prob_old = r.log_probs[row][static_cast<int64_t>(s)].item<float>();
+        pairs.push_back(std::move(p));
+      }
+    }
+  return pairs;
+}
+
+std::vector<TrainPair> nft_pairs(const RolloutView& r, double timestep_fraction, bool shuffle, int64_t seed) {
+  const int64_t num_sigmas = r.snapshot->steps();  // non-terminal sigmas
+  std::vector<TrainPair> pairs;
+  for (int64_t row = 0; row < samples_of(r); ++row) {
+    const int64_t sample = r.sample_index[row].item<int64_t>();
+    for (int64_t index : nft_sigma_indices(num_sigmas, timestep_fraction, shuffle, seed, sample)) {
+      TrainPair p = base_pair(r, row);
+      p.latent = r.final_latents[row];
+      p.timestep = r.snapshot->timestep(index);
+      pairs.push_back(std::move(p));
+    }
+  }
+  return pairs;
+}
+
+at::Tensor pair_noise(const char* tag, int64_t seed, int64_t rollout_id, const PreparedBatch& batch,
+                      const std::vector<int64_t>& latent_shape) {
+  std::vector<at::Tensor> rows;
+  for (int64_t i = 0; i < batch.size(); ++i) {
+    at::Generator gen = at::detail::createCPUGenerator(rl::stable_hash(
+        tag, seed, rollout_id, batch.sample_indices[i].item<int64_t>(), batch.step_indices[i].item<int64_t>()));
+    rows.push_back(at::randn(latent_shape, gen, at::TensorOptions().dtype(at::kFloat)));
+  }
+  return at::stack(rows).to(batch.latents.device());
+}
+
+std::vector<TrainPair> sft_pairs(const RolloutView& r, int64_t pairs_per_sample, int64_t seed, int64_t rollout_id) {
+  const int64_t steps = r.snapshot->steps();
+  std::vector<TrainPair> pairs;
+  for (int64_t row = 0; row < samples_of(r); ++row) {
+    const int64_t sample = r.sample_index[row].item<int64_t>();
+    at::Generator gen = at::detail::createCPUGenerator(rl::stable_hash("sample", seed, rollout_id, sample));
+    const at::Tensor idx = at::randint(steps, {pairs_per_sample}, gen, at::TensorOptions().dtype(at::kLong));
+    for (int64_t j = 0; j < pairs_per_sample; ++j) {
+      TrainPair p = base_pair(r, row);
+      p.latent = r.final_latents[row];
+      p.timestep = r.snapshot->timestep(idx[j].item<int64_t>());
+      pairs.push_back(std::move(p));
+    }
+  }
+  return pairs;
+}
+
+}  // namespace ditrl::rl
