@@ -13,8 +13,8 @@ namespace ditrl::shard {
 
 namespace {
 
-at::Tensor placeholder(c10::ScalarType dtype) {
-  return at::empty({0}, at::TensorOptions().dtype(dtype));
+at::Tensor placeholder(c10::ScalarType dtype, at::Device device) {
+  return at::empty({0}, at::TensorOptions().dtype(dtype).device(device));
 }
 
 // The slice of a group's shard holding elements [begin, end) of `slot`.
@@ -131,6 +131,10 @@ ShardedParams::~ShardedParams() {
   }
 }
 
+at::TensorOptions ShardedParams::on(c10::ScalarType dtype) const {
+  return at::TensorOptions().dtype(dtype).device(options_.device);
+}
+
 void ShardedParams::init_state() {
   const int rank = comm_.rank();
   for (const UnitLayout& unit : layout_.units) {
@@ -138,11 +142,10 @@ void ShardedParams::init_state() {
     for (const FlatGroup& g : unit.groups) {
       GroupState& gs = us.groups.emplace_back();
       const c10::ScalarType held = g.trainable ? g.master : g.compute;
-      at::Tensor values = at::zeros({g.shard}, at::TensorOptions().dtype(held));
+      at::Tensor values = at::zeros({g.shard}, on(held));
       for (const Slot& slot : g.slots) {
-        if (!slot.param.device().is_cpu())
-          fail("sharded parameters: '{}' is on {}; the manager takes materialized CPU parameters", slot.name,
-               slot.param.device().str());
+        if (slot.param.device().is_meta())
+          fail("sharded parameters: '{}' is on the meta device; the manager takes materialized parameters", slot.name);
         const auto range = g.owned_range(slot, rank);
         if (range.first == range.second) continue;
         slot_part(values, g, slot, rank, range)
@@ -150,14 +153,14 @@ void ShardedParams::init_state() {
       }
       if (g.trainable) {
         gs.master = values;
-        gs.exp_avg = at::zeros({g.shard});
-        gs.exp_avg_sq = at::zeros({g.shard});
-        gs.grad = at::zeros({g.shard});
+        gs.exp_avg = at::zeros({g.shard}, on(at::kFloat));
+        gs.exp_avg_sq = at::zeros({g.shard}, on(at::kFloat));
+        gs.grad = at::zeros({g.shard}, on(at::kFloat));
         gs.compute = g.compute == g.master ? gs.master : gs.master.to(g.compute);
       } else {
         gs.compute = values;
       }
-      for (const Slot& slot : g.slots) slot.param.set_data(placeholder(g.compute));
+      for (const Slot& slot : g.slots) slot.param.set_data(placeholder(g.compute, options_.device));
     }
   }
 }
@@ -194,7 +197,7 @@ std::vector<at::Tensor> ShardedParams::gather_buffers(size_t unit, dist::Communi
   std::vector<at::Tensor> buffers;
   const std::vector<FlatGroup>& groups = layout_.units[unit].groups;
   for (size_t g = 0; g < groups.size(); ++g) {
-    at::Tensor full = at::empty({groups[g].shard * comm.size()}, at::TensorOptions().dtype(groups[g].compute));
+    at::Tensor full = at::empty({groups[g].shard * comm.size()}, on(groups[g].compute));
     comm.all_gather(state_[unit].groups[g].compute, full);
     buffers.push_back(full);
   }
@@ -246,7 +249,7 @@ void ShardedParams::release(size_t unit) {
   UnitState& us = state_[unit];
   if (us.gathered.empty()) return;
   for (const FlatGroup& g : layout_.units[unit].groups)
-    for (const Slot& slot : g.slots) slot.param.set_data(placeholder(g.compute));
+    for (const Slot& slot : g.slots) slot.param.set_data(placeholder(g.compute, options_.device));
   us.gathered.clear();
   track_gathered(-layout_.units[unit].gathered_bytes(comm_.size()));
 }
@@ -276,7 +279,7 @@ void ShardedParams::reduce_grads(size_t unit, const std::vector<at::Tensor>& gra
   const std::vector<FlatGroup>& groups = layout_.units[unit].groups;
   for (size_t g = 0; g < groups.size(); ++g) {
     if (!groups[g].trainable) continue;
-    const auto options = at::TensorOptions().dtype(groups[g].reduce);
+    const auto options = on(groups[g].reduce);
     at::Tensor flat = at::zeros({groups[g].shard * comm_.size()}, options);
     for (const Slot& slot : groups[g].slots) {
       const at::Tensor& grad = grads.at(k++);
@@ -312,7 +315,7 @@ double ShardedParams::grad_norm() {
   for (const UnitState& us : state_)
     for (const GroupState& gs : us.groups)
       if (gs.grad.defined()) local += (gs.grad * gs.grad).sum(at::kDouble).item<double>();
-  at::Tensor total = at::full({1}, local, at::TensorOptions().dtype(at::kDouble));
+  at::Tensor total = at::full({1}, local, on(at::kDouble));
   comm_.all_reduce(total, dist::ReduceOp::Sum);
   return std::sqrt(total.item<double>());
 }

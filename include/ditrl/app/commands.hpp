@@ -17,5 +17,7 @@ using Command = std::function<int()>;
 std::string version_text();
 
 void add_check_command(CLI::App& app, Command& selected);
+// `ditrl plan DECK`: src/app/plan.cpp (links once models::create_family exists).
+void add_plan_command(CLI::App& app, Command& selected);
 
 }  // namespace ditrl::app

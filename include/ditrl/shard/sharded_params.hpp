@@ -43,6 +43,7 @@ struct AdamWOptions {
 struct ShardOptions {
   bool reshard_after_forward = true;  // false: keep units gathered from forward until their backward
   bool prefetch = true;               // gather the next unit on a second communicator while one runs
+  at::Device device = at::kCPU;       // where slices and gathered units live (CUDA with the NCCL backend)
   AdamWOptions adamw;
 };
 
@@ -64,7 +65,8 @@ struct ShardPiece {
 class ShardedParams final : public models::UnitRunner {
  public:
   // Takes the current values of `model`'s parameters (identical on every
-  // rank, materialized on the CPU) as the masters, then empties them.
+  // rank, materialized: not on the meta device) as the masters, then empties
+  // them.
   ShardedParams(torch::nn::Module& model, std::vector<models::WrapUnit> units, const precision::CompiledPlan& plan,
                 dist::Communicator& comm, ShardOptions options = {});
   ~ShardedParams() override;
@@ -126,6 +128,7 @@ class ShardedParams final : public models::UnitRunner {
   };
   friend struct UnitFunction;
 
+  at::TensorOptions on(c10::ScalarType dtype) const;
   void init_state();
   std::vector<at::Tensor> gather_buffers(size_t unit, dist::Communicator& comm) const;
   void gather(size_t unit);
