@@ -69,13 +69,15 @@ int64_t count_parameters(torch::nn::Module& model) {
   return n;
 }
 
-Measured run_sharded(dist::Communicator& comm, int steps) {
+Measured run_sharded(dist::Communicator& comm, int steps, bool prefetch) {
   test::BlockStack model(kShape, 1);
   const int64_t parameters = count_parameters(model);
   const auto plan =
       precision::PrecisionPlan(at::kFloat, at::kFloat, at::kBFloat16, {{"*.norm2.*", at::kFloat, "norm2", true}})
           .compile(test::parameter_names(model));
-  shard::ShardedParams params(model, model.wrap_units(), plan, comm);
+  shard::ShardOptions options;
+  options.prefetch = prefetch;
+  shard::ShardedParams params(model, model.wrap_units(), plan, comm, options);
   models::ForwardContext ctx;
   ctx.runner = &params;
   reset_peak_rss();
@@ -137,14 +139,15 @@ int main(int argc, char** argv) {
   dist::MpiRuntime mpi(&argc, &argv);
   const std::string mode = argc > 1 ? argv[1] : "sharded";
   const int steps = argc > 2 ? std::atoi(argv[2]) : 3;
+  const bool prefetch = !(argc > 3 && std::string(argv[3]) == "no-prefetch");
   at::set_num_threads(mpi.default_threads());
   auto comm = dist::make_mpi_communicator();
   const double startup_rss = status_mib("VmRSS");
   if (mode != "sharded" && (mode != "unsharded" || comm->size() != 1)) {
-    std::cerr << "usage: bench_shard_step sharded|unsharded [steps] (unsharded runs on one rank)\n";
+    std::cerr << "usage: bench_shard_step sharded|unsharded [steps] [no-prefetch] (unsharded runs on one rank)\n";
     return 2;
   }
-  const Measured m = mode == "sharded" ? run_sharded(*comm, steps) : run_unsharded(steps);
+  const Measured m = mode == "sharded" ? run_sharded(*comm, steps, prefetch) : run_unsharded(steps);
   // Per rank: peak RSS during the steps and its growth over the process's start-up RSS.
   double peak = status_mib("VmHWM"), growth = peak - startup_rss;
   double worst[2] = {peak, growth};

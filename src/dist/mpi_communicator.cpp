@@ -19,7 +19,10 @@
 #include <ditrl/error.hpp>
 
 #include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <climits>
 
 namespace ditrl::dist {
@@ -55,13 +58,46 @@ int byte_count(int64_t bytes, const char* op) {
   return static_cast<int>(bytes);
 }
 
-c10::ScalarType accumulation_dtype(c10::ScalarType dtype) {
-  if (dtype == at::kHalf || dtype == at::kBFloat16) return at::kFloat;
-  return dtype;
-}
-
 int64_t padded_to(int64_t n, int64_t multiple) {
   return (n + multiple - 1) / multiple * multiple;
+}
+
+// The accumulation type of a sum: fp32 for 16-bit floats, the type itself
+// otherwise (integers wrap as in torch).
+template <class T>
+struct Accumulate {
+  using type = T;
+};
+template <>
+struct Accumulate<c10::BFloat16> {
+  using type = float;
+};
+template <>
+struct Accumulate<c10::Half> {
+  using type = float;
+};
+
+// out[i] = (((chunks[0][i] + chunks[1][i]) + ...) + chunks[ranks-1][i]) [/ ranks],
+// rounded once to T. Blocks of elements keep every chunk a sequential stream;
+// each element's order is fixed, so the threads' split changes nothing.
+template <class T>
+void sum_chunks(const T* chunks, T* out, int64_t n, int ranks, bool average) {
+  using Acc = typename Accumulate<T>::type;
+  constexpr int64_t kBlock = 2048;
+  at::parallel_for(0, (n + kBlock - 1) / kBlock, 16, [&](int64_t first, int64_t last) {
+    Acc acc[kBlock];
+    for (int64_t block = first; block < last; ++block) {
+      const int64_t begin = block * kBlock, count = std::min(kBlock, n - begin);
+      for (int64_t i = 0; i < count; ++i) acc[i] = static_cast<Acc>(chunks[begin + i]);
+      for (int r = 1; r < ranks; ++r) {
+        const T* chunk = chunks + r * n + begin;
+        for (int64_t i = 0; i < count; ++i) acc[i] += static_cast<Acc>(chunk[i]);
+      }
+      if (average)
+        for (int64_t i = 0; i < count; ++i) acc[i] /= static_cast<Acc>(ranks);
+      for (int64_t i = 0; i < count; ++i) out[begin + i] = static_cast<T>(acc[i]);
+    }
+  });
 }
 
 class MpiCommunicator final : public Communicator {
@@ -103,10 +139,16 @@ class MpiCommunicator final : public Communicator {
            output.numel());
     check_reducible(input.scalar_type(), op);
     const int bytes = byte_count(output.nbytes(), "reduce_scatter");
-    at::Tensor chunks = scratch(input.nbytes()).view(input.scalar_type()).view({size_, output.numel()});
-    check_mpi(MPI_Alltoall(input.data_ptr(), bytes, MPI_BYTE, chunks.data_ptr(), bytes, MPI_BYTE, comm_),
-              "MPI_Alltoall");
-    reduce_chunks(chunks, output, op);
+    void* chunks = scratch(input.nbytes());
+    check_mpi(MPI_Alltoall(input.data_ptr(), bytes, MPI_BYTE, chunks, bytes, MPI_BYTE, comm_), "MPI_Alltoall");
+    if (op == ReduceOp::Sum || op == ReduceOp::Avg) {
+      AT_DISPATCH_ALL_TYPES_AND2(at::kBFloat16, at::kHalf, output.scalar_type(), "reduce_scatter", [&] {
+        sum_chunks(static_cast<const scalar_t*>(chunks), output.data_ptr<scalar_t>(), output.numel(), size_,
+                   op == ReduceOp::Avg);
+      });
+    } else {
+      extremum_chunks(at::from_blob(chunks, {size_, output.numel()}, output.options()), output, op);
+    }
   }
 
   void all_reduce(at::Tensor& tensor, ReduceOp op) override {
@@ -147,35 +189,22 @@ class MpiCommunicator final : public Communicator {
       fail("Communicator(MPI): Avg needs a floating-point tensor (got {})", c10::toString(dtype));
   }
 
-  // chunks[r] came from rank r; see the file comment for the order.
-  void reduce_chunks(const at::Tensor& chunks, at::Tensor& output, ReduceOp op) const {
-    const c10::ScalarType acc_dtype = accumulation_dtype(output.scalar_type());
-    at::Tensor acc =
-        acc_dtype == output.scalar_type() ? output : at::empty(output.sizes(), output.options().dtype(acc_dtype));
-    acc.copy_(chunks[0]);
+  // Max / Min are exact in any order.
+  void extremum_chunks(const at::Tensor& chunks, at::Tensor& output, ReduceOp op) const {
+    output.copy_(chunks[0]);
     for (int r = 1; r < size_; ++r) {
-      switch (op) {
-        case ReduceOp::Sum:
-        case ReduceOp::Avg:
-          acc.add_(chunks[r]);
-          break;
-        case ReduceOp::Max:
-          at::maximum_out(acc, acc, chunks[r]);
-          break;
-        case ReduceOp::Min:
-          at::minimum_out(acc, acc, chunks[r]);
-          break;
-      }
+      if (op == ReduceOp::Max)
+        at::maximum_out(output, output, chunks[r]);
+      else
+        at::minimum_out(output, output, chunks[r]);
     }
-    if (op == ReduceOp::Avg) acc.div_(size_);
-    if (!acc.is_same(output)) output.copy_(acc);
   }
 
   // Receive buffer kept between calls: a fresh multi-MiB allocation per call
   // costs its page faults every time.
-  at::Tensor scratch(int64_t bytes) {
+  void* scratch(int64_t bytes) {
     if (scratch_.numel() < bytes) scratch_ = at::empty({bytes}, at::kByte);
-    return scratch_.narrow(0, 0, bytes);
+    return scratch_.data_ptr();
   }
 
   MPI_Comm comm_;

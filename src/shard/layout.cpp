@@ -64,7 +64,7 @@ MemoryReport Layout::memory(bool prefetch, bool reshard_after_forward) const {
     if (u != root_index()) wrap_gathered.push_back(units[u].gathered_bytes(world_size));
   }
   std::sort(wrap_gathered.begin(), wrap_gathered.end(), std::greater<>());
-  const size_t live = reshard_after_forward ? (prefetch ? 2 : 1) : wrap_gathered.size();
+  const size_t live = reshard_after_forward ? (prefetch && world_size > 1 ? 2 : 1) : wrap_gathered.size();
   report.peak_gathered = units[root_index()].gathered_bytes(world_size);
   for (size_t i = 0; i < std::min(live, wrap_gathered.size()); ++i) report.peak_gathered += wrap_gathered[i];
   return report;

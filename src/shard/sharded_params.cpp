@@ -2,6 +2,7 @@
 #include <ditrl/shard/sharded_params.hpp>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <fmt/ranges.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -21,6 +22,30 @@ at::Tensor placeholder(c10::ScalarType dtype, at::Device device) {
 at::Tensor slot_part(const at::Tensor& shard_tensor, const FlatGroup& g, const Slot& slot, int rank,
                      std::pair<int64_t, int64_t> range) {
   return shard_tensor.narrow(0, slot.offset + range.first - rank * g.shard, range.second - range.first);
+}
+
+int64_t aligned(int64_t bytes) {
+  return (bytes + 63) / 64 * 64;
+}
+
+// fp64 sum of squares of an fp32 tensor in a fixed order (blocks summed in
+// sequence, block sums added in block order), without temporaries.
+double sum_of_squares(const at::Tensor& t) {
+  if (!t.device().is_cpu()) return t.to(at::kDouble).square().sum().item<double>();
+  constexpr int64_t kBlock = 1 << 16;
+  const float* x = t.data_ptr<float>();
+  const int64_t n = t.numel(), blocks = (n + kBlock - 1) / kBlock;
+  std::vector<double> partial(blocks, 0.0);
+  at::parallel_for(0, blocks, 1, [&](int64_t first, int64_t last) {
+    for (int64_t b = first; b < last; ++b) {
+      double sum = 0;
+      for (int64_t i = b * kBlock; i < std::min(n, (b + 1) * kBlock); ++i) sum += static_cast<double>(x[i]) * x[i];
+      partial[b] = sum;
+    }
+  });
+  double total = 0;
+  for (double p : partial) total += p;
+  return total;
 }
 
 }  // namespace
@@ -119,7 +144,8 @@ ShardedParams::ShardedParams(torch::nn::Module& model, std::vector<models::WrapU
       comm_(comm),
       options_(options),
       anchor_(at::zeros({}).requires_grad_(true)) {
-  if (options_.prefetch) prefetch_comm_ = comm_.split(0, comm_.rank());
+  // A 1-rank gather is a local copy: nothing to hide behind compute.
+  if (options_.prefetch && comm_.size() > 1) prefetch_comm_ = comm_.split(0, comm_.rank());
   init_state();
 }
 
@@ -193,26 +219,55 @@ models::Tensors ShardedParams::run(size_t index, const models::Tensors& inputs, 
   return outputs;
 }
 
-std::vector<at::Tensor> ShardedParams::gather_buffers(size_t unit, dist::Communicator& comm) const {
-  std::vector<at::Tensor> buffers;
+int64_t ShardedParams::gathered_bytes(size_t unit) const {
+  int64_t bytes = 0;
+  for (const FlatGroup& g : layout_.units[unit].groups) bytes += aligned(g.gathered_bytes(comm_.size()));
+  return bytes;
+}
+
+ShardedParams::Gathered ShardedParams::gather_into(size_t unit, at::Tensor buffer, dist::Communicator& comm) const {
+  Gathered gathered{std::move(buffer), {}};
+  int64_t offset = 0;
   const std::vector<FlatGroup>& groups = layout_.units[unit].groups;
   for (size_t g = 0; g < groups.size(); ++g) {
-    at::Tensor full = at::empty({groups[g].shard * comm.size()}, on(groups[g].compute));
+    const int64_t bytes = groups[g].gathered_bytes(comm.size());
+    at::Tensor full = gathered.buffer.narrow(0, offset, bytes).view(groups[g].compute);
     comm.all_gather(state_[unit].groups[g].compute, full);
-    buffers.push_back(full);
+    gathered.groups.push_back(full);
+    offset += aligned(bytes);
   }
-  return buffers;
+  return gathered;
+}
+
+at::Tensor ShardedParams::take_buffer(int64_t bytes) {
+  auto best = pool_.end();
+  for (auto it = pool_.begin(); it != pool_.end(); ++it)
+    if (it->numel() >= bytes && (best == pool_.end() || it->numel() < best->numel())) best = it;
+  if (best == pool_.end()) return at::empty({bytes}, on(at::kByte));
+  at::Tensor buffer = *best;
+  pool_.erase(best);
+  return buffer;
+}
+
+// A buffer still referenced elsewhere (say, an output viewing a parameter)
+// is left to its holders instead of being overwritten by a later gather.
+void ShardedParams::recycle(at::Tensor buffer) {
+  if (!buffer.defined() || buffer.storage().use_count() != 1) return;
+  pool_.push_back(std::move(buffer));
+  if (pool_.size() > kPoolBuffers)
+    pool_.erase(std::min_element(pool_.begin(), pool_.end(),
+                                 [](const at::Tensor& a, const at::Tensor& b) { return a.numel() < b.numel(); }));
 }
 
 void ShardedParams::gather(size_t unit) {
   UnitState& us = state_[unit];
-  if (!us.gathered.empty() || layout_.units[unit].groups.empty()) return;
+  if (us.gathered.buffer.defined() || layout_.units[unit].groups.empty()) return;
   if (pending_ && pending_->unit == unit) {
-    us.gathered = pending_->buffers.get();  // its bytes were counted when it was launched
+    us.gathered = pending_->gathered.get();  // its bytes were counted when it was launched
     pending_.reset();
   } else {
     drop_prefetch();
-    us.gathered = gather_buffers(unit, comm_);
+    us.gathered = gather_into(unit, take_buffer(gathered_bytes(unit)), comm_);
     track_gathered(layout_.units[unit].gathered_bytes(comm_.size()));
   }
   point_params(unit);
@@ -221,36 +276,41 @@ void ShardedParams::gather(size_t unit) {
 // Every rank makes the same run() calls, so every rank launches and consumes
 // the same prefetches in the same order on prefetch_comm_.
 void ShardedParams::prefetch(size_t unit) {
-  if (!prefetch_comm_ || unit >= layout_.root_index() || !state_[unit].gathered.empty() ||
+  if (!prefetch_comm_ || unit >= layout_.root_index() || state_[unit].gathered.buffer.defined() ||
       layout_.units[unit].groups.empty() || (pending_ && pending_->unit == unit))
     return;
   drop_prefetch();
   track_gathered(layout_.units[unit].gathered_bytes(comm_.size()));
   pending_ = std::make_unique<Prefetch>();
   pending_->unit = unit;
-  pending_->buffers = std::async(std::launch::async, [this, unit] { return gather_buffers(unit, *prefetch_comm_); });
+  pending_->gathered = std::async(std::launch::async, [this, unit, buffer = take_buffer(gathered_bytes(unit))] {
+    return gather_into(unit, buffer, *prefetch_comm_);
+  });
 }
 
 void ShardedParams::drop_prefetch() {
   if (!pending_) return;
   std::unique_ptr<Prefetch> dropped = std::move(pending_);
   track_gathered(-layout_.units[dropped->unit].gathered_bytes(comm_.size()));
-  dropped->buffers.get();
+  recycle(dropped->gathered.get().buffer);
 }
 
 void ShardedParams::point_params(size_t unit) {
   const std::vector<FlatGroup>& groups = layout_.units[unit].groups;
   for (size_t g = 0; g < groups.size(); ++g)
     for (const Slot& slot : groups[g].slots)
-      slot.param.set_data(state_[unit].gathered[g].narrow(0, slot.offset, slot.numel).view(slot.shape));
+      slot.param.set_data(state_[unit].gathered.groups[g].narrow(0, slot.offset, slot.numel).view(slot.shape));
 }
 
 void ShardedParams::release(size_t unit) {
   UnitState& us = state_[unit];
-  if (us.gathered.empty()) return;
+  if (!us.gathered.buffer.defined()) return;
   for (const FlatGroup& g : layout_.units[unit].groups)
     for (const Slot& slot : g.slots) slot.param.set_data(placeholder(g.compute, options_.device));
-  us.gathered.clear();
+  Gathered released = std::move(us.gathered);
+  us.gathered = Gathered{};
+  released.groups.clear();
+  recycle(std::move(released.buffer));
   track_gathered(-layout_.units[unit].gathered_bytes(comm_.size()));
 }
 
@@ -279,16 +339,28 @@ void ShardedParams::reduce_grads(size_t unit, const std::vector<at::Tensor>& gra
   const std::vector<FlatGroup>& groups = layout_.units[unit].groups;
   for (size_t g = 0; g < groups.size(); ++g) {
     if (!groups[g].trainable) continue;
-    const auto options = on(groups[g].reduce);
-    at::Tensor flat = at::zeros({groups[g].shard * comm_.size()}, options);
+    const int64_t padded = groups[g].shard * comm_.size();
+    at::Tensor flat = scratch(reduce_flat_, padded, groups[g].reduce);
     for (const Slot& slot : groups[g].slots) {
       const at::Tensor& grad = grads.at(k++);
-      if (grad.defined()) flat.narrow(0, slot.offset, slot.numel).copy_(grad.reshape(-1));
+      at::Tensor part = flat.narrow(0, slot.offset, slot.numel);
+      if (grad.defined())
+        part.copy_(grad.reshape(-1));
+      else
+        part.zero_();
     }
-    at::Tensor mine = at::empty({groups[g].shard}, options);
+    flat.narrow(0, groups[g].numel, padded - groups[g].numel).zero_();
+    at::Tensor mine = scratch(reduce_mine_, groups[g].shard, groups[g].reduce);
     comm_.reduce_scatter(flat, mine, dist::ReduceOp::Avg);
     state_[unit].groups[g].grad.add_(mine);
   }
+}
+
+// Scratch reused across calls (see take_buffer).
+at::Tensor ShardedParams::scratch(at::Tensor& holder, int64_t elements, c10::ScalarType dtype) const {
+  const int64_t bytes = elements * precision::dtype_bytes(dtype);
+  if (!holder.defined() || holder.numel() < bytes) holder = at::empty({bytes}, on(at::kByte));
+  return holder.narrow(0, 0, bytes).view(dtype);
 }
 
 void ShardedParams::begin_step() {
@@ -314,7 +386,7 @@ double ShardedParams::grad_norm() {
   double local = 0;
   for (const UnitState& us : state_)
     for (const GroupState& gs : us.groups)
-      if (gs.grad.defined()) local += (gs.grad * gs.grad).sum(at::kDouble).item<double>();
+      if (gs.grad.defined()) local += sum_of_squares(gs.grad);
   at::Tensor total = at::full({1}, local, on(at::kDouble));
   comm_.all_reduce(total, dist::ReduceOp::Sum);
   return std::sqrt(total.item<double>());
@@ -344,7 +416,9 @@ void ShardedParams::adamw_step(double lr) {
       if (o.weight_decay != 0) gs.master.mul_(1 - lr * o.weight_decay);
       gs.exp_avg.mul_(o.beta1).add_(gs.grad, 1 - o.beta1);
       gs.exp_avg_sq.mul_(o.beta2).addcmul_(gs.grad, gs.grad, 1 - o.beta2);
-      const at::Tensor denom = (gs.exp_avg_sq.sqrt() / std::sqrt(bias_correction2)).add_(o.eps);
+      // denom = (exp_avg_sq.sqrt() / sqrt(bias_correction2)) + eps, in reused memory.
+      at::Tensor denom = scratch(denom_, gs.exp_avg_sq.numel(), at::kFloat);
+      at::sqrt_out(denom, gs.exp_avg_sq).div_(std::sqrt(bias_correction2)).add_(o.eps);
       gs.master.addcdiv_(gs.exp_avg, denom, -lr / bias_correction1);
       if (!gs.compute.is_same(gs.master)) gs.compute.copy_(gs.master);
     }

@@ -81,9 +81,9 @@ struct Layout {
   SlotRef find(const std::string& name) const;
   const Slot& slot(const SlotRef& ref) const { return units[ref.unit].groups[ref.group].slots[ref.slot]; }
   // Per rank, from the shapes and dtypes alone. peak_gathered is the root
-  // plus the two largest wrap units (one without prefetch; all of them when
-  // units stay gathered from forward to backward): exact for equal blocks, an
-  // upper bound otherwise.
+  // plus the two largest wrap units (one without prefetch, which needs more
+  // than one rank; all of them when units stay gathered from forward to
+  // backward): exact for equal blocks, an upper bound otherwise.
   MemoryReport memory(bool prefetch = true, bool reshard_after_forward = true) const;
 };
 

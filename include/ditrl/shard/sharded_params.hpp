@@ -42,7 +42,7 @@ struct AdamWOptions {
 
 struct ShardOptions {
   bool reshard_after_forward = true;  // false: keep units gathered from forward until their backward
-  bool prefetch = true;               // gather the next unit on a second communicator while one runs
+  bool prefetch = true;               // gather the next unit on a second communicator while one runs (N > 1)
   at::Device device = at::kCPU;       // where slices and gathered units live (CUDA with the NCCL backend)
   AdamWOptions adamw;
 };
@@ -95,7 +95,8 @@ class ShardedParams final : public models::UnitRunner {
   int64_t step_count() const { return step_; }
   void set_step_count(int64_t step) { step_ = step; }
 
-  // Bytes this rank holds now; peak_gathered is the most gathered at once so far.
+  // Bytes this rank holds now; peak_gathered is the most gathered at once so
+  // far (released gather buffers are kept for reuse: that much stays allocated).
   MemoryReport memory_report() const;
   const Layout& layout() const { return layout_; }
   int rank() const { return comm_.rank(); }
@@ -118,19 +119,32 @@ class ShardedParams final : public models::UnitRunner {
     at::Tensor compute;                            // [shard], aliases master when the dtypes agree
     at::Tensor master, exp_avg, exp_avg_sq, grad;  // [shard], trainable groups only
   };
+  // A gathered unit: one byte buffer holding every group's full tensor.
+  struct Gathered {
+    at::Tensor buffer;  // undefined = released
+    std::vector<at::Tensor> groups;
+  };
   struct UnitState {
     std::vector<GroupState> groups;
-    std::vector<at::Tensor> gathered;  // one full buffer per group; empty = released
+    Gathered gathered;
   };
   struct Prefetch {
     size_t unit = 0;
-    std::future<std::vector<at::Tensor>> buffers;
+    std::future<Gathered> gathered;
   };
+  // Released gather buffers are reused: page-faulting a fresh multi-MiB
+  // buffer on every gather can cost more than the gather itself. The root
+  // and two units are live at once at most.
+  static constexpr size_t kPoolBuffers = 3;
   friend struct UnitFunction;
 
   at::TensorOptions on(c10::ScalarType dtype) const;
   void init_state();
-  std::vector<at::Tensor> gather_buffers(size_t unit, dist::Communicator& comm) const;
+  int64_t gathered_bytes(size_t unit) const;
+  Gathered gather_into(size_t unit, at::Tensor buffer, dist::Communicator& comm) const;
+  at::Tensor take_buffer(int64_t bytes);
+  void recycle(at::Tensor buffer);
+  at::Tensor scratch(at::Tensor& holder, int64_t elements, c10::ScalarType dtype) const;
   void gather(size_t unit);
   void prefetch(size_t unit);
   void drop_prefetch();
@@ -148,6 +162,8 @@ class ShardedParams final : public models::UnitRunner {
   ShardOptions options_;
   std::vector<UnitState> state_;
   std::unique_ptr<Prefetch> pending_;
+  std::vector<at::Tensor> pool_;                  // released gather buffers
+  at::Tensor reduce_flat_, reduce_mine_, denom_;  // scratch bytes
   // An input that requires grad, so that autograd records a unit call even
   // when none of its inputs does (frozen root, first block).
   at::Tensor anchor_;
