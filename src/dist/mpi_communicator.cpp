@@ -14,6 +14,9 @@
 // is therefore a function of the rank count and the data only: bitwise the
 // same whatever algorithm MPI uses, on every run. all_reduce is that
 // reduce-scatter followed by an all-gather, so it is deterministic too.
+//
+// One thread at a time per communicator (MPI orders collectives per
+// communicator); a second thread uses its own, e.g. from split().
 
 #include <ditrl/dist/communicator.hpp>
 #include <ditrl/error.hpp>
