@@ -42,6 +42,12 @@ if(DITRL_CUDA)
   set_target_properties(ditrl::nccl PROPERTIES
     INTERFACE_INCLUDE_DIRECTORIES "${NCCL_INCLUDE_DIR}"
     INTERFACE_LINK_LIBRARIES "${NCCL_LIBRARY}")
+  # A LibTorch built with CUDA (the GPU build's 2.x) provides its current CUDA
+  # stream through libc10_cuda; the Debian CPU LibTorch has the headers only.
+  if(C10_CUDA_LIBRARY)
+    set_property(TARGET ditrl::nccl APPEND PROPERTY INTERFACE_COMPILE_DEFINITIONS DITRL_TORCH_CUDA=1)
+    set_property(TARGET ditrl::nccl APPEND PROPERTY INTERFACE_LINK_LIBRARIES "${C10_CUDA_LIBRARY}")
+  endif()
   message(STATUS "ditrl: CUDA ${CUDAToolkit_VERSION}, NCCL ${NCCL_LIBRARY}")
 endif()
 

@@ -20,5 +20,6 @@ void add_check_command(CLI::App& app, Command& selected);
 void add_standard_command(CLI::App& app, Command& selected);
 void add_inspect_command(CLI::App& app, Command& selected);
 void add_forward_command(CLI::App& app, Command& selected);
+void add_plan_command(CLI::App& app, Command& selected);
 
 }  // namespace ditrl::app

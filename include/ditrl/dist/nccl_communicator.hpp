@@ -1,0 +1,33 @@
+#pragma once
+
+// NCCL backend of dist::Communicator for CUDA tensors; defined only in CUDA
+// builds (-DDITRL_CUDA=ON, src/dist/cuda/nccl_communicator.cpp).
+//
+// Rank 0 of the MPI communicator creates the ncclUniqueId and broadcasts it
+// over MPI; each (sub)communicator is one NCCL communicator. Collectives run
+// on a dedicated CUDA stream: it waits for the compute stream's work so far
+// (an event), and the compute stream waits for the collective (another event),
+// so calls return without blocking the host and later kernels see the result.
+// The compute stream is LibTorch's current stream when LibTorch has CUDA
+// (DITRL_TORCH_CUDA) and the legacy default stream otherwise.
+//
+// A watchdog thread polls every pending collective and NCCL's asynchronous
+// error state; a collective not finished after collective_timeout_s, or an
+// NCCL error, aborts the communicator (ncclCommAbort) so no rank hangs on a
+// dead peer, and the next call on this communicator throws the reason.
+
+#include <ditrl/dist/communicator.hpp>
+
+#include <memory>
+
+namespace ditrl::dist {
+
+struct NcclOptions {
+  int device = 0;                     // CUDA device of this rank
+  double startup_timeout_s = 300;     // communicator creation ([parallel] startup_timeout_s)
+  double collective_timeout_s = 100;  // each collective ([parallel] collective_timeout_s)
+};
+
+std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, const NcclOptions& options);
+
+}  // namespace ditrl::dist
