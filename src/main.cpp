@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   ditrl::app::add_inspect_command(cli, selected);
   ditrl::app::add_forward_command(cli, selected);
   ditrl::app::add_plan_command(cli, selected);
+  ditrl::app::add_train_command(cli, selected);
 
   try {
     cli.parse(argc, argv);

@@ -21,5 +21,6 @@ void add_standard_command(CLI::App& app, Command& selected);
 void add_inspect_command(CLI::App& app, Command& selected);
 void add_forward_command(CLI::App& app, Command& selected);
 void add_plan_command(CLI::App& app, Command& selected);
+void add_train_command(CLI::App& app, Command& selected);
 
 }  // namespace ditrl::app

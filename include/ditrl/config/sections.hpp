@@ -276,15 +276,17 @@ struct TrainSection {
 struct DataSection {
   std::string prompts;  // HDF5 prompt-embedding dataset; empty = synthetic
   int64_t synthetic_prompts = 64;
-  int64_t synthetic_text_len = 8;
   int64_t seed = 0;
+  // SFT targets: HDF5 with /latents [prompts, ...] (row = prompt index);
+  // empty = seeded synthetic targets per prompt.
+  std::string sft_latents;
 
   template <class V>
   void fields(V& v) {
     v("prompts", prompts);
     v("synthetic_prompts", synthetic_prompts, Between{1, 1 << 30});
-    v("synthetic_text_len", synthetic_text_len, Between{1, 1 << 16});
     v("seed", seed, Between{0, kIntMax});
+    v("sft_latents", sft_latents);
   }
 };
 

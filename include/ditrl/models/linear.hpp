@@ -23,6 +23,20 @@ class WeightOnly : public torch::nn::Module {
   at::Tensor weight;
 };
 
+// While alive, every Linear skips its LoRA branch: the base model, which is
+// the KL reference of a LoRA run.
+class LoraDisableGuard {
+ public:
+  LoraDisableGuard();
+  ~LoraDisableGuard();
+  LoraDisableGuard(const LoraDisableGuard&) = delete;
+  LoraDisableGuard& operator=(const LoraDisableGuard&) = delete;
+  static bool active();
+
+ private:
+  bool previous_;
+};
+
 class Linear : public torch::nn::Module {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias, const at::TensorOptions& options);

@@ -33,6 +33,8 @@ class EmaShadow {
   // runs between two swaps).
   void swap();
   int64_t step() const { return step_; }
+  // A resumed run continues the decay schedule where it stopped.
+  void set_step(int64_t step) { step_ = step; }
   const std::vector<at::Tensor>& shadow() const { return shadow_; }
 
  private:

@@ -1,0 +1,62 @@
+#include <ditrl/app/determinism.hpp>
+#include <ditrl/error.hpp>
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <vector>
+
+namespace ditrl::app {
+
+namespace {
+
+constexpr const char* kMarker = "DITRL_KERNELS_PINNED";
+
+std::vector<std::pair<std::string, std::string>> pins(int threads) {
+  const std::string n = std::to_string(threads);
+  return {{"ATEN_CPU_CAPABILITY", "avx2"}, {"OPENBLAS_CORETYPE", "Haswell"}, {"DNNL_MAX_CPU_ISA", "AVX2"},
+          {"ONEDNN_MAX_CPU_ISA", "AVX2"},  {"OMP_NUM_THREADS", n},           {"OPENBLAS_NUM_THREADS", n}};
+}
+
+// This process's own argv, from /proc (CLI11 has consumed main's copy).
+std::vector<std::string> own_arguments() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  const std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::string> args;
+  for (size_t begin = 0; begin < all.size();) {
+    const size_t end = all.find('\0', begin);
+    args.push_back(all.substr(begin, end - begin));
+    begin = end == std::string::npos ? all.size() : end + 1;
+  }
+  return args;
+}
+
+}  // namespace
+
+void pin_cpu_kernels(int threads) {
+  if (std::getenv(kMarker)) return;
+  for (const auto& [name, value] : pins(threads)) setenv(name.c_str(), value.c_str(), /*overwrite=*/0);
+  setenv(kMarker, "1", 1);
+  std::vector<std::string> args = own_arguments();
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  execv("/proc/self/exe", argv.data());
+  fail("deterministic mode: re-executing with pinned CPU kernels failed: {}", std::strerror(errno));
+}
+
+std::string cpu_kernel_pins() {
+  std::string text;
+  for (const auto& [name, unused] : pins(1)) {
+    const char* value = std::getenv(name.c_str());
+    text += fmt::format("{}{}={}", text.empty() ? "" : " ", name, value ? value : "(unset)");
+  }
+  return text;
+}
+
+}  // namespace ditrl::app
