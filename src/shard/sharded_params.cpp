@@ -52,8 +52,9 @@ double sum_of_squares(const at::Tensor& t) {
 
 // What a unit call's backward needs: the manager, the unit, the function to
 // recompute, and where undefined inputs/outputs were (autograd::Function
-// takes defined tensors only). Held by the autograd node through a capsule,
-// so it lives exactly as long as the graph.
+// takes defined tensors only). Held by the autograd node through an IValue
+// capsule (LibTorch's holder for opaque objects, in 1.13 and 2.x), so it
+// lives exactly as long as the graph.
 struct UnitCall : torch::CustomClassHolder {
   ShardedParams* owner = nullptr;
   size_t index = 0;
@@ -137,10 +138,9 @@ struct UnitFunction : torch::autograd::Function<UnitFunction> {
   }
 };
 
-ShardedParams::ShardedParams(torch::nn::Module& model, std::vector<models::WrapUnit> units,
+ShardedParams::ShardedParams(torch::nn::Module& model, const std::vector<models::WrapUnit>& units,
                              const precision::CompiledPlan& plan, dist::Communicator& comm, ShardOptions options)
     : layout_(build_layout(model, units, plan, comm.size())),
-      units_(std::move(units)),
       comm_(comm),
       options_(options),
       anchor_(at::zeros({}).requires_grad_(true)) {

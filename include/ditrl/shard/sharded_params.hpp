@@ -67,8 +67,8 @@ class ShardedParams final : public models::UnitRunner {
   // Takes the current values of `model`'s parameters (identical on every
   // rank, materialized: not on the meta device) as the masters, then empties
   // them.
-  ShardedParams(torch::nn::Module& model, std::vector<models::WrapUnit> units, const precision::CompiledPlan& plan,
-                dist::Communicator& comm, ShardOptions options = {});
+  ShardedParams(torch::nn::Module& model, const std::vector<models::WrapUnit>& units,
+                const precision::CompiledPlan& plan, dist::Communicator& comm, ShardOptions options = {});
   ~ShardedParams() override;
   ShardedParams(const ShardedParams&) = delete;
   ShardedParams& operator=(const ShardedParams&) = delete;
@@ -156,7 +156,6 @@ class ShardedParams final : public models::UnitRunner {
   void track_gathered(int64_t delta);
 
   Layout layout_;
-  std::vector<models::WrapUnit> units_;
   dist::Communicator& comm_;
   std::unique_ptr<dist::Communicator> prefetch_comm_;  // prefetch gathers run on their own thread and communicator
   ShardOptions options_;
