@@ -1,3 +1,4 @@
+#include <ditrl/config/sections.hpp>
 #include <ditrl/error.hpp>
 #include <ditrl/shard/sharded_params.hpp>
 
@@ -137,6 +138,15 @@ struct UnitFunction : torch::autograd::Function<UnitFunction> {
     return result;
   }
 };
+
+ShardOptions shard_options(const config::ParallelSection& parallel, const config::TrainSection& train) {
+  if (train.betas.size() != 2) fail("train.betas must have two entries [beta1, beta2] (got {})", train.betas.size());
+  ShardOptions options;
+  options.reshard_after_forward = parallel.reshard_after_forward;
+  options.prefetch = parallel.prefetch;
+  options.adamw = {train.betas[0], train.betas[1], train.eps, train.weight_decay};
+  return options;
+}
 
 ShardedParams::ShardedParams(torch::nn::Module& model, const std::vector<models::WrapUnit>& units,
                              const precision::CompiledPlan& plan, dist::Communicator& comm, ShardOptions options)

@@ -31,6 +31,11 @@
 #include <string>
 #include <vector>
 
+namespace ditrl::config {
+struct ParallelSection;
+struct TrainSection;
+}  // namespace ditrl::config
+
 namespace ditrl::shard {
 
 struct AdamWOptions {
@@ -46,6 +51,10 @@ struct ShardOptions {
   at::Device device = at::kCPU;       // where slices and gathered units live (CUDA with the NCCL backend)
   AdamWOptions adamw;
 };
+
+// The deck's [parallel] switches and [train]'s AdamW keys (betas, eps,
+// weight_decay); the device stays the CPU.
+ShardOptions shard_options(const config::ParallelSection& parallel, const config::TrainSection& train);
 
 // This rank's piece of one parameter, for checkpoints: elements [begin, end)
 // of the parameter flattened. The tensors are views into the manager's
