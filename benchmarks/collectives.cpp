@@ -2,9 +2,13 @@
 // (MPI backend) against the same raw MPI calls in the same run: MPI_Allgather
 // and MPI_Reduce_scatter_block (fp32, MPI_SUM). Message size = the full
 // buffer (gathered output / reduce-scatter input), 4 KiB to 64 MiB; bus
-// bandwidth = (N-1)/N * size / time (nccl-tests' definition). Each size
-// alternates raw and Communicator runs for 9 rounds and reports each one's
-// best round: on a shared machine the other rounds measure the neighbours.
+// bandwidth = (N-1)/N * size / time (nccl-tests' definition). Raw and
+// Communicator calls use the same buffers. For reduce_scatter the table also
+// shows MPI_Alltoall of the same bytes, the transport the Communicator's
+// deterministic reduce-scatter runs on, so the local sum's cost shows. Each
+// size alternates short rounds (~32 MiB moved) of raw and Communicator calls
+// 21 times and reports each one's best round: on a shared machine the other
+// rounds measure the neighbours.
 //
 //   mpiexec -n 2 --mca btl self,vader bench_collectives [max_mib] > collectives-np2.md
 
@@ -36,44 +40,52 @@ double time_calls(MPI_Comm comm, int iterations, const std::function<void()>& ca
   return elapsed;
 }
 
+constexpr int kRounds = 21;
+
 double best(const std::vector<double>& v) {
   return *std::min_element(v.begin(), v.end());
 }
 
 struct Row {
-  double raw = 0, ours = 0, ours_bf16 = 0;  // seconds
+  double raw = 0, ours = 0, ours_bf16 = 0, transport = 0;  // seconds
 };
 
 Row measure(MPI_Comm raw, Communicator& comm, int64_t bytes, bool gather) {
   const int n = comm.size();
   const int64_t elements = bytes / 4, chunk = elements / n;
-  const int iterations = static_cast<int>(std::clamp<int64_t>((int64_t{256} << 20) / bytes, 3, 400));
+  const int iterations = static_cast<int>(std::clamp<int64_t>((int64_t{32} << 20) / bytes, 1, 400));
   at::Tensor full = at::randn({chunk * n}), part = at::randn({chunk});
   at::Tensor full_bf16 = at::randn({2 * chunk * n}).to(at::kBFloat16),
              part_bf16 = at::randn({2 * chunk}).to(at::kBFloat16);
-  at::Tensor raw_out = at::empty_like(gather ? full : part);
-  std::function<void()> raw_call, our_call, our_bf16_call;
+  at::Tensor received = at::empty_like(full);
+  std::function<void()> raw_call, our_call, our_bf16_call, transport_call;
   if (gather) {
     raw_call = [&] {
-      MPI_Allgather(part.data_ptr(), static_cast<int>(chunk), MPI_FLOAT, raw_out.data_ptr(), static_cast<int>(chunk),
+      MPI_Allgather(part.data_ptr(), static_cast<int>(chunk), MPI_FLOAT, full.data_ptr(), static_cast<int>(chunk),
                     MPI_FLOAT, raw);
     };
     our_call = [&] { comm.all_gather(part, full); };
     our_bf16_call = [&] { comm.all_gather(part_bf16, full_bf16); };
   } else {
     raw_call = [&] {
-      MPI_Reduce_scatter_block(full.data_ptr(), raw_out.data_ptr(), static_cast<int>(chunk), MPI_FLOAT, MPI_SUM, raw);
+      MPI_Reduce_scatter_block(full.data_ptr(), part.data_ptr(), static_cast<int>(chunk), MPI_FLOAT, MPI_SUM, raw);
+    };
+    transport_call = [&] {
+      MPI_Alltoall(full.data_ptr(), static_cast<int>(chunk), MPI_FLOAT, received.data_ptr(), static_cast<int>(chunk),
+                   MPI_FLOAT, raw);
     };
     our_call = [&] { comm.reduce_scatter(full, part, ditrl::dist::ReduceOp::Sum); };
     our_bf16_call = [&] { comm.reduce_scatter(full_bf16, part_bf16, ditrl::dist::ReduceOp::Sum); };
   }
-  std::vector<double> raw_t, our_t, bf16_t;
-  for (int round = 0; round < 9; ++round) {
+  std::vector<double> raw_t, our_t, bf16_t, transport_t{0.0};
+  for (int round = 0; round < kRounds; ++round) {
     raw_t.push_back(time_calls(raw, iterations, raw_call));
     our_t.push_back(time_calls(raw, iterations, our_call));
     bf16_t.push_back(time_calls(raw, iterations, our_bf16_call));
+    if (transport_call) transport_t.push_back(time_calls(raw, iterations, transport_call));
   }
-  return {best(raw_t), best(our_t), best(bf16_t)};
+  if (transport_t.size() > 1) transport_t.erase(transport_t.begin());
+  return {best(raw_t), best(our_t), best(bf16_t), best(transport_t)};
 }
 
 std::string size_text(int64_t bytes) {
@@ -93,14 +105,17 @@ int main(int argc, char** argv) {
   const double bus = n > 1 ? static_cast<double>(n - 1) / n : 1.0;
 
   std::string out = fmt::format(
-      "| op | size | raw MPI fp32 GB/s | Communicator fp32 GB/s | ratio | Communicator bf16 GB/s |\n"
-      "|---|---|---|---|---|---|\n");
+      "| op | size | raw MPI fp32 GB/s | Communicator fp32 GB/s | ratio | Communicator bf16 GB/s | MPI_Alltoall GB/s "
+      "|\n"
+      "|---|---|---|---|---|---|---|\n");
   for (const bool gather : {true, false}) {
     for (int64_t bytes = 4 << 10; bytes <= (max_mib << 20); bytes *= 4) {
       const Row row = measure(raw, *comm, bytes, gather);
       const auto gbps = [&](double seconds) { return bus * static_cast<double>(bytes) / seconds / 1e9; };
-      out += fmt::format("| {} | {} | {:.2f} | {:.2f} | {:.3f} | {:.2f} |\n", gather ? "all_gather" : "reduce_scatter",
-                         size_text(bytes), gbps(row.raw), gbps(row.ours), row.raw / row.ours, gbps(row.ours_bf16));
+      out += fmt::format("| {} | {} | {:.2f} | {:.2f} | {:.3f} | {:.2f} | {} |\n",
+                         gather ? "all_gather" : "reduce_scatter", size_text(bytes), gbps(row.raw), gbps(row.ours),
+                         row.raw / row.ours, gbps(row.ours_bf16),
+                         gather ? std::string("-") : fmt::format("{:.2f}", gbps(row.transport)));
     }
   }
   if (comm->rank() == 0)

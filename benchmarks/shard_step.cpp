@@ -8,7 +8,13 @@
 //
 // Peak RSS is the kernel's high-water mark (VmHWM) reset after set-up
 // (/proc/self/clear_refs), so it covers the steps: resident state plus the
-// step's transient peak.
+// step's transient peak. CPU seconds per step are summed over the ranks: on
+// a machine shared with other jobs they are steadier than wall time.
+//
+// Columns: mode | ranks | intra-op threads per rank | parameters | wall s per
+// step (median) | samples/s | CPU core-s per step, all ranks | state MiB per
+// rank (masters, moments, grads, compute copies) | peak gathered MiB per rank |
+// peak RSS MiB (max over ranks) | peak RSS above start-up RSS MiB (max).
 //
 //   mpiexec -n N --mca btl self,vader bench_shard_step sharded [steps]
 //   mpiexec -n 1 bench_shard_step unsharded [steps]
@@ -20,6 +26,8 @@
 
 #include <fmt/format.h>
 #include <torch/torch.h>
+
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -56,8 +64,16 @@ std::pair<at::Tensor, at::Tensor> batch(int step, int rank, int ranks) {
   return {x.narrow(0, rank * rows, rows), y.narrow(0, rank * rows, rows)};
 }
 
+// CPU seconds (user + system) this process has used.
+double cpu_seconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_utime.tv_sec + usage.ru_stime.tv_sec + 1e-6 * (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
+}
+
 struct Measured {
-  double step_s = 0;
+  double step_s = 0;     // median wall time
+  double cpu_s = 0;      // this rank's CPU seconds per step (mean)
   double state_mib = 0;  // optimizer state + compute copies held between steps
   double gathered_mib = 0;
   int64_t parameters = 0;
@@ -82,6 +98,7 @@ Measured run_sharded(dist::Communicator& comm, int steps, bool prefetch) {
   ctx.runner = &params;
   reset_peak_rss();
   std::vector<double> times;
+  double cpu_start = 0;
   for (int step = 0; step <= steps; ++step) {
     const auto [x, y] = batch(step, comm.rank(), comm.size());
     comm.barrier();
@@ -93,11 +110,13 @@ Measured run_sharded(dist::Communicator& comm, int steps, bool prefetch) {
     params.clip_grad(1.0);
     params.adamw_step(kLr);
     comm.barrier();
+    if (step == 0) cpu_start = cpu_seconds();
     if (step > 0) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   std::sort(times.begin(), times.end());
   const shard::MemoryReport m = params.memory_report();
-  return {times[times.size() / 2], (m.total() - m.peak_gathered) / 1048576.0, m.peak_gathered / 1048576.0, parameters};
+  return {times[times.size() / 2], (cpu_seconds() - cpu_start) / steps, (m.total() - m.peak_gathered) / 1048576.0,
+          m.peak_gathered / 1048576.0, parameters};
 }
 
 Measured run_unsharded(int steps) {
@@ -112,6 +131,7 @@ Measured run_unsharded(int steps) {
   torch::optim::AdamW adamw(masters, torch::optim::AdamWOptions(kLr).weight_decay(0));
   reset_peak_rss();
   std::vector<double> times;
+  double cpu_start = 0;
   for (int step = 0; step <= steps; ++step) {
     const auto [x, y] = batch(step, 0, 1);
     const auto start = std::chrono::steady_clock::now();
@@ -124,13 +144,14 @@ Measured run_unsharded(int steps) {
     torch::nn::utils::clip_grad_norm_(masters, 1.0);
     adamw.step();
     for (size_t i = 0; i < params.size(); ++i) params[i].set_data(masters[i].detach().to(params[i].scalar_type()));
+    if (step == 0) cpu_start = cpu_seconds();
     if (step > 0) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   std::sort(times.begin(), times.end());
   int64_t state = 0;
   for (size_t i = 0; i < params.size(); ++i)
     state += masters[i].nbytes() * 4 + params[i].nbytes();  // master, 2 moments, grad
-  return {times[times.size() / 2], state / 1048576.0, 0, count_parameters(model)};
+  return {times[times.size() / 2], (cpu_seconds() - cpu_start) / steps, state / 1048576.0, 0, count_parameters(model)};
 }
 
 }  // namespace
@@ -152,9 +173,12 @@ int main(int argc, char** argv) {
   double peak = status_mib("VmHWM"), growth = peak - startup_rss;
   double worst[2] = {peak, growth};
   MPI_Allreduce(MPI_IN_PLACE, worst, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  double cpu = m.cpu_s;
+  MPI_Allreduce(MPI_IN_PLACE, &cpu, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
   if (comm->rank() == 0)
-    std::cout << fmt::format("| {} | {} | {} | {:.1f}M | {:.3f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} |\n", mode,
-                             comm->size(), at::get_num_threads(), m.parameters / 1e6, m.step_s, kGlobalBatch / m.step_s,
-                             m.state_mib, m.gathered_mib, worst[0], worst[1]);
+    std::cout << fmt::format(
+        "| {} | {} | {} | {:.1f}M | {:.3f} | {:.1f} | {:.2f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} |\n", mode,
+        comm->size(), at::get_num_threads(), m.parameters / 1e6, m.step_s, kGlobalBatch / m.step_s, cpu, m.state_mib,
+        m.gathered_mib, worst[0], worst[1]);
   return 0;
 }

@@ -1,3 +1,4 @@
+#include <ditrl/config/sections.hpp>
 #include <ditrl/error.hpp>
 #include <ditrl/shard/sharded_params.hpp>
 
@@ -52,8 +53,9 @@ double sum_of_squares(const at::Tensor& t) {
 
 // What a unit call's backward needs: the manager, the unit, the function to
 // recompute, and where undefined inputs/outputs were (autograd::Function
-// takes defined tensors only). Held by the autograd node through a capsule,
-// so it lives exactly as long as the graph.
+// takes defined tensors only). Held by the autograd node through an IValue
+// capsule (LibTorch's holder for opaque objects, in 1.13 and 2.x), so it
+// lives exactly as long as the graph.
 struct UnitCall : torch::CustomClassHolder {
   ShardedParams* owner = nullptr;
   size_t index = 0;
@@ -137,10 +139,18 @@ struct UnitFunction : torch::autograd::Function<UnitFunction> {
   }
 };
 
-ShardedParams::ShardedParams(torch::nn::Module& model, std::vector<models::WrapUnit> units,
+ShardOptions shard_options(const config::ParallelSection& parallel, const config::TrainSection& train) {
+  if (train.betas.size() != 2) fail("train.betas must have two entries [beta1, beta2] (got {})", train.betas.size());
+  ShardOptions options;
+  options.reshard_after_forward = parallel.reshard_after_forward;
+  options.prefetch = parallel.prefetch;
+  options.adamw = {train.betas[0], train.betas[1], train.eps, train.weight_decay};
+  return options;
+}
+
+ShardedParams::ShardedParams(torch::nn::Module& model, const std::vector<models::WrapUnit>& units,
                              const precision::CompiledPlan& plan, dist::Communicator& comm, ShardOptions options)
     : layout_(build_layout(model, units, plan, comm.size())),
-      units_(std::move(units)),
       comm_(comm),
       options_(options),
       anchor_(at::zeros({}).requires_grad_(true)) {

@@ -1,5 +1,7 @@
+#include <ditrl/config/deck.hpp>
 #include <ditrl/precision/plan.hpp>
 #include <ditrl/shard/plan_report.hpp>
+#include <ditrl/shard/sharded_params.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -111,4 +113,27 @@ TEST_CASE("plan report: works on a model whose parameters are on the meta device
   CHECK(report.rows[0].name == "blocks.0.norm1.weight");
   CHECK(report.parameters == 3 * (2 * 7 + 2 * 7 + 7 * 11 + 11 + 11 * 7 + 7) + 42 + 24);
   CHECK(report.per_rank.masters > 0);
+}
+
+TEST_CASE("shard options: from the deck's [parallel] and [train] sections", "[shard]") {
+  const config::Config config = config::parse_deck(R"(
+[model]
+family = "sd3"
+[parallel]
+prefetch = false
+reshard_after_forward = false
+[train]
+betas = [0.8, 0.95]
+eps = 1e-6
+weight_decay = 0.01
+)",
+                                                   "deck.toml");
+  const shard::ShardOptions options = shard::shard_options(config.parallel, config.train);
+  CHECK_FALSE(options.prefetch);
+  CHECK_FALSE(options.reshard_after_forward);
+  CHECK(options.adamw.beta1 == 0.8);
+  CHECK(options.adamw.beta2 == 0.95);
+  CHECK(options.adamw.eps == 1e-6);
+  CHECK(options.adamw.weight_decay == 0.01);
+  CHECK(options.device == at::Device(at::kCPU));
 }

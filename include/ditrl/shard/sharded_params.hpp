@@ -31,6 +31,11 @@
 #include <string>
 #include <vector>
 
+namespace ditrl::config {
+struct ParallelSection;
+struct TrainSection;
+}  // namespace ditrl::config
+
 namespace ditrl::shard {
 
 struct AdamWOptions {
@@ -46,6 +51,10 @@ struct ShardOptions {
   at::Device device = at::kCPU;       // where slices and gathered units live (CUDA with the NCCL backend)
   AdamWOptions adamw;
 };
+
+// The deck's [parallel] switches and [train]'s AdamW keys (betas, eps,
+// weight_decay); the device stays the CPU.
+ShardOptions shard_options(const config::ParallelSection& parallel, const config::TrainSection& train);
 
 // This rank's piece of one parameter, for checkpoints: elements [begin, end)
 // of the parameter flattened. The tensors are views into the manager's
@@ -67,8 +76,8 @@ class ShardedParams final : public models::UnitRunner {
   // Takes the current values of `model`'s parameters (identical on every
   // rank, materialized: not on the meta device) as the masters, then empties
   // them.
-  ShardedParams(torch::nn::Module& model, std::vector<models::WrapUnit> units, const precision::CompiledPlan& plan,
-                dist::Communicator& comm, ShardOptions options = {});
+  ShardedParams(torch::nn::Module& model, const std::vector<models::WrapUnit>& units,
+                const precision::CompiledPlan& plan, dist::Communicator& comm, ShardOptions options = {});
   ~ShardedParams() override;
   ShardedParams(const ShardedParams&) = delete;
   ShardedParams& operator=(const ShardedParams&) = delete;
@@ -156,7 +165,6 @@ class ShardedParams final : public models::UnitRunner {
   void track_gathered(int64_t delta);
 
   Layout layout_;
-  std::vector<models::WrapUnit> units_;
   dist::Communicator& comm_;
   std::unique_ptr<dist::Communicator> prefetch_comm_;  // prefetch gathers run on their own thread and communicator
   ShardOptions options_;
