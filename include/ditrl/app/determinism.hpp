@@ -3,11 +3,13 @@
 // Deterministic mode ([run] deterministic = true) pins what makes CPU kernels
 // differ between runs and between machines of one kind with other CPU
 // models: the intra-op thread count, ATen's CPU capability
-// (ATEN_CPU_CAPABILITY=avx2), OpenBLAS's kernel family
-// (OPENBLAS_CORETYPE=Haswell) and oneDNN's instruction set
-// (DNNL_MAX_CPU_ISA / ONEDNN_MAX_CPU_ISA=AVX2). The libraries read these when
-// they load, so a process started without them re-executes itself with them
-// set (before MPI starts); values the user set are kept.
+// (ATEN_CPU_CAPABILITY=avx2) and OpenBLAS's kernel family
+// (OPENBLAS_CORETYPE=Haswell), which together fix every fp32 kernel. The
+// libraries read these when they load, so a process started without them
+// re-executes itself with them set (before MPI starts); values the user set
+// are kept. oneDNN's bf16 matmuls cannot be pinned the same way (capping its
+// ISA below what ATen detects makes them fail), so bf16 forwards stay
+// bitwise only on one CPU model.
 
 #include <string>
 
