@@ -18,6 +18,7 @@
 #include <boost/json.hpp>
 
 #include <malloc.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <algorithm>
@@ -48,7 +49,14 @@ struct Case {
 struct Timing {
   std::vector<double> step_seconds;
   std::vector<double> losses;
+  std::vector<double> minor_faults;  // page faults per step
 };
+
+long minor_faults() {
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_minflt;
+}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -112,6 +120,7 @@ class DitrlTrainer {
   Timing run(int steps) {
     Timing timing;
     for (int i = 0; i < steps; ++i) {
+      const long faults = minor_faults();
       const auto start = std::chrono::steady_clock::now();
       for (auto& p : family_->parameters()) p.mutable_grad() = at::Tensor();
       const at::Tensor loss = at::mse_loss(family_->noise_pred(x_, t_, t_ / 1000, cond_, {}), target_);
@@ -119,6 +128,7 @@ class DitrlTrainer {
       optimizer_->step();
       timing.losses.push_back(loss.item<double>());
       timing.step_seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      timing.minor_faults.push_back(static_cast<double>(minor_faults() - faults));
     }
     return timing;
   }
@@ -171,6 +181,7 @@ class PythonPeer {
     Timing timing;
     for (const json::value& v : doc.at("step_seconds").as_array()) timing.step_seconds.push_back(v.to_number<double>());
     for (const json::value& v : doc.at("losses").as_array()) timing.losses.push_back(v.to_number<double>());
+    for (const json::value& v : doc.at("minor_faults").as_array()) timing.minor_faults.push_back(v.to_number<double>());
     return timing;
   }
 
@@ -195,6 +206,7 @@ class PythonPeer {
 void append(Timing& all, const Timing& more) {
   all.step_seconds.insert(all.step_seconds.end(), more.step_seconds.begin(), more.step_seconds.end());
   all.losses.insert(all.losses.end(), more.losses.begin(), more.losses.end());
+  all.minor_faults.insert(all.minor_faults.end(), more.minor_faults.begin(), more.minor_faults.end());
 }
 
 std::string cpu_model() {
@@ -228,7 +240,7 @@ struct Row {
   double params_m;
   std::string tokens;
   size_t steps;
-  double ours_ms, peer_ms, first_gap, last_gap;
+  double ours_ms, peer_ms, ours_min_ms, peer_min_ms, ours_faults, peer_faults, first_gap, last_gap;
 };
 
 void prepare_case(const Case& c, const std::string& dir) {
@@ -279,6 +291,10 @@ Row measure(const Case& c, const std::string& dir, int threads, bool tuned, cons
           ours_t.step_seconds.size(),
           median(ours_t.step_seconds) * 1e3,
           median(peer_t.step_seconds) * 1e3,
+          *std::min_element(ours_t.step_seconds.begin(), ours_t.step_seconds.end()) * 1e3,
+          *std::min_element(peer_t.step_seconds.begin(), peer_t.step_seconds.end()) * 1e3,
+          median(ours_t.minor_faults),
+          median(peer_t.minor_faults),
           first_gap,
           std::abs(ours_t.losses.back() - peer_t.losses.back()) / std::abs(peer_t.losses.back())};
   std::cerr << fmt::format("{} threads={} malloc={}: ditrl {:.2f} ms, python {:.2f} ms, speedup {:.2f}x\n", row.config,
@@ -294,7 +310,7 @@ int main(int argc, char** argv) {
   std::string python = "/usr/bin/python3";
   std::string out = (source_dir / "results" / "peer_forward.md").string();
   std::string work = (fs::temp_directory_path() / "ditrl_peer_forward").string();
-  int tiny_rounds = 10, big_rounds = 3;
+  int tiny_rounds = 10, big_rounds = 4;
   bool skip_tuned = false;
   CLI::App app{"ditrl vs Python PyTorch eager: SD3 forward+backward+AdamW step time"};
   app.add_option("--threads", thread_counts, "intra-op thread counts (both sides use the same)");
@@ -310,7 +326,7 @@ int main(int argc, char** argv) {
 
   const std::vector<Case> cases = {{"tiny", models::SD3Config::preset("tiny"), 1, 8, 8, 8, 10, tiny_rounds, 10},
                                    {"tiny", models::SD3Config::preset("tiny"), 2, 16, 16, 8, 10, tiny_rounds, 10},
-                                   {"sd3-110m", config_100m(), 2, 32, 32, 128, 1, big_rounds, 1}};
+                                   {"sd3-110m", config_100m(), 2, 32, 32, 128, 3, big_rounds, 1}};
   const std::string script = (source_dir / "peer_forward.py").string();
   std::vector<Row> rows;
   // Default malloc first: mallopt() cannot be undone within the process.
@@ -341,18 +357,25 @@ int main(int argc, char** argv) {
      << "MMDiT, MSE loss against a fixed target, the same weights read from one safetensors file by both sides,\n"
      << "the same inputs and the same number of intra-op threads. After warm-up steps the two sides alternate\n"
      << "rounds of steps, so both see the same background load on a shared machine; the table gives the median\n"
-     << "step time. Speedup = Python time / ditrl time (> 1: ditrl is faster). The loss columns compare the two\n"
-     << "sides' losses at the first and the last step: the peer is the same model, not an approximation.\n"
+     << "step time and the fastest step. Speedup = median Python time / median ditrl time (> 1: ditrl is\n"
+     << "faster). The loss columns compare the two sides' losses at the first and the last step: the peer is\n"
+     << "the same model, not an approximation.\n"
      << "`malloc` = `default` runs both processes with glibc's defaults; `tuned` sets M_MMAP_THRESHOLD = 32 MiB\n"
      << "and M_TRIM_THRESHOLD = 1 GiB on both sides (mallopt in ditrl, MALLOC_*_ env in Python), which removes the\n"
-     << "page-fault cost of glibc returning freed blocks to the kernel.\n\n"
+     << "page-fault cost of glibc returning freed blocks to the kernel. `page faults/step` is the median count of\n"
+     << "minor page faults per step in each process (memory touched for the first time after the allocator got it\n"
+     << "from the kernel).\n\n"
      << "| config | params | batch x (image + text tokens) | threads | malloc | timed steps | ditrl ms/step | "
-        "Python ms/step | speedup | rel. loss gap first / last step |\n"
-     << "|---|---|---|---|---|---|---|---|---|---|\n";
+        "Python ms/step | speedup | min ditrl / Python ms | page faults/step ditrl / Python | "
+        "rel. loss gap first / last step |\n"
+     << "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const Row& r : rows)
-    md << fmt::format("| {} | {:.1f} M | {} | {} | {} | {} | {:.2f} | {:.2f} | **{:.2f}x** | {:.1e} / {:.1e} |\n",
-                      r.config, r.params_m, r.tokens, r.threads, r.malloc_mode, r.steps, r.ours_ms, r.peer_ms,
-                      r.peer_ms / r.ours_ms, r.first_gap, r.last_gap);
+    md << fmt::format(
+        "| {} | {:.1f} M | {} | {} | {} | {} | {:.2f} | {:.2f} | **{:.2f}x** | {:.2f} / {:.2f} | {:.0f} / {:.0f} | "
+        "{:.1e} / "
+        "{:.1e} |\n",
+        r.config, r.params_m, r.tokens, r.threads, r.malloc_mode, r.steps, r.ours_ms, r.peer_ms, r.peer_ms / r.ours_ms,
+        r.ours_min_ms, r.peer_min_ms, r.ours_faults, r.peer_faults, r.first_gap, r.last_gap);
   md << "\n- Command: `" << command << "`\n"
      << "- Date: " << date << "\n"
      << "- Machine: " << cpu_model() << ", " << std::thread::hardware_concurrency()

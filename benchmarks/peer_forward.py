@@ -11,12 +11,14 @@ softmax(q k^T / sqrt(d)) v, as in ditrl's `math` backend.
 
 Protocol (stdin/stdout, one JSON line per answer): prints {"ready", "params",
 "torch", "threads"} once loaded, then for every line "<n>" read from stdin runs
-n training steps and prints {"step_seconds": [...], "losses": [...]}.
+n training steps and prints {"step_seconds": [...], "losses": [...],
+"minor_faults": [...]} (page faults per step).
 """
 
 import argparse
 import json
 import math
+import resource
 import struct
 import sys
 import time
@@ -273,13 +275,15 @@ def main():
               inputs["timestep"], inputs["target"])
 
     def step():
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         loss = F.mse_loss(model(*inputs[:4]), inputs[4])
         loss.backward()
         optimizer.step()
         value = loss.item()
-        return time.perf_counter() - start, value
+        elapsed = time.perf_counter() - start
+        return elapsed, value, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
 
     # Driven by the C++ side, which alternates rounds of ditrl and Python
     # steps so that both see the same background load: each input line
@@ -287,8 +291,8 @@ def main():
     print(json.dumps({"ready": True, "threads": torch.get_num_threads(), "torch": torch.__version__,
                       "params": sum(p.numel() for p in model.parameters())}), flush=True)
     for line in sys.stdin:
-        times, losses = zip(*(step() for _ in range(int(line))))
-        print(json.dumps({"step_seconds": times, "losses": losses}), flush=True)
+        times, losses, faults = zip(*(step() for _ in range(int(line))))
+        print(json.dumps({"step_seconds": times, "losses": losses, "minor_faults": faults}), flush=True)
 
 
 if __name__ == "__main__":
