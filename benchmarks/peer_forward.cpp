@@ -216,6 +216,14 @@ std::string cpu_model() {
   return "unknown CPU";
 }
 
+// The 1-minute load average: how busy the (possibly shared) machine was.
+std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string one;
+  in >> one;
+  return one.empty() ? "unknown" : one;
+}
+
 std::string python_torch_version(const std::string& python) {
   FILE* pipe = popen((python + " -c 'import torch; print(torch.__version__)' 2>&1").c_str(), "r");
   char buffer[256] = {0};
@@ -328,6 +336,7 @@ int main(int argc, char** argv) {
                                    {"tiny", models::SD3Config::preset("tiny"), 2, 16, 16, 8, 10, tiny_rounds, 10},
                                    {"sd3-110m", config_100m(), 2, 32, 32, 128, 3, big_rounds, 1}};
   const std::string script = (source_dir / "peer_forward.py").string();
+  const std::string load_at_start = load_average();
   std::vector<Row> rows;
   // Default malloc first: mallopt() cannot be undone within the process.
   for (const bool tuned : {false, true}) {
@@ -379,11 +388,17 @@ int main(int argc, char** argv) {
   md << "\n- Command: `" << command << "`\n"
      << "- Date: " << date << "\n"
      << "- Machine: " << cpu_model() << ", " << std::thread::hardware_concurrency()
-     << " hardware threads (shared with other jobs while measuring); BLAS "
+     << " hardware threads; 1-minute load average " << load_at_start << " at the start, " << load_average()
+     << " at the end (anything above 0 is other work sharing the cores); BLAS "
      << (blas.empty() ? std::string("unknown") : blas) << "\n"
      << "- ditrl: LibTorch " << TORCH_VERSION << " (C++), `math` attention, `torch::optim::AdamW`\n"
      << "- Python peer: " << python << ", torch " << python_torch_version(python)
-     << " (the same LibTorch build), benchmarks/peer_forward.py, `torch.optim.AdamW` (defaults)\n"
+     << " (the same LibTorch build), benchmarks/peer_forward.py: a plain nn.Module port of diffusers'\n"
+     << "  SD3Transformer2DModel (nn.Linear/nn.Conv2d, F.layer_norm, diffusers' RMSNorm, GELU-tanh, math attention\n"
+     << "  since torch 1.13 has no SDPA, image-first joint attention), weights loaded with "
+        "load_state_dict(strict=True)\n"
+     << "  through a small safetensors reader (Debian has no safetensors package), `torch.optim.AdamW` with its\n"
+     << "  defaults, `zero_grad(set_to_none=True)`; it runs as a child process driven over a pipe\n"
      << "- Configs: `tiny` = the sd3 `tiny` preset (4 blocks, D = 64, two dual-attention blocks, qk RMSNorm);\n"
      << "  `sd3-110m` = SD3.5-medium structure at D = 768 (12 heads x 64), 5 blocks, block 0 dual, qk RMSNorm,\n"
      << "  joint_attention_dim 4096, pooled 2048, latent 16 x 32 x 32.\n";
