@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   ditrl::app::add_forward_command(cli, selected);
   ditrl::app::add_plan_command(cli, selected);
   ditrl::app::add_train_command(cli, selected);
+  ditrl::app::add_rollout_command(cli, selected);
 
   try {
     cli.parse(argc, argv);

@@ -7,6 +7,7 @@
 #include <ditrl/precision/plan.hpp>
 #include <ditrl/rl/advantages.hpp>
 #include <ditrl/rl/stable_hash.hpp>
+#include <ditrl/rollout/trajectory_file.hpp>
 
 #include <ATen/ATen.h>
 #include <spdlog/spdlog.h>
@@ -136,6 +137,35 @@ Run open_run(const config::Config& config, const dist::MpiRuntime& mpi) {
   return run;
 }
 
+namespace {
+
+// Rewards (unless the trajectories carry them) and the advantages, which need
+// every rank's rewards: groups may span ranks.
+void score_and_normalise(Run& run, RolloutBatch& out) {
+  const config::Config& c = run.config;
+  rollout::Trajectories& t = out.trajectories;
+  const auto start = std::chrono::steady_clock::now();
+  if (!t.rewards.defined()) {
+    std::vector<std::string> texts;
+    for (int64_t i = 0; i < t.size(); ++i) texts.push_back(run.prompts->text(t.prompt_index[i].item<int64_t>()));
+    t.rewards = run.reward->score(t.final_latents, t.prompt_index, texts).contiguous();
+  }
+  out.seconds_reward = seconds_since(start);
+  out.all_rewards = at::empty({run.samples_per_rollout}, at::kFloat);
+  run.comm->all_gather(t.rewards.to(at::kFloat).contiguous(), out.all_rewards);
+  rl::AdvantageOptions a;
+  a.group_size = c.rollout.samples_per_prompt;
+  a.std_normalization = c.train.std_normalization;
+  a.global_mean = c.train.global_mean;
+  a.global_std = c.train.global_std;
+  a.std_ddof = c.train.std_ddof;
+  out.advantages = rl::group_advantages(out.all_rewards, a)
+                       .narrow(0, run.world.rank * run.samples_per_rank, run.samples_per_rank)
+                       .contiguous();
+}
+
+}  // namespace
+
 RolloutBatch collect_rollout(Run& run, int64_t rollout_id) {
   const config::Config& c = run.config;
   const int64_t g = c.rollout.samples_per_prompt;
@@ -168,25 +198,37 @@ RolloutBatch collect_rollout(Run& run, int64_t rollout_id) {
   out.trajectories = rollout::sample(*run.family, run.forward_context(), run.schedule, steps, batch, run.sampler);
   out.seconds_sampling = seconds_since(start);
 
-  start = std::chrono::steady_clock::now();
-  std::vector<std::string> texts;
-  for (int64_t p : rows) texts.push_back(run.prompts->text(p));
-  out.trajectories.rewards =
-      run.reward->score(out.trajectories.final_latents, out.trajectories.prompt_index, texts).contiguous();
-  out.seconds_reward = seconds_since(start);
   out.cond = std::move(batch.cond);
-
-  // Group statistics need every rank's rewards (groups may span ranks).
-  out.all_rewards = at::empty({run.samples_per_rollout}, at::kFloat);
-  run.comm->all_gather(out.trajectories.rewards, out.all_rewards);
-  rl::AdvantageOptions a;
-  a.group_size = g;
-  a.std_normalization = c.train.std_normalization;
-  a.global_mean = c.train.global_mean;
-  a.global_std = c.train.global_std;
-  a.std_ddof = c.train.std_ddof;
-  out.advantages = rl::group_advantages(out.all_rewards, a).narrow(0, first, run.samples_per_rank).contiguous();
+  score_and_normalise(run, out);
   return out;
+}
+
+RolloutBatch load_rollout(Run& run, const std::string& path, int64_t rollout_id) {
+  rollout::TrajectoryExpectation expect{run.latent_shape, run.family->cond_spec(), run.samples_per_rollout};
+  rollout::TrajectoryRecord record =
+      rollout::read_trajectories(path, run.world.rank * run.samples_per_rank, run.samples_per_rank, expect);
+  RolloutBatch out;
+  out.rollout_id = rollout_id;
+  out.trajectories = std::move(record.trajectories);
+  out.cond = std::move(record.cond);
+  out.negative = std::move(record.negative);
+  if (run.needs_negative && out.negative.tensors.empty())
+    out.negative = run.prompts->negative(run.samples_per_rank);
+  if (run.config.train.loss == "grpo" && run.sampler.microgroup > 1 && !out.trajectories.model_outputs.defined())
+    spdlog::warn("trajectories {}: no /model_outputs; train/model_output_* metrics are not reported", path);
+  score_and_normalise(run, out);
+  return out;
+}
+
+void save_rollout(const Run& run, const RolloutBatch& batch, const std::string& path) {
+  rollout::TrajectoryRecord record{batch.trajectories, batch.cond, batch.negative, {}, {}};
+  record.text_attrs = {{"family", run.config.model.family}, {"sde", run.config.rollout.sde},
+                       {"deck", run.deck_text}};
+  record.number_attrs = {{"noise_level", run.config.rollout.noise_level},
+                         {"guidance_scale", run.config.rollout.guidance_scale},
+                         {"rollout_id", static_cast<double>(batch.rollout_id)}};
+  rollout::write_trajectories(path, record, run.world.rank * run.samples_per_rank, run.samples_per_rollout,
+                              MPI_COMM_WORLD);
 }
 
 }  // namespace ditrl::app

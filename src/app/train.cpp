@@ -58,8 +58,17 @@ extern "C" void request_stop(int signal) { stop_signal = signal; }
 struct TrainCli {
   std::string deck;
   std::vector<std::string> overrides;
-  std::string resume;  // "", "latest", "auto" or a checkpoint path
+  std::string resume;        // "", "latest", "auto" or a checkpoint path
+  int64_t max_rollouts = 0;  // > 0: run at most this many rollouts, checkpoint, exit (time-boxed jobs)
+  std::string trajectories;  // rollouts from files instead of the sampler; "{rollout}" -> rollout id
 };
+
+std::string trajectory_path(const std::string& pattern, int64_t rollout_id) {
+  std::string path = pattern;
+  const std::string key = "{rollout}";
+  if (const size_t at = path.find(key); at != std::string::npos) path.replace(at, key.size(), std::to_string(rollout_id));
+  return path;
+}
 
 models::Cond rows_of(const models::Cond& cond, const at::Tensor& rows) {
   models::Cond out;
@@ -303,7 +312,8 @@ class Trainer {
       if (o.kl_beta > 0) kl = std::make_unique<rl::KlInputs>(rl::KlInputs{r.mean, data.reference.at(index), r.std_dev_t});
       const rl::GrpoTerms terms = rl::grpo_loss(r.log_prob, b.log_prob_old, b.advantages, o, kl.get());
       rl::record_grpo_metrics(buffer, terms, r.log_prob, b.log_prob_old, o.clip_range);
-      rl::record_model_output_diff(buffer, v.detach().to(at::kFloat), rollout_outputs(batch, b));
+      if (batch.trajectories.model_outputs.defined())
+        rl::record_model_output_diff(buffer, v.detach().to(at::kFloat), rollout_outputs(batch, b));
       loss_sum = terms.loss_sum;
     } else if (c_.train.loss == "nft") {
       const at::Tensor x_t = rl::corrupt(b.latents, b.sigmas, rl::pair_noise("nft_corrupt", c_.run.seed,
@@ -426,7 +436,9 @@ int train(const TrainCli& cli) {
   const auto run_start = Clock::now();
   for (int64_t rollout_id = first_rollout; rollout_id < total; ++rollout_id) {
     const auto start = Clock::now();
-    RolloutBatch batch = collect_rollout(run, rollout_id);
+    RolloutBatch batch = cli.trajectories.empty()
+                             ? collect_rollout(run, rollout_id)
+                             : load_rollout(run, trajectory_path(cli.trajectories, rollout_id), rollout_id);
     std::map<std::string, double> row;
     trainer.train_rollout(batch, global_step, metrics.get(), row);
     const double seconds = seconds_since(start);
@@ -439,10 +451,15 @@ int train(const TrainCli& cli) {
     run.comm->all_reduce(stop, dist::ReduceOp::Max);
     const bool last = rollout_id + 1 == total;
     const bool due = config.checkpoint.every > 0 && (rollout_id + 1) % config.checkpoint.every == 0;
-    if (last || due || stop.item<double>() > 0) save(rollout_id + 1);
-    if (stop.item<double>() > 0 && !last) {
-      spdlog::info("signal {} received: checkpointed after rollout {}; exiting for requeue",
-                   static_cast<int>(stop.item<double>()), rollout_id);
+    const bool signalled = stop.item<double>() > 0;
+    const bool boxed = cli.max_rollouts > 0 && rollout_id + 1 - first_rollout >= cli.max_rollouts;
+    if (last || due || signalled || boxed) save(rollout_id + 1);
+    if ((signalled || boxed) && !last) {
+      if (signalled)
+        spdlog::info("signal {} received: checkpointed after rollout {}; exiting for requeue",
+                     static_cast<int>(stop.item<double>()), rollout_id);
+      else
+        spdlog::info("--max-rollouts {} reached: checkpointed after rollout {}", cli.max_rollouts, rollout_id);
       if (mpi.world().rank == 0) write_status(config.run.out_dir, "preempted");
       return 0;
     }
@@ -462,6 +479,12 @@ void add_train_command(CLI::App& app, Command& selected) {
   sub->add_option("--set", cli->overrides, "Override a deck key: section.key=value (repeatable)");
   sub->add_option("--resume", cli->resume,
                   "Resume from `latest`, a checkpoint path, or `auto` (latest when one exists, else start)");
+  sub->add_option("--trajectories", cli->trajectories,
+                  "Train on rollouts from trajectory files (an external engine, or `ditrl rollout`) instead of "
+                  "sampling; `{rollout}` in the path is replaced by the rollout id");
+  sub->add_option("--max-rollouts", cli->max_rollouts,
+                  "Run at most N rollouts in this invocation, then checkpoint and exit (resume with --resume latest)")
+      ->check(CLI::NonNegativeNumber);
   sub->callback([cli, &selected] { selected = [cli] { return train(*cli); }; });
 }
 

@@ -22,5 +22,6 @@ void add_inspect_command(CLI::App& app, Command& selected);
 void add_forward_command(CLI::App& app, Command& selected);
 void add_plan_command(CLI::App& app, Command& selected);
 void add_train_command(CLI::App& app, Command& selected);
+void add_rollout_command(CLI::App& app, Command& selected);
 
 }  // namespace ditrl::app

@@ -61,6 +61,15 @@ struct RolloutBatch {
   double seconds_reward = 0;
 };
 
+// Samples a rollout with the run's current weights.
 RolloutBatch collect_rollout(Run& run, int64_t rollout_id);
+
+// Reads a rollout produced elsewhere (an external engine, or `ditrl rollout`):
+// `path` holds every sample; each rank reads its own rows. Rewards come from
+// the file when it has them, else from the deck's reward.
+RolloutBatch load_rollout(Run& run, const std::string& path, int64_t rollout_id);
+
+// Writes a rollout (all ranks' samples, collectively) as a trajectory file.
+void save_rollout(const Run& run, const RolloutBatch& batch, const std::string& path);
 
 }  // namespace ditrl::app

@@ -1,0 +1,57 @@
+#pragma once
+
+// Trajectory files: what `ditrl rollout --out` writes and what `ditrl train
+// --trajectories` reads, from ditrl or from an external rollout engine.
+// Layout (N samples, T steps, K kept latents, S SDE steps):
+//   /timesteps      [T]   fp32  the t snapshot exactly as the DiT consumed it
+//   /sigmas         [T+1] fp32  the sigma snapshot, last entry 0
+//   /sde_steps      [S]   int64 the steps sampled with the SDE kernel (the rest ODE)
+//   /latent_steps   [K]   int64 which x_i /latents holds; absent = all T+1 (x_0 = noise)
+//   /latents        [N, K, ...] fp32
+//   /log_probs      [N, S] fp32  rollout log-prob of x_i -> x_{i+1}, i in /sde_steps
+//   /final_latents  [N, ...] fp32 (absent: the last kept latent, which must be x_T)
+//   /model_outputs  [N, S, ...] optional: the (guided) velocity at each SDE step
+//   /rewards        [N]   fp32 optional (absent: the deck's reward scores x_T)
+//   /prompt_index   [N]   int64
+//   /sample_index   [N]   int64 optional (absent: 0..N-1)
+//   /cond/<name>    [N, ...] the conditioning the family reads (its cond_spec)
+//   /negative/<name> [N, ...] optional negative-prompt conditioning (CFG)
+//   attributes: family, sde, noise_level, guidance_scale, rollout_id, deck
+
+#include <ditrl/models/family.hpp>
+#include <ditrl/rollout/sampler.hpp>
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace ditrl::rollout {
+
+struct TrajectoryRecord {
+  Trajectories trajectories;
+  models::Cond cond;
+  models::Cond negative;  // empty without CFG
+  std::map<std::string, std::string> text_attrs;
+  std::map<std::string, double> number_attrs;
+};
+
+// Collective over comm: rank r writes its samples at rows [first_row, first_row + n).
+void write_trajectories(const std::string& path, const TrajectoryRecord& local, int64_t first_row,
+                        int64_t total_rows, MPI_Comm comm);
+
+// What a reader expects the file to fit.
+struct TrajectoryExpectation {
+  std::vector<int64_t> latent_shape;  // one sample
+  std::vector<models::CondSpec> cond;
+  int64_t total_rows = 0;  // samples of the rollout
+};
+
+// Reads rows [first_row, first_row + count) and checks every shape, dtype
+// and snapshot rule; errors name the file and the dataset.
+TrajectoryRecord read_trajectories(const std::string& path, int64_t first_row, int64_t count,
+                                   const TrajectoryExpectation& expect);
+
+}  // namespace ditrl::rollout

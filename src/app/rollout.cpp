@@ -1,0 +1,59 @@
+// `ditrl rollout DECK --out traj.h5`: one rollout of the deck's model (its
+// weights, seeded init, or a training checkpoint), scored by the deck's
+// reward, written as a trajectory file that `ditrl train --trajectories`
+// (or any reader of the documented layout) consumes.
+
+#include <ditrl/app/commands.hpp>
+#include <ditrl/app/run.hpp>
+#include <ditrl/dist/log.hpp>
+#include <ditrl/io/checkpoint.hpp>
+
+#include <ATen/Parallel.h>
+#include <spdlog/spdlog.h>
+
+namespace ditrl::app {
+
+namespace {
+
+struct RolloutCli {
+  std::string deck;
+  std::vector<std::string> overrides;
+  std::string out;
+  std::string checkpoint;
+  int64_t rollout_id = 0;
+};
+
+int rollout_command(const RolloutCli& cli) {
+  const config::Config config = config::load_deck(cli.deck, cli.overrides);
+  dist::MpiRuntime mpi(nullptr, nullptr);
+  dist::setup_logging(mpi.world(), "", config.run.log_level);
+  at::set_num_threads(config.run.threads > 0 ? static_cast<int>(config.run.threads) : mpi.default_threads());
+  Run run = open_run(config, mpi);
+  if (!cli.checkpoint.empty()) {
+    io::ExtraState none;
+    io::load_checkpoint(io::resolve_checkpoint(config.run.out_dir, cli.checkpoint), *run.params, none,
+                        MPI_COMM_WORLD);
+  }
+  const RolloutBatch batch = collect_rollout(run, cli.rollout_id);
+  save_rollout(run, batch, cli.out);
+  if (mpi.world().rank == 0)
+    spdlog::info("rollout {}: {} samples, reward mean {:.6g}, written to {}", cli.rollout_id,
+                 run.samples_per_rollout, batch.all_rewards.mean().item<double>(), cli.out);
+  return 0;
+}
+
+}  // namespace
+
+void add_rollout_command(CLI::App& app, Command& selected) {
+  auto cli = std::make_shared<RolloutCli>();
+  CLI::App* sub = app.add_subcommand("rollout", "Sample and score one rollout and write its trajectories (HDF5)");
+  sub->add_option("deck", cli->deck, "TOML deck")->required();
+  sub->add_option("--out", cli->out, "Trajectory file to write")->required();
+  sub->add_option("--set", cli->overrides, "Override a deck key: section.key=value (repeatable)");
+  sub->add_option("--checkpoint", cli->checkpoint, "Sample with a training checkpoint's weights (path or `latest`)");
+  sub->add_option("--rollout-id", cli->rollout_id, "Which rollout (selects prompts, noise and SDE steps)")
+      ->check(CLI::NonNegativeNumber);
+  sub->callback([cli, &selected] { selected = [cli] { return rollout_command(*cli); }; });
+}
+
+}  // namespace ditrl::app
