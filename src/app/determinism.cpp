@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <vector>
@@ -48,7 +49,10 @@ void pin_cpu_kernels(int threads) {
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
-  execv("/proc/self/exe", argv.data());
+  // The binary's real path, so the process keeps its name ("ditrl", not "exe").
+  std::error_code ec;
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  execv(ec ? "/proc/self/exe" : self.c_str(), argv.data());
   fail("deterministic mode: re-executing with pinned CPU kernels failed: {}", std::strerror(errno));
 }
 

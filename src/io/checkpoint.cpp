@@ -9,6 +9,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -59,6 +62,18 @@ std::vector<const shard::Slot*> trainable_slots(const shard::Layout& layout) {
       if (group.trainable)
         for (const shard::Slot& slot : group.slots) slots.push_back(&slot);
   return slots;
+}
+
+// Fault injection for the e2e suite: DITRL_TEST_KILL_IN_CHECKPOINT="rank:step"
+// kills that rank with SIGKILL halfway through writing that step's checkpoint,
+// which must leave `latest` on the previous, loadable checkpoint.
+void kill_point(MPI_Comm comm, int64_t step) {
+  const char* spec = std::getenv("DITRL_TEST_KILL_IN_CHECKPOINT");
+  if (!spec) return;
+  int rank = -1;
+  long long at_step = -1;
+  if (std::sscanf(spec, "%d:%lld", &rank, &at_step) == 2 && rank == comm_rank(comm) && at_step == step)
+    std::raise(SIGKILL);
 }
 
 void fsync_file(const std::string& path) {
@@ -112,9 +127,10 @@ void read_piece(const h5::File& file, const std::string& path, const std::vector
     fail("checkpoint {}: {} has shape [{}], the model's parameter is [{}]", file.file_name(), path,
          fmt::join(stored, ", "), fmt::join(shape, ", "));
   try {
-    const at::Tensor values = piece ? d.read_flat_range(piece->begin, piece->end - piece->begin)
-                                    : d.read_flat_range(0, 0);
-    if (piece) target.copy_(values.view(target.sizes()));
+    // Independent reads: a checksum failure then raises on the rank that hit
+    // it (which aborts the job) instead of stalling HDF5's collective path.
+    if (piece) target.copy_(d.read_flat_range(piece->begin, piece->end - piece->begin, /*collective=*/false)
+                                .view(target.sizes()));
   } catch (const h5::Error& e) {
     fail("checkpoint {} is corrupted: reading {} failed (checksum or truncation): {}", file.file_name(), path, e.what());
   }
@@ -149,6 +165,7 @@ std::string save_checkpoint(const std::string& out_dir, shard::ShardedParams& pa
         write_piece(file, "/extra/" + set + "/" + p.name, p.shape, piece,
                     piece ? tensors.at(it->second) : at::Tensor());
     }
+    kill_point(comm, meta.step);
     const at::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
     file.create_dataset("/rng/torch_cpu", at::kByte, {static_cast<hsize_t>(rng.numel())}).write(rng);
     file.set_attr("format", kFormat);

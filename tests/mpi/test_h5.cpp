@@ -39,7 +39,7 @@ std::pair<int64_t, int64_t> row_range(int64_t rows, int r, int n) {
 
 }  // namespace
 
-TEST_CASE("h5: every rank writes its rows of one dataset collectively; rank 0 reads it back exactly", "[h5]") {
+TEST_CASE("h5: every rank writes its rows of one dataset collectively, rank 0 reads it back exactly", "[h5]") {
   const std::string path = shared_dir("h5_collective") + "/matrix.h5";
   const int64_t rows = 37, cols = 5;  // uneven split on purpose
   const at::Tensor full = at::arange(rows * cols, at::kFloat).reshape({rows, cols}).mul_(0.25).add_(-3.0);

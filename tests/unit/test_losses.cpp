@@ -130,7 +130,7 @@ TEST_CASE("nft loss: small hand-computed case", "[rl][loss]") {
   }
 }
 
-TEST_CASE("nft loss: beta 1 with v == v_old pulls x0 toward the target; reward weights", "[rl][loss]") {
+TEST_CASE("nft loss: beta 1 with v == v_old pulls x0 toward the target, reward weights", "[rl][loss]") {
   const at::Tensor x0 = at::randn({2, 4, 3, 3});
   const at::Tensor eps = at::randn({2, 4, 3, 3});
   const at::Tensor sigmas = f32({0.3f, 0.9f});

@@ -23,5 +23,6 @@ void add_forward_command(CLI::App& app, Command& selected);
 void add_plan_command(CLI::App& app, Command& selected);
 void add_train_command(CLI::App& app, Command& selected);
 void add_rollout_command(CLI::App& app, Command& selected);
+void add_export_command(CLI::App& app, Command& selected);
 
 }  // namespace ditrl::app

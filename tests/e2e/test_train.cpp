@@ -1,0 +1,252 @@
+// The main job as users run it: `mpiexec -np 2 ditrl train DECK`, its
+// metrics, checkpoints, resume (same and other rank counts), failures and
+// signals.
+#include <ditrl/io/h5.hpp>
+#include <ditrl/io/safetensors.hpp>
+#include <ditrl/io/standard.hpp>
+
+#include <ATen/ATen.h>
+#include <catch2/catch.hpp>
+
+#include "e2e.hpp"
+
+#include <cmath>
+#include <fstream>
+#include <thread>
+
+using namespace ditrl;
+using Catch::Matchers::Contains;
+
+namespace {
+
+const std::string kDeck = test::e2e_deck("tiny_grpo.toml");
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void flip_byte(const std::string& path, std::streamoff offset) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(offset);
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x5a);
+  f.seekp(offset);
+  f.write(&c, 1);
+}
+
+// Where the first chunk of a dataset lives in its file.
+std::streamoff data_offset(const std::string& path, const std::string& dataset) {
+  io::h5::File file = io::h5::File::open(path);
+  io::h5::Dataset d = file.open_dataset(dataset);
+  io::h5::Dataspace space(H5Dget_space(d.id()), H5Sclose);
+  haddr_t addr = HADDR_UNDEF;
+  hsize_t size = 0;
+  REQUIRE(H5Dget_chunk_info(d.id(), space.id(), 0, nullptr, nullptr, &addr, &size) >= 0);
+  return static_cast<std::streamoff>(addr + size / 2);
+}
+
+}  // namespace
+
+TEST_CASE("train: a 2-rank run writes metrics, checkpoints and reproduces the rollout forward exactly",
+          "[e2e][train]") {
+  const std::string out = test::fresh_output_dir("e2e_basic");
+  const auto r = test::train(kDeck, out, 2, "--set train.num_rollouts=2");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.output, Contains("rollout 2/2"));
+  CHECK(read_file(out + "/status") == "complete\n");
+  CHECK(std::filesystem::exists(out + "/checkpoints/step-2.h5"));
+  CHECK(read_file(out + "/checkpoints/latest") == "step-2.h5\n");
+  CHECK(std::filesystem::exists(out + "/logs/rank-1.log"));
+
+  const io::MetricsTable m = test::metrics_of(out);
+  CHECK(m.steps == std::vector<int64_t>{0, 1});
+  // Same binary, same kernels, same micro-batch composition: at every
+  // rollout's first optimizer step (weights not yet updated) the training
+  // forward equals the rollout forward bit for bit.
+  for (size_t row : {0, 1}) {
+    CHECK(m.series.at("train/log_prob_mean_abs_diff")[row] == 0.0);
+    CHECK(m.series.at("train/model_output_mean_abs_diff")[row] == 0.0);
+    CHECK(m.series.at("train/model_output_max_abs_diff")[row] == 0.0);
+    CHECK(m.series.at("train/ratio_abs_minus_1")[row] == 0.0);
+  }
+  CHECK(std::isfinite(m.series.at("train/grad_norm")[0]));
+  CHECK(m.series.at("rollout/reward/raw_num_samples")[0] == 8.0);
+  const auto dump = test::run_process("h5dump -A " + out + "/checkpoints/step-2.h5");
+  CHECK(dump.exit_code == 0);
+  CHECK_THAT(dump.output, Contains("ditrl-checkpoint-1"));
+}
+
+TEST_CASE("train: stopping after rollout 2 of 4 and resuming gives the uninterrupted run bit for bit", "[e2e][resume]") {
+  const std::string a = test::fresh_output_dir("e2e_resume_a"), b = test::fresh_output_dir("e2e_resume_b");
+  REQUIRE(test::train(kDeck, a, 2).exit_code == 0);
+  const auto first = test::train(kDeck, b, 2, "--max-rollouts 2");
+  REQUIRE(first.exit_code == 0);
+  CHECK(read_file(b + "/status") == "preempted\n");
+  const auto second = test::train(kDeck, b, 2, "--resume latest");
+  INFO(second.output);
+  REQUIRE(second.exit_code == 0);
+  CHECK_THAT(second.output, Contains("resumed from " + b + "/checkpoints/step-2.h5"));
+
+  const io::Standard uninterrupted = io::make_standard(test::metrics_of(a), "");
+  CHECK(io::check_standard(uninterrupted, test::metrics_of(b)).empty());
+  const auto diff = test::run_process("h5diff " + a + "/checkpoints/step-4.h5 " + b + "/checkpoints/step-4.h5 /model");
+  CHECK(diff.exit_code == 0);
+  const auto moments =
+      test::run_process("h5diff " + a + "/checkpoints/step-4.h5 " + b + "/checkpoints/step-4.h5 /optimizer");
+  CHECK(moments.exit_code == 0);
+}
+
+TEST_CASE("train: a checkpoint written by 2 ranks resumes on 1 and on 4 ranks", "[e2e][resume]") {
+  const std::string a = test::fresh_output_dir("e2e_reshard_a");
+  REQUIRE(test::train(kDeck, a, 2).exit_code == 0);
+  const io::MetricsTable reference = test::metrics_of(a);
+  for (int ranks : {1, 4}) {
+    const std::string b = test::fresh_output_dir("e2e_reshard_" + std::to_string(ranks));
+    REQUIRE(test::train(kDeck, b, 2, "--max-rollouts 2").exit_code == 0);
+    const auto resumed = test::train(kDeck, b, ranks, "--resume latest");
+    INFO(resumed.output);
+    REQUIRE(resumed.exit_code == 0);
+    CHECK_THAT(resumed.output, Contains("written by 2 rank(s)"));
+    // Parameters and moments reshard exactly; what differs is the grouping
+    // of the gradient sums across ranks (fp32 rounding), so later steps agree
+    // to rounding, not bitwise. The data order depends only on (seed,
+    // rollout id) and the sample id, never on the rank count.
+    const io::MetricsTable m = test::metrics_of(b);
+    REQUIRE(m.steps == reference.steps);
+    for (const char* key : {"train/loss", "rollout/reward/raw_mean", "train/grad_norm"})
+      for (size_t row = 0; row < m.steps.size(); ++row)
+        CHECK(m.series.at(key)[row] == Approx(reference.series.at(key)[row]).epsilon(1e-4).margin(1e-6));
+    CHECK(m.series.at("train/log_prob_mean_abs_diff")[3] == 0.0);
+  }
+}
+
+TEST_CASE("train: corrupted and truncated checkpoints are named, and the previous one still loads",
+          "[e2e][checkpoint]") {
+  const std::string out = test::fresh_output_dir("e2e_corrupt");
+  REQUIRE(test::train(kDeck, out, 2, "--set train.num_rollouts=2").exit_code == 0);
+  const std::string step2 = out + "/checkpoints/step-2.h5";
+  const std::string dataset = "/model/transformer_blocks.0.attn.to_q.weight";
+  flip_byte(step2, data_offset(step2, dataset));
+  const auto flipped = test::train(kDeck, out, 2, "--set train.num_rollouts=3 --resume " + step2);
+  CHECK(flipped.exit_code != 0);
+  CHECK_THAT(flipped.output, Contains("is corrupted: reading " + dataset));
+
+  std::filesystem::resize_file(step2, std::filesystem::file_size(step2) / 2);
+  const auto truncated = test::train(kDeck, out, 2, "--set train.num_rollouts=3 --resume " + step2);
+  CHECK(truncated.exit_code != 0);
+  CHECK_THAT(truncated.output, Contains("cannot be opened"));
+
+  const auto previous = test::train(kDeck, out, 2, "--set train.num_rollouts=3 --resume " + out + "/checkpoints/step-1.h5");
+  INFO(previous.output);
+  CHECK(previous.exit_code == 0);
+  CHECK_THAT(previous.output, Contains("rollout 3/3"));
+}
+
+TEST_CASE("train: a rank killed in the middle of a checkpoint leaves `latest` loadable", "[e2e][checkpoint]") {
+  const std::string out = test::fresh_output_dir("e2e_kill");
+  const auto killed = test::train(kDeck, out, 2, "", "DITRL_TEST_KILL_IN_CHECKPOINT=1:2");
+  CHECK(killed.exit_code != 0);
+  CHECK(read_file(out + "/checkpoints/latest") == "step-1.h5\n");
+  CHECK_FALSE(std::filesystem::exists(out + "/checkpoints/step-2.h5"));
+  const auto resumed = test::train(kDeck, out, 2, "--resume latest");
+  INFO(resumed.output);
+  CHECK(resumed.exit_code == 0);
+  CHECK_THAT(resumed.output, Contains("resumed from " + out + "/checkpoints/step-1.h5"));
+  CHECK_THAT(resumed.output, Contains("rollout 4/4"));
+}
+
+TEST_CASE("train: SIGTERM checkpoints at the next rollout boundary and exits 0", "[e2e][signal]") {
+  const std::string out = test::fresh_output_dir("e2e_sigterm");
+  // The job runs in the background; once its first rollout is logged, every
+  // rank gets SIGTERM (as Slurm sends it before a time limit).
+  const std::string script = out + "/sigterm.sh";
+  std::ofstream(script) << fmt::format(
+      "{} -np 2 {} train {} --set run.out_dir={} --set train.num_rollouts=200 --set checkpoint.every=0 > {}/job.log "
+      "2>&1 &\njob=$!\nfor i in $(seq 600); do grep -q 'rollout 1/200' {}/job.log && break; sleep 0.1; done\n"
+      "pkill -TERM -x ditrl\nwait $job\necho exit=$?\n",
+      DITRL_MPIEXEC, DITRL_BINARY, kDeck, out, out, out);
+  const auto r = test::run_process("timeout 300 bash " + script);
+  INFO(r.output << read_file(out + "/job.log"));
+  CHECK_THAT(r.output, Contains("exit=0"));
+  CHECK(read_file(out + "/status") == "preempted\n");
+  CHECK_THAT(read_file(out + "/job.log"), Contains("signal 15 received"));
+  CHECK(std::filesystem::exists(out + "/checkpoints/latest"));
+  CHECK(test::metrics_of(out).steps.size() < 200);
+}
+
+TEST_CASE("train: bad decks fail before any rank does work", "[e2e][deck]") {
+  const std::string out = test::fresh_output_dir("e2e_bad");
+  const auto invariant = test::train(kDeck, out + "/a", 2, "--set train.global_batch=6");
+  CHECK(invariant.exit_code != 0);
+  CHECK_THAT(invariant.output, Contains("batch-knob invariant"));
+  const auto family = test::train(kDeck, out + "/b", 2, "--set model.family=sd4");
+  CHECK(family.exit_code != 0);
+  CHECK_THAT(family.output, Contains("'model.family' = \"sd4\" is out of range"));
+  const auto weights = test::train(kDeck, out + "/c", 2, "--set model.weights=/nonexistent/w.safetensors");
+  CHECK(weights.exit_code != 0);
+  CHECK_THAT(weights.output, Contains("model.weights = \"/nonexistent/w.safetensors\": no such file"));
+  const auto ranks = test::train(kDeck, out + "/d", 3, "");
+  CHECK(ranks.exit_code != 0);
+  CHECK_THAT(ranks.output, Contains("train.global_batch = 8 is not divisible by the 3 ranks"));
+  for (const char* d : {"a", "b", "c", "d"}) CHECK_FALSE(std::filesystem::exists(out + "/" + d + "/metrics.h5"));
+}
+
+TEST_CASE("train: rollouts written by `ditrl rollout` train like sampled ones, bad files are named", "[e2e][rollout]") {
+  const std::string out = test::fresh_output_dir("e2e_traj");
+  const std::string traj = out + "/rollout-0.h5";
+  const auto rollout = test::run_process(fmt::format("{} -np 2 {} rollout {} --out {} --set run.out_dir={}",
+                                                     DITRL_MPIEXEC, DITRL_BINARY, kDeck, traj, out));
+  INFO(rollout.output);
+  REQUIRE(rollout.exit_code == 0);
+  const auto from_file = test::train(kDeck, out + "/file", 2,
+                                     "--set train.num_rollouts=1 --trajectories " + out + "/rollout-{rollout}.h5");
+  INFO(from_file.output);
+  REQUIRE(from_file.exit_code == 0);
+  const auto sampled = test::train(kDeck, out + "/sampled", 2, "--set train.num_rollouts=1");
+  REQUIRE(sampled.exit_code == 0);
+  const io::MetricsTable a = test::metrics_of(out + "/file"), b = test::metrics_of(out + "/sampled");
+  for (const char* key : {"train/loss", "train/grad_norm", "rollout/reward/raw_mean", "train/log_prob_mean_abs_diff"})
+    CHECK(a.series.at(key) == b.series.at(key));
+
+  {  // an external engine's file with a wrongly shaped latent array
+    io::h5::File f = io::h5::File::open(traj, io::h5::File::Mode::ReadWrite);
+    H5Ldelete(f.id(), "log_probs", H5P_DEFAULT);
+    f.create_dataset("log_probs", at::kFloat, {8, 3});
+  }
+  const auto bad = test::train(kDeck, out + "/bad", 2, "--set train.num_rollouts=1 --trajectories " + traj);
+  CHECK(bad.exit_code != 0);
+  CHECK_THAT(bad.output, Contains("trajectories " + traj + ": log_probs has shape [8, 3], expected [8, 2]"));
+}
+
+TEST_CASE("export: a checkpoint's weights as safetensors under checkpoint names", "[e2e][export]") {
+  const std::string out = test::fresh_output_dir("e2e_export");
+  REQUIRE(test::train(kDeck, out, 2, "--set train.num_rollouts=1").exit_code == 0);
+  const std::string ckpt = out + "/checkpoints/step-1.h5";
+  const auto r = test::ditrl("export " + ckpt + " --out " + out + "/export");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  io::Checkpoint exported(out + "/export/diffusion_pytorch_model.safetensors");
+  io::h5::File file = io::h5::File::open(ckpt);
+  for (const std::string& name : file.open_group("/model").children())
+    CHECK(at::equal(exported.get(name), file.open_dataset("/model/" + name).read()));
+  CHECK(exported.contains("pos_embed.pos_embed"));
+  const auto inspect = test::ditrl("inspect " + out + "/export/diffusion_pytorch_model.safetensors --family sd3");
+  CHECK(inspect.exit_code == 0);
+
+  const std::string lora = test::fresh_output_dir("e2e_export_lora");
+  REQUIRE(test::train(kDeck, lora, 2,
+                      "--set train.num_rollouts=1 --set model.lora.enabled=true --set model.lora.rank=4 "
+                      "--set train.kl_beta=0.01")
+              .exit_code == 0);
+  const auto rl = test::ditrl("export " + lora + "/checkpoints/step-1.h5 --out " + lora + "/export --merged");
+  INFO(rl.output);
+  REQUIRE(rl.exit_code == 0);
+  io::Checkpoint adapters(lora + "/export/adapter_model.safetensors");
+  CHECK(adapters.contains("base_model.model.transformer_blocks.0.attn.to_q.lora_A.default.weight"));
+  CHECK(std::filesystem::exists(lora + "/export/diffusion_pytorch_model.safetensors"));
+}

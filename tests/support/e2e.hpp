@@ -1,0 +1,32 @@
+#pragma once
+
+// Helpers for the end-to-end suites: run `ditrl` as a real MPI job on a deck
+// from tests/e2e/decks and read what it wrote.
+
+#include <ditrl/io/metrics.hpp>
+
+#include <fmt/format.h>
+
+#include <string>
+#include <vector>
+
+#include "process.hpp"
+
+namespace ditrl::test {
+
+inline std::string e2e_deck(const std::string& name) {
+  return std::string(DITRL_SOURCE_DIR) + "/tests/e2e/decks/" + name;
+}
+
+// `mpiexec -np N ditrl train DECK --set run.out_dir=OUT <args>`, bounded by a timeout.
+inline ProcessResult train(const std::string& deck, const std::string& out_dir, int ranks,
+                           const std::string& args = "", const std::string& env = "") {
+  return run_process(fmt::format("{} timeout 600 {} -np {} {} train {} --set run.out_dir={} {}", env, DITRL_MPIEXEC,
+                                 ranks, DITRL_BINARY, deck, out_dir, args));
+}
+
+inline ProcessResult ditrl(const std::string& args) { return run_process(std::string(DITRL_BINARY) + " " + args); }
+
+inline io::MetricsTable metrics_of(const std::string& out_dir) { return io::read_metrics(out_dir + "/metrics.h5"); }
+
+}  // namespace ditrl::test
