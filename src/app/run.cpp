@@ -194,8 +194,11 @@ RolloutBatch collect_rollout(Run& run, int64_t rollout_id) {
       run.strategy, {rl::stable_hash("sde_window", c.run.seed, rollout_id), rollout_id * c.rollout.batch});
 
   auto start = std::chrono::steady_clock::now();
-  run.params->begin_step();
-  out.trajectories = rollout::sample(*run.family, run.forward_context(), run.schedule, steps, batch, run.sampler);
+  {
+    const shard::KeepGathered keep(*run.params, c.parallel.rollout_keep_gathered);
+    run.params->begin_step();
+    out.trajectories = rollout::sample(*run.family, run.forward_context(), run.schedule, steps, batch, run.sampler);
+  }
   out.seconds_sampling = seconds_since(start);
 
   out.cond = std::move(batch.cond);

@@ -211,7 +211,7 @@ models::Tensors ShardedParams::run(size_t index, const models::Tensors& inputs, 
     gather(index);
     prefetch(index + 1);
     models::Tensors outputs = fn(inputs);
-    release(index);
+    if (!keep_gathered_) release(index);
     return outputs;
   }
   auto call = c10::make_intrusive<UnitCall>();
@@ -322,6 +322,11 @@ void ShardedParams::release(size_t unit) {
   released.groups.clear();
   recycle(std::move(released.buffer));
   track_gathered(-layout_.units[unit].gathered_bytes(comm_.size()));
+}
+
+void ShardedParams::keep_gathered(bool on) {
+  keep_gathered_ = on;
+  if (!on) release_all();
 }
 
 void ShardedParams::release_all() {

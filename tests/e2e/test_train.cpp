@@ -101,6 +101,15 @@ TEST_CASE("train: stopping after rollout 2 of 4 and resuming gives the uninterru
   CHECK(moments.exit_code == 0);
 }
 
+TEST_CASE("train: keeping units gathered across a rollout's steps changes no metric", "[e2e][rollout]") {
+  const std::string a = test::fresh_output_dir("e2e_keep_a"), b = test::fresh_output_dir("e2e_keep_b");
+  REQUIRE(test::train(kDeck, a, 2, "--max-rollouts 2").exit_code == 0);
+  const auto kept = test::train(kDeck, b, 2, "--max-rollouts 2 --set parallel.rollout_keep_gathered=true");
+  INFO(kept.output);
+  REQUIRE(kept.exit_code == 0);
+  CHECK(io::check_standard(io::make_standard(test::metrics_of(a), ""), test::metrics_of(b)).empty());
+}
+
 TEST_CASE("train: a checkpoint written by 2 ranks resumes on 1 and on 4 ranks", "[e2e][resume]") {
   const std::string a = test::fresh_output_dir("e2e_reshard_a");
   REQUIRE(test::train(kDeck, a, 2).exit_code == 0);

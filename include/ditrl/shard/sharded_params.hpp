@@ -102,6 +102,13 @@ class ShardedParams final : public models::UnitRunner {
   // every gathered unit released.
   void adamw_step(double lr);
   int64_t step_count() const { return step_; }
+
+  // While on, units gathered by no-grad calls stay gathered (and their
+  // parameters pointed at the full tensors) instead of being released after
+  // each call: the denoising steps of a rollout then gather every unit once
+  // instead of once per step, at the cost of holding the whole compute model.
+  // Turning it off releases them. Collective like run().
+  void keep_gathered(bool on);
   void set_step_count(int64_t step) { step_ = step; }
 
   // Bytes this rank holds now; peak_gathered is the most gathered at once so
@@ -176,8 +183,25 @@ class ShardedParams final : public models::UnitRunner {
   // when none of its inputs does (frozen root, first block).
   at::Tensor anchor_;
   int64_t step_ = 0;
+  bool keep_gathered_ = false;
   int64_t gathered_bytes_ = 0;
   int64_t peak_gathered_ = 0;
+};
+
+// Scope of keep_gathered(true), e.g. one rollout; a no-op when disabled.
+class KeepGathered {
+ public:
+  KeepGathered(ShardedParams& params, bool enabled) : params_(enabled ? &params : nullptr) {
+    if (params_) params_->keep_gathered(true);
+  }
+  ~KeepGathered() {
+    if (params_) params_->keep_gathered(false);
+  }
+  KeepGathered(const KeepGathered&) = delete;
+  KeepGathered& operator=(const KeepGathered&) = delete;
+
+ private:
+  ShardedParams* params_;
 };
 
 }  // namespace ditrl::shard
