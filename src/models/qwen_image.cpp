@@ -60,7 +60,9 @@ std::vector<std::vector<std::array<int64_t, 3>>> shapes_from_tensor(const at::Te
 }
 
 std::vector<std::vector<std::array<int64_t, 3>>> shapes_from_json(const json::value& v) {
-  const auto bad = [&] { fail("qwen_image: extra 'img_shapes' must be [[[F, h, w], ...], ...], got {}", json::serialize(v)); };
+  const auto bad = [&] {
+    fail("qwen_image: extra 'img_shapes' must be [[[F, h, w], ...], ...], got {}", json::serialize(v));
+  };
   std::vector<std::vector<std::array<int64_t, 3>>> out;
   if (!v.is_array()) bad();
   for (const json::value& sample : v.get_array()) {
@@ -190,7 +192,13 @@ QwenImageBlock::QwenImageBlock(const QwenImageConfig& config, AttentionBackend b
 }
 
 // diffusers QwenImageTransformerBlock.forward, op for op.
-Tensors QwenImageBlock::forward(const Tensors& inputs) {
+Tensors QwenImageBlock::forward(const Tensors& inputs, Tap* tap, const std::string& module) {
+  const auto record = [tap, &module](const char* sub, const at::Tensor& image, const at::Tensor& text) {
+    if (!tap) return;
+    const ForwardContext ctx{nullptr, tap};
+    ctx.record(module + sub, "out0", image);
+    ctx.record(module + sub, "out1", text);
+  };
   const at::Tensor& x = inputs.at(0);
   const at::Tensor& c = inputs.at(1);
   const at::Tensor& temb = inputs.at(2);
@@ -209,9 +217,12 @@ Tensors QwenImageBlock::forward(const Tensors& inputs) {
       k = QwenRope::apply(k.transpose(1, 2), freqs).transpose(1, 2);
     };
   };
+  const at::Tensor img_modulated = modulate(layer_norm(x, kNormEps), i1[0], i1[1]);
+  const at::Tensor txt_modulated = modulate(layer_norm(c, kNormEps), t1[0], t1[1]);
+  record(".norm1", img_modulated, txt_modulated);
   const auto [img_attn, txt_attn] =
-      attn->joint_attention(modulate(layer_norm(x, kNormEps), i1[0], i1[1]), modulate(layer_norm(c, kNormEps), t1[0], t1[1]),
-                            mask, rotary(img_freqs), rotary(txt_freqs));
+      attn->joint_attention(img_modulated, txt_modulated, mask, rotary(img_freqs), rotary(txt_freqs));
+  record(".attn", img_attn, txt_attn);
   at::Tensor h = x + i1[2].unsqueeze(1) * img_attn;
   at::Tensor e = c + t1[2].unsqueeze(1) * txt_attn;
   h = h + i2[2].unsqueeze(1) * img_mlp->forward(modulate(layer_norm(h, kNormEps), i2[0], i2[1]));
@@ -231,15 +242,16 @@ QwenImage::QwenImage(const QwenImageConfig& config, const FamilyOptions& options
       at::TensorOptions().dtype(at::kFloat).device(options.meta ? at::Device(at::kMeta) : at::Device(at::kCPU));
   const int64_t dim = config_.inner_dim();
   auto time_text = register_module("time_text_embed", std::make_shared<Container>());
-  timestep_embedder = time_text->register_module(
-      "timestep_embedder", std::make_shared<MLPEmbedding>(256, dim, dim, Activation::SiLU, opts));
+  timestep_embedder = time_text->register_module("timestep_embedder",
+                                                 std::make_shared<MLPEmbedding>(256, dim, dim, Activation::SiLU, opts));
   txt_norm = register_module(
       "txt_norm", std::make_shared<RMSNorm>(config_.joint_attention_dim, kNormEps, RmsFlavour::Diffusers, opts));
   img_in = register_module("img_in", std::make_shared<Linear>(config_.in_channels, dim, true, opts));
   txt_in = register_module("txt_in", std::make_shared<Linear>(config_.joint_attention_dim, dim, true, opts));
   auto list = register_module("transformer_blocks", std::make_shared<Container>());
   for (int64_t i = 0; i < config_.num_layers; ++i)
-    blocks.push_back(list->register_module(std::to_string(i), std::make_shared<QwenImageBlock>(config_, backend, opts)));
+    blocks.push_back(
+        list->register_module(std::to_string(i), std::make_shared<QwenImageBlock>(config_, backend, opts)));
   norm_out = register_module("norm_out", std::make_shared<AdaLayerNormContinuous>(dim, dim, kNormEps, opts));
   const int64_t p = config_.patch_size;
   proj_out = register_module("proj_out", std::make_shared<Linear>(dim, p * p * config_.out_channels, true, opts));
@@ -287,6 +299,7 @@ at::Tensor QwenImage::forward(const at::Tensor& hidden_states, const at::Tensor&
   ctx.record("img_in", "out0", x);
   // sigma in the hidden dtype, then the sinusoid scales by 1000 after t * f.
   const at::Tensor t = timestep.to(x.scalar_type());
+  ctx.record("time_text_embed", "in0", t);
   at::Tensor c = txt_norm->forward(encoder_hidden_states);
   ctx.record("txt_norm", "out0", c);
   c = txt_in->forward(c);
@@ -300,17 +313,23 @@ at::Tensor QwenImage::forward(const at::Tensor& hidden_states, const at::Tensor&
 
   for (size_t i = 0; i < blocks.size(); ++i) {
     QwenImageBlock* block = blocks[i].get();
-    const Tensors out = ctx.run_unit(i, {x, c, temb, img_freqs, txt_freqs, mask},
-                                     [block](const Tensors& in) { return block->forward(in); });
+    // Names are built only when a tap listens; the unit function may be
+    // called again in backward, so it holds copies, not references.
+    const std::string module = ctx.tap ? "transformer_blocks." + std::to_string(i) : std::string();
+    Tap* tap = ctx.tap;
+    const Tensors out =
+        ctx.run_unit(i, {x, c, temb, img_freqs, txt_freqs, mask},
+                     [block, tap, module](const Tensors& in) { return block->forward(in, tap, module); });
     c = out.at(0);
     x = out.at(1);
-    const std::string module = "transformer_blocks." + std::to_string(i);
     ctx.record(module, "out0", c);
     ctx.record(module, "out1", x);
   }
   x = norm_out->forward(x, temb);
   ctx.record("norm_out", "out0", x);
-  return proj_out->forward(x);
+  x = proj_out->forward(x);
+  ctx.record("proj_out", "out0", x);
+  return x;
 }
 
 at::Tensor QwenImage::noise_pred(const at::Tensor& latents, const at::Tensor& /*timesteps*/, const at::Tensor& sigmas,
@@ -323,9 +342,9 @@ at::Tensor QwenImage::noise_pred(const at::Tensor& latents, const at::Tensor& /*
     fail("qwen_image: latent height and width {}x{} must be multiples of patch_size {}", latents.size(2),
          latents.size(3), p);
   const at::Tensor mask = cond.has("encoder_hidden_states_mask") ? cond.at("encoder_hidden_states_mask") : at::Tensor();
-  const at::Tensor out = forward(pack_latents(inputs_.cast_latents(latents), p),
-                                 inputs_.cast_cond(cond.at("encoder_hidden_states")), mask,
-                                 inputs_.cast_timestep(sigmas), {1, latents.size(2) / p, latents.size(3) / p}, ctx);
+  const at::Tensor out =
+      forward(pack_latents(inputs_.cast_latents(latents), p), inputs_.cast_cond(cond.at("encoder_hidden_states")), mask,
+              inputs_.cast_timestep(sigmas), {1, latents.size(2) / p, latents.size(3) / p}, ctx);
   return unpack_latents(out, latents.size(2), latents.size(3), p);
 }
 
@@ -339,7 +358,8 @@ std::map<std::string, at::Tensor> QwenImage::reference_forward(const std::map<st
       fail("qwen_image: unexpected input '{}' (the forward takes {}, optionally {})", name, fmt::join(required, ", "),
            fmt::join(optional, ", "));
   for (const std::string& name : required)
-    if (!inputs.count(name)) fail("qwen_image: missing input '{}' (the forward takes {})", name, fmt::join(required, ", "));
+    if (!inputs.count(name))
+      fail("qwen_image: missing input '{}' (the forward takes {})", name, fmt::join(required, ", "));
   json::error_code ec;
   const json::value extra = json::parse(extra_json.empty() ? "{}" : extra_json, ec);
   if (ec || !extra.is_object()) fail("qwen_image: extra arguments must be a JSON object, got '{}'", extra_json);
@@ -369,8 +389,18 @@ std::vector<WrapUnit> QwenImage::wrap_units() {
 
 std::vector<std::string> QwenImage::default_lora_targets() const {
   // miles configs/qwen_image.py (families.md §4.8).
-  return {"to_q",       "to_k",          "to_v",          "to_out.0",           "add_q_proj",         "add_k_proj",
-          "add_v_proj", "to_add_out",    "img_mlp.net.0.proj", "img_mlp.net.2", "txt_mlp.net.0.proj", "txt_mlp.net.2"};
+  return {"to_q",
+          "to_k",
+          "to_v",
+          "to_out.0",
+          "add_q_proj",
+          "add_k_proj",
+          "add_v_proj",
+          "to_add_out",
+          "img_mlp.net.0.proj",
+          "img_mlp.net.2",
+          "txt_mlp.net.0.proj",
+          "txt_mlp.net.2"};
 }
 
 double QwenImage::guidance_scale(const GuidanceOptions& g, double /*timestep*/) const {
@@ -388,8 +418,8 @@ at::Tensor QwenImage::cfg_combine(const at::Tensor& pos, const at::Tensor& neg, 
   const int64_t p = config_.patch_size;
   const at::Tensor pos_packed = pack_latents(pos, p);
   const at::Tensor comb_packed = pack_latents(comb, p);
-  const at::Tensor rescaled =
-      comb_packed * (at::norm(pos_packed, 2, {-1}, /*keepdim=*/true) / at::norm(comb_packed, 2, {-1}, /*keepdim=*/true));
+  const at::Tensor rescaled = comb_packed * (at::norm(pos_packed, 2, {-1}, /*keepdim=*/true) /
+                                             at::norm(comb_packed, 2, {-1}, /*keepdim=*/true));
   return unpack_latents(rescaled, pos.size(2), pos.size(3), p);
 }
 
@@ -399,9 +429,10 @@ std::vector<int64_t> QwenImage::latent_shape(int64_t batch, const LatentGrid& gr
   if (grid.height % p != 0 || grid.width % p != 0)
     fail("qwen_image: latent grid {}x{} must be a multiple of patch_size {} (2x2 packing)", grid.height, grid.width, p);
   if (config_.in_channels != p * p * config_.out_channels)
-    fail("qwen_image: sampling needs in_channels ({}) = patch_size^2 x out_channels ({}) so that the velocity has the "
-         "latent's shape",
-         config_.in_channels, p * p * config_.out_channels);
+    fail(
+        "qwen_image: sampling needs in_channels ({}) = patch_size^2 x out_channels ({}) so that the velocity has the "
+        "latent's shape",
+        config_.in_channels, p * p * config_.out_channels);
   return {batch, config_.out_channels, grid.height, grid.width};
 }
 

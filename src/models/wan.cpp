@@ -98,8 +98,8 @@ WanConfig WanConfig::from_json(const std::string& text, const std::string& sourc
         fail("{}: qk_norm must be \"rms_norm_across_heads\" (what WanTransformer3DModel builds), got {}", source,
              json::serialize(v));
     } else if (i2v.count(key)) {
-      if (!v.is_null()) fail("{}: '{}' = {} is an image-to-video input; ditrl's wan is text-to-video", source, key,
-                             json::serialize(v));
+      if (!v.is_null())
+        fail("{}: '{}' = {} is an image-to-video input; ditrl's wan is text-to-video", source, key, json::serialize(v));
     } else {
       fail("{}: unknown WanTransformer3DModel config key '{}'", source, key);
     }
@@ -127,7 +127,8 @@ void WanConfig::validate() const {
     if (value <= 0) fail("wan config: {} must be positive, got {}", name, value);
   if (patch_size.size() != 3 || patch_size[0] <= 0 || patch_size[1] <= 0 || patch_size[2] <= 0)
     fail("wan config: patch_size must be three positive integers (t, h, w), got [{}]", fmt::join(patch_size, ", "));
-  if (attention_head_dim % 2 != 0) fail("wan config: attention_head_dim {} must be even (RoPE pairs)", attention_head_dim);
+  if (attention_head_dim % 2 != 0)
+    fail("wan config: attention_head_dim {} must be even (RoPE pairs)", attention_head_dim);
   if (!(eps > 0)) fail("wan config: eps must be positive, got {}", eps);
   if (experts != 1 && experts != 2) fail("wan config: experts must be 1 or 2 (Wan2.2 A14B), got {}", experts);
   if (!(boundary_ratio > 0 && boundary_ratio < 1))
@@ -147,14 +148,17 @@ WanBlock::WanBlock(const WanConfig& config, AttentionBackend backend, const at::
   attn1 = register_module("attn1", std::make_shared<Attention>(ac, options));
   attn2 = register_module("attn2", std::make_shared<Attention>(ac, options));
   if (config.cross_attn_norm)
-    norm2 = register_module("norm2", std::make_shared<LayerNorm>(dim_, config.eps, /*affine=*/true, /*fp32=*/true,
-                                                                 options));
+    norm2 = register_module("norm2",
+                            std::make_shared<LayerNorm>(dim_, config.eps, /*affine=*/true, /*fp32=*/true, options));
   ffn = register_module("ffn", std::make_shared<FeedForward>(dim_, config.ffn_dim, dim_, true, options));
   scale_shift_table = register_parameter("scale_shift_table", at::empty({1, 6, dim_}, options));
 }
 
 // diffusers WanTransformerBlock.forward, op for op.
-Tensors WanBlock::forward(const Tensors& inputs) {
+Tensors WanBlock::forward(const Tensors& inputs, Tap* tap, const std::string& module) {
+  const auto record = [tap, &module](const char* sub, const at::Tensor& value) {
+    if (tap) ForwardContext{nullptr, tap}.record(module + sub, "out0", value);
+  };
   const at::Tensor& x = inputs.at(0);
   const at::Tensor& context = inputs.at(1);
   const at::Tensor& timestep_proj = inputs.at(2);
@@ -175,9 +179,14 @@ Tensors WanBlock::forward(const Tensors& inputs) {
     k = WanRope::apply(k.transpose(1, 2), cos, sin).transpose(1, 2);
   };
   at::Tensor n = (fp32_layer_norm(x, eps_) * (1 + m[1]) + m[0]).to(dtype);
-  at::Tensor h = (x.to(at::kFloat) + attn1->self_attention(n, {}, rotary) * m[2]).to(dtype);
+  record(".norm1", n);
+  const at::Tensor self_out = attn1->self_attention(n, {}, rotary);
+  record(".attn1", self_out);
+  at::Tensor h = (x.to(at::kFloat) + self_out * m[2]).to(dtype);
   n = norm2 ? norm2->forward(h.to(at::kFloat)).to(dtype) : h;
-  h = h + attn2->cross_attention(n, context);
+  const at::Tensor cross_out = attn2->cross_attention(n, context);
+  record(".attn2", cross_out);
+  h = h + cross_out;
   n = (fp32_layer_norm(h, eps_) * (1 + m[4]) + m[3]).to(dtype);
   h = (h.to(at::kFloat) + ffn->forward(n).to(at::kFloat) * m[5]).to(dtype);
   return {h};
@@ -199,7 +208,8 @@ WanTransformer::WanTransformer(torch::nn::Module& host, const WanConfig& config,
   for (int64_t i = 0; i < config_.num_layers; ++i)
     blocks.push_back(list->register_module(std::to_string(i), std::make_shared<WanBlock>(config_, backend, options)));
   const int64_t patch = config_.patch_size[0] * config_.patch_size[1] * config_.patch_size[2];
-  proj_out = host.register_module("proj_out", std::make_shared<Linear>(dim, config_.out_channels * patch, true, options));
+  proj_out =
+      host.register_module("proj_out", std::make_shared<Linear>(dim, config_.out_channels * patch, true, options));
   scale_shift_table = host.register_parameter("scale_shift_table", at::empty({1, 2, dim}, options));
 }
 
@@ -246,11 +256,11 @@ at::Tensor WanTransformer::forward(const at::Tensor& hidden_states, const at::Te
   if (per_token) t_emb = t_emb.unflatten(0, {batch, timestep.size(1)});
   // The time embedder runs in its own (kept fp32) dtype; temb then takes the
   // text dtype before time_proj, as diffusers' type_as does.
-  const at::Tensor temb =
-      time_embedder->forward(t_emb.to(time_embedder->linear_1->weight.scalar_type()))
-          .to(encoder_hidden_states.scalar_type());
+  const at::Tensor temb = time_embedder->forward(t_emb.to(time_embedder->linear_1->weight.scalar_type()))
+                              .to(encoder_hidden_states.scalar_type());
   at::Tensor timestep_proj = time_proj->forward(at::silu(temb));
   const at::Tensor context = text_embedder->forward(encoder_hidden_states);
+  ctx.record(prefix + "condition_embedder", "in0", timestep);
   ctx.record(prefix + "condition_embedder", "out0", temb);
   ctx.record(prefix + "condition_embedder", "out1", timestep_proj);
   ctx.record(prefix + "condition_embedder", "out2", context);
@@ -258,10 +268,14 @@ at::Tensor WanTransformer::forward(const at::Tensor& hidden_states, const at::Te
 
   for (size_t i = 0; i < blocks.size(); ++i) {
     WanBlock* block = blocks[i].get();
+    // Names are built only when a tap listens; the unit function may be
+    // called again in backward, so it holds copies, not references.
+    const std::string module = ctx.tap ? prefix + "blocks." + std::to_string(i) : std::string();
+    Tap* tap = ctx.tap;
     x = ctx.run_unit(first_unit + i, {x, context, timestep_proj, cos, sin},
-                     [block](const Tensors& in) { return block->forward(in); })
+                     [block, tap, module](const Tensors& in) { return block->forward(in, tap, module); })
             .at(0);
-    ctx.record(prefix + "blocks." + std::to_string(i), "out0", x);
+    ctx.record(module, "out0", x);
   }
 
   // Output modulation: (shift, scale) = table [1, 2, D] + temb, in fp32.
@@ -316,9 +330,10 @@ size_t Wan::route(const at::Tensor& timestep) const {
   const size_t expert = expert_for(t[0].item<double>());
   for (int64_t i = 1; i < t.size(0); ++i)
     if (expert_for(t[i].item<double>()) != expert)
-      fail("wan: one forward runs one expert, but its timesteps {} and {} fall on both sides of the expert "
-           "boundary t = {} (batch only pairs of one step together, e.g. train.micro_batch = 1)",
-           t[0].item<double>(), t[i].item<double>(), config_.boundary_ratio * 1000.0);
+      fail(
+          "wan: one forward runs one expert, but its timesteps {} and {} fall on both sides of the expert "
+          "boundary t = {} (batch only pairs of one step together, e.g. train.micro_batch = 1)",
+          t[0].item<double>(), t[i].item<double>(), config_.boundary_ratio * 1000.0);
   return expert;
 }
 
@@ -336,7 +351,8 @@ std::map<std::string, at::Tensor> Wan::reference_forward(const std::map<std::str
                                                          const std::string& extra_json, const ForwardContext& ctx) {
   const std::set<std::string> expected = {"hidden_states", "timestep", "encoder_hidden_states"};
   for (const auto& [name, tensor] : inputs)
-    if (!expected.count(name)) fail("wan: unexpected input '{}' (the forward takes {})", name, fmt::join(expected, ", "));
+    if (!expected.count(name))
+      fail("wan: unexpected input '{}' (the forward takes {})", name, fmt::join(expected, ", "));
   for (const std::string& name : expected)
     if (!inputs.count(name)) fail("wan: missing input '{}' (the forward takes {})", name, fmt::join(expected, ", "));
   json::error_code ec;
@@ -348,9 +364,9 @@ std::map<std::string, at::Tensor> Wan::reference_forward(const std::map<std::str
       fail("wan: unknown extra argument '{}' (the forward takes only tensors)", k);
   }
   const size_t e = route(inputs.at("timestep"));
-  return {{"output", experts_[e]->forward(inputs.at("hidden_states"), inputs.at("timestep"),
-                                          inputs.at("encoder_hidden_states"), rope_, ctx,
-                                          e * static_cast<size_t>(config_.num_layers), prefix(e))}};
+  return {{"output",
+           experts_[e]->forward(inputs.at("hidden_states"), inputs.at("timestep"), inputs.at("encoder_hidden_states"),
+                                rope_, ctx, e * static_cast<size_t>(config_.num_layers), prefix(e))}};
 }
 
 std::vector<WrapUnit> Wan::wrap_units() {
@@ -379,8 +395,9 @@ std::vector<DtypeOverride> Wan::default_overrides() const {
 double Wan::guidance_scale(const GuidanceOptions& g, double timestep) const {
   if (experts_.size() == 1) {
     if (g.scale_2)
-      fail("wan: guidance_scale_2 is the scale of Wan2.2's low-noise expert, but this model has one expert "
-           "(preset wan2.2-t2v-a14b, or model.weights_2, makes two)");
+      fail(
+          "wan: guidance_scale_2 is the scale of Wan2.2's low-noise expert, but this model has one expert "
+          "(preset wan2.2-t2v-a14b, or model.weights_2, makes two)");
     return g.scale;
   }
   if (expert_for(timestep) == 0) return g.scale;

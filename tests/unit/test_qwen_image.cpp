@@ -75,8 +75,7 @@ TEST_CASE("qwen_image: bf16 fixture case", "[models][qwen_image]") {
   CHECK(same >= 0.95);
 }
 
-TEST_CASE("qwen_image: the preset has the released parameter count, built on the meta device",
-          "[models][qwen_image]") {
+TEST_CASE("qwen_image: the preset has the released parameter count, built on the meta device", "[models][qwen_image]") {
   FamilyOptions o;
   o.family = "qwen_image";
   o.preset = "qwen-image";
@@ -113,7 +112,8 @@ TEST_CASE("qwen_image: config.json loading and its errors", "[models][qwen_image
     }
     return "";
   };
-  CHECK_THAT(error(R"({"num_layerz": 2})"), Contains("bad/config.json") && Contains("unknown") && Contains("num_layerz"));
+  CHECK_THAT(error(R"({"num_layerz": 2})"),
+             Contains("bad/config.json") && Contains("unknown") && Contains("num_layerz"));
   CHECK_THAT(error(R"({"guidance_embeds": true})"), Contains("guidance_embeds") && Contains("variant"));
   CHECK_THAT(error(R"({"zero_cond_t": true})"), Contains("zero_cond_t"));
   CHECK_THAT(error(R"({"axes_dims_rope": [16, 56, 58]})"), Contains("must sum to attention_head_dim 128"));
@@ -127,15 +127,16 @@ TEST_CASE("qwen_image: a checkpoint that does not fit is one error listing every
   for (const std::string& name : weights.names()) {
     at::Tensor t = weights.get(name);
     std::string n = name;
-    if (name == "txt_in.weight") n = "txt_in.kernel";                                            // renamed
-    if (name == "transformer_blocks.1.attn.norm_added_q.weight") t = at::ones({64});            // reshaped
+    if (name == "txt_in.weight") n = "txt_in.kernel";                                 // renamed
+    if (name == "transformer_blocks.1.attn.norm_added_q.weight") t = at::ones({64});  // reshaped
     tensors.emplace_back(n, t);
   }
   const std::string path = test::fresh_output_dir("qwen_bad_checkpoint") + "/bad.safetensors";
   io::write_safetensors(path, tensors);
   auto family = fixture_model();
   CHECK_THROWS_WITH(load_weights(*family, io::Checkpoint(path)),
-                    Contains(path) && Contains("missing (1): txt_in.weight") && Contains("unexpected (1): txt_in.kernel") &&
+                    Contains(path) && Contains("missing (1): txt_in.weight") &&
+                        Contains("unexpected (1): txt_in.kernel") &&
                         Contains("wrong shape (1): transformer_blocks.1.attn.norm_added_q.weight (checkpoint [64], "
                                  "model [32])"));
   const std::string config = fixture_path("qwen_image/config.json");
@@ -151,10 +152,9 @@ TEST_CASE("qwen_image: a checkpoint that does not fit is one error listing every
   CHECK_THAT(bad.output, Contains("txt_in.weight") && Contains("txt_in.kernel") &&
                              Contains("transformer_blocks.1.attn.norm_added_q.weight (checkpoint [64]"));
   const std::string out = test::fresh_output_dir("qwen_cli_forward") + "/out.safetensors";
-  const auto fwd = test::run_process(
-      fmt::format("{} forward --family qwen_image --config {} --weights {} --inputs {} --out {} --threads 1",
-                  DITRL_BINARY, config, fixture_path("qwen_image/weights.safetensors"),
-                  fixture_path("qwen_image/case_1.safetensors"), out));
+  const auto fwd = test::run_process(fmt::format(
+      "{} forward --family qwen_image --config {} --weights {} --inputs {} --out {} --threads 1", DITRL_BINARY, config,
+      fixture_path("qwen_image/weights.safetensors"), fixture_path("qwen_image/case_1.safetensors"), out));
   INFO(fwd.output);
   CHECK(fwd.exit_code == 0);
   CHECK(max_abs_diff(io::SafetensorsFile(out).get("output"),
@@ -193,7 +193,7 @@ TEST_CASE("qwen_image: noise_pred reads sigma, never the trajectory timesteps", 
   torch::NoGradGuard no_grad;
   const at::Tensor v = family->noise_pred(x, sigma * 1000, sigma, qwen_cond(rc), {});
   CHECK(at::equal(v, family->noise_pred(x, at::full({1}, NAN), sigma, qwen_cond(rc), {})));  // t unused
-  const at::Tensor sigma_next = at::nextafter(sigma, at::ones({1}));  // one fp32 ulp of sigma
+  const at::Tensor sigma_next = at::nextafter(sigma, at::ones({1}));                         // one fp32 ulp of sigma
   CHECK_FALSE(at::equal(v, family->noise_pred(x, sigma * 1000, sigma_next, qwen_cond(rc), {})));
 }
 
@@ -239,7 +239,9 @@ TEST_CASE("qwen_image: true CFG rescales to the positive norm over each token's 
   // Independent check: every 2x2 patch token's 64 values (16 channels x 2 x 2).
   const at::Tensor comb = neg + 4.0 * (pos - neg);
   for (const auto& [row, col] : {std::pair<int64_t, int64_t>{0, 0}, {1, 2}}) {
-    const auto patch = [&](const at::Tensor& t) { return t[1].slice(1, 2 * row, 2 * row + 2).slice(2, 2 * col, 2 * col + 2); };
+    const auto patch = [&](const at::Tensor& t) {
+      return t[1].slice(1, 2 * row, 2 * row + 2).slice(2, 2 * col, 2 * col + 2);
+    };
     const double ratio = patch(pos).norm().item<double>() / patch(comb).norm().item<double>();
     CHECK(at::allclose(patch(v), patch(comb) * ratio, 1e-12, 1e-12));
     CHECK(patch(v).norm().item<double>() == Approx(patch(pos).norm().item<double>()).epsilon(1e-12));
@@ -264,7 +266,8 @@ TEST_CASE("qwen_image: LoRA on the default targets starts at the base output", "
   }
   CHECK(adapters == 2 * 12);  // 12 targets per block (families.md §4.8)
   const ReferenceCase c = load_reference_case(fixture_path("qwen_image/case_1.safetensors"));
-  CHECK(at::equal(run_reference_case(*adapted, c, false).at("output"), run_reference_case(*base, c, false).at("output")));
+  CHECK(
+      at::equal(run_reference_case(*adapted, c, false).at("output"), run_reference_case(*base, c, false).at("output")));
   {
     torch::NoGradGuard no_grad;
     adapted->named_parameters()["transformer_blocks.0.txt_mlp.net.2.lora_B.weight"].fill_(0.05);
@@ -287,7 +290,8 @@ TEST_CASE("qwen_image: units run in order, recomputable; gradients reach every l
   const at::Tensor x = at::randn(family->latent_shape(2, LatentGrid{1, 6, 10}));
   CHECK(x.sizes() == at::IntArrayRef{2, 16, 6, 10});
   const at::Tensor sigma = at::tensor({0.25f, 0.25f});
-  const Cond cond{{{"encoder_hidden_states", at::randn({2, 8, 32})}, {"encoder_hidden_states_mask", at::ones({2, 8}, at::kLong)}}};
+  const Cond cond{
+      {{"encoder_hidden_states", at::randn({2, 8, 32})}, {"encoder_hidden_states_mask", at::ones({2, 8}, at::kLong)}}};
   {
     torch::NoGradGuard no_grad;
     const at::Tensor direct = family->noise_pred(x, sigma * 1000, sigma, cond, {});
@@ -303,10 +307,10 @@ TEST_CASE("qwen_image: units run in order, recomputable; gradients reach every l
   // exact zero gradients, its text output projection and MLP none at all
   // (families.md §4.3).
   const std::set<std::string> dead = {
-      "transformer_blocks.1.attn.add_q_proj.weight",    "transformer_blocks.1.attn.add_q_proj.bias",
-      "transformer_blocks.1.attn.norm_added_q.weight",  "transformer_blocks.1.attn.to_add_out.weight",
-      "transformer_blocks.1.attn.to_add_out.bias",      "transformer_blocks.1.txt_mlp.net.0.proj.weight",
-      "transformer_blocks.1.txt_mlp.net.0.proj.bias",   "transformer_blocks.1.txt_mlp.net.2.weight",
+      "transformer_blocks.1.attn.add_q_proj.weight",   "transformer_blocks.1.attn.add_q_proj.bias",
+      "transformer_blocks.1.attn.norm_added_q.weight", "transformer_blocks.1.attn.to_add_out.weight",
+      "transformer_blocks.1.attn.to_add_out.bias",     "transformer_blocks.1.txt_mlp.net.0.proj.weight",
+      "transformer_blocks.1.txt_mlp.net.0.proj.bias",  "transformer_blocks.1.txt_mlp.net.2.weight",
       "transformer_blocks.1.txt_mlp.net.2.bias"};
   for (const auto& p : family->named_parameters()) {
     INFO(p.key());
@@ -318,5 +322,38 @@ TEST_CASE("qwen_image: units run in order, recomputable; gradients reach every l
 
 TEST_CASE("families: wan and qwen_image are registered next to sd3", "[models][family]") {
   const auto names = family_names();
-  CHECK(std::set<std::string>(names.begin(), names.end()) == std::set<std::string>{"qwen_image", "sd3", "wan"});
+  for (const char* name : {"qwen_image", "sd3", "wan"}) CHECK(std::count(names.begin(), names.end(), name) == 1);
+}
+
+TEST_CASE("qwen_image: parity dump points record once per forward, in forward order, and change nothing",
+          "[models][qwen_image]") {
+  auto family = test::fixture_family("qwen_image");
+  const ReferenceCase c = load_reference_case(fixture_path("qwen_image/case_1.safetensors"));
+  const at::Tensor x = unpack_latents(c.inputs.at("hidden_states"), 2 * 6, 2 * 4, 2);  // img_shapes (1, 6, 4)
+  const at::Tensor sigma = c.inputs.at("timestep");
+  torch::NoGradGuard no_grad;
+  test::ListTap tap;
+  test::RecordingRunner runner(/*repeat=*/true);  // a recomputing runner records nothing twice
+  ForwardContext ctx;
+  ctx.tap = &tap;
+  ctx.runner = &runner;
+  const at::Tensor v = family->noise_pred(x, sigma * 1000, sigma, qwen_cond(c), ctx);
+  CHECK(at::equal(v, family->noise_pred(x, sigma * 1000, sigma, qwen_cond(c), {})));
+  // The AdaLN input is the sigma snapshot itself, bit for bit.
+  REQUIRE(tap.count("time_text_embed.in0") == 1);
+  CHECK(at::equal(tap.tensors.at("time_text_embed.in0"), sigma));
+  std::vector<std::string> order = {"time_text_embed.in0"};
+  for (int i = 0; i < 2; ++i)
+    for (const char* point : {".norm1.out0", ".norm1.out1", ".attn.out0", ".attn.out1", ".out0", ".out1"})
+      order.push_back("transformer_blocks." + std::to_string(i) + point);
+  order.push_back("proj_out.out0");
+  for (size_t k = 0; k < order.size(); ++k) {
+    INFO(order[k]);
+    CHECK(tap.count(order[k]) == 1);
+    if (k > 0) CHECK(tap.position(order[k - 1]) <= tap.position(order[k]));
+  }
+  const int64_t text = c.inputs.at("encoder_hidden_states").size(1), image = c.inputs.at("hidden_states").size(1);
+  CHECK(tap.tensors.at("transformer_blocks.0.attn.out0").sizes() == at::IntArrayRef{2, image, 64});
+  CHECK(tap.tensors.at("transformer_blocks.0.attn.out1").sizes() == at::IntArrayRef{2, text, 64});
+  CHECK(at::equal(tap.tensors.at("proj_out.out0"), pack_latents(v, 2)));
 }

@@ -102,9 +102,9 @@ TEST_CASE("wan: presets have the released parameter counts, built on the meta de
     size_t experts, blocks;
   };
   // families.md §2.2 and its verification notes.
-  for (const Expected& e : {Expected{"wan2.1-t2v-1.3b", 1418996800, 1, 30}, Expected{"wan2.1-t2v-14b", 14288491584, 1, 40},
-                            Expected{"wan2.2-t2v-a14b", 14288491584, 2, 40},
-                            Expected{"wan2.2-ti2v-5b", 4999787712, 1, 30}}) {
+  for (const Expected& e :
+       {Expected{"wan2.1-t2v-1.3b", 1418996800, 1, 30}, Expected{"wan2.1-t2v-14b", 14288491584, 1, 40},
+        Expected{"wan2.2-t2v-a14b", 14288491584, 2, 40}, Expected{"wan2.2-ti2v-5b", 4999787712, 1, 30}}) {
     INFO(e.preset);
     FamilyOptions o;
     o.family = "wan";
@@ -129,7 +129,8 @@ TEST_CASE("wan: presets have the released parameter counts, built on the meta de
   CHECK(a14b->wrap_units()[40].name == "transformer_2.blocks.0");
   o.preset = "wan2.2-ti2v-5b";
   CHECK(create_family(o)->named_parameters()["patch_embedding.weight"].sizes() == at::IntArrayRef{3072, 48, 1, 2, 2});
-  CHECK_THROWS_WITH(create_family((o.preset = "wan3", o)), Contains("unknown wan preset 'wan3'") && Contains("wan2.2-t2v-a14b"));
+  CHECK_THROWS_WITH(create_family((o.preset = "wan3", o)),
+                    Contains("unknown wan preset 'wan3'") && Contains("wan2.2-t2v-a14b"));
 }
 
 TEST_CASE("wan: config.json loading and its errors", "[models][wan]") {
@@ -146,7 +147,8 @@ TEST_CASE("wan: config.json loading and its errors", "[models][wan]") {
   o.family = "wan";
   o.meta = true;
   o.config_json = fixture_path("wan/config.json");
-  CHECK(create_family(o)->named_parameters().size() == io::SafetensorsFile(fixture_path("wan/weights.safetensors")).names().size());
+  CHECK(create_family(o)->named_parameters().size() ==
+        io::SafetensorsFile(fixture_path("wan/weights.safetensors")).names().size());
   const auto error = [](const std::string& text) -> std::string {
     try {
       WanConfig::from_json(text, "bad/config.json");
@@ -155,7 +157,8 @@ TEST_CASE("wan: config.json loading and its errors", "[models][wan]") {
     }
     return "";
   };
-  CHECK_THAT(error(R"({"num_layerz": 2})"), Contains("bad/config.json") && Contains("unknown") && Contains("num_layerz"));
+  CHECK_THAT(error(R"({"num_layerz": 2})"),
+             Contains("bad/config.json") && Contains("unknown") && Contains("num_layerz"));
   CHECK_THAT(error(R"({"image_dim": 1280})"), Contains("image_dim") && Contains("image-to-video"));
   CHECK_THAT(error(R"({"qk_norm": "rms_norm"})"), Contains("qk_norm"));
   CHECK_THAT(error(R"({"patch_size": [2, 2]})"), Contains("patch_size"));
@@ -170,20 +173,22 @@ TEST_CASE("wan: a checkpoint that does not fit is one error listing every proble
   for (const std::string& name : weights.names()) {
     at::Tensor t = weights.get(name);
     std::string n = name;
-    if (name == "blocks.1.attn2.to_k.weight") n = "blocks.1.attn2.to_kk.weight";         // renamed
-    if (name == "blocks.0.scale_shift_table") t = at::zeros({1, 9, 64});              // reshaped
+    if (name == "blocks.1.attn2.to_k.weight") n = "blocks.1.attn2.to_kk.weight";  // renamed
+    if (name == "blocks.0.scale_shift_table") t = at::zeros({1, 9, 64});          // reshaped
     tensors.emplace_back(n, t);
   }
   const std::string path = test::fresh_output_dir("wan_bad_checkpoint") + "/bad.safetensors";
   io::write_safetensors(path, tensors);
   auto family = fixture_model();
-  CHECK_THROWS_WITH(load_weights(*family, io::Checkpoint(path)),
-                    Contains(path) && Contains("missing (1): blocks.1.attn2.to_k.weight") &&
-                        Contains("unexpected (1): blocks.1.attn2.to_kk.weight") &&
-                        Contains("wrong shape (1): blocks.0.scale_shift_table (checkpoint [1, 9, 64], model [1, 6, 64])"));
+  CHECK_THROWS_WITH(
+      load_weights(*family, io::Checkpoint(path)),
+      Contains(path) && Contains("missing (1): blocks.1.attn2.to_k.weight") &&
+          Contains("unexpected (1): blocks.1.attn2.to_kk.weight") &&
+          Contains("wrong shape (1): blocks.0.scale_shift_table (checkpoint [1, 9, 64], model [1, 6, 64])"));
 
-  const auto ok = test::run_process(fmt::format("{} inspect {} --family wan --config {}", DITRL_BINARY,
-                                                fixture_path("wan/weights.safetensors"), fixture_path("wan/config.json")));
+  const auto ok =
+      test::run_process(fmt::format("{} inspect {} --family wan --config {}", DITRL_BINARY,
+                                    fixture_path("wan/weights.safetensors"), fixture_path("wan/config.json")));
   INFO(ok.output);
   CHECK(ok.exit_code == 0);
   CHECK_THAT(ok.output, Contains("# matches family wan"));
@@ -197,10 +202,10 @@ TEST_CASE("wan: a checkpoint that does not fit is one error listing every proble
 
 TEST_CASE("wan: ditrl forward on the fixture case writes the reference's outputs", "[models][wan][cli]") {
   const std::string out = test::fresh_output_dir("wan_cli_forward") + "/out.safetensors";
-  const auto result = test::run_process(fmt::format(
-      "{} forward --family wan --config {} --weights {} --inputs {} --out {} --intermediates --threads 1", DITRL_BINARY,
-      fixture_path("wan/config.json"), fixture_path("wan/weights.safetensors"), fixture_path("wan/case_1.safetensors"),
-      out));
+  const auto result = test::run_process(
+      fmt::format("{} forward --family wan --config {} --weights {} --inputs {} --out {} --intermediates --threads 1",
+                  DITRL_BINARY, fixture_path("wan/config.json"), fixture_path("wan/weights.safetensors"),
+                  fixture_path("wan/case_1.safetensors"), out));
   INFO(result.output);
   REQUIRE(result.exit_code == 0);
   const ReferenceCase c = load_reference_case(fixture_path("wan/case_1.safetensors"));
@@ -270,23 +275,25 @@ TEST_CASE("wan: two experts route by t >= 875 and take their own guidance scale"
   ForwardContext ctx;
   ctx.runner = &runner;
   const at::Tensor high = at::tensor({900.0f});
-  CHECK(at::equal(family->noise_pred(x, high, high / 1000, cond, ctx), single->noise_pred(x, high, high / 1000, cond, {})));
+  CHECK(at::equal(family->noise_pred(x, high, high / 1000, cond, ctx),
+                  single->noise_pred(x, high, high / 1000, cond, {})));
   CHECK(runner.order == std::vector<size_t>{0, 1});
   runner.order.clear();
   const at::Tensor low = c.inputs.at("timestep");  // 700
   const at::Tensor v_low = family->noise_pred(x, low, low / 1000, cond, ctx);
   CHECK(runner.order == std::vector<size_t>{2, 3});
   CHECK_FALSE(at::equal(v_low, single->noise_pred(x, low, low / 1000, cond, {})));
-  CHECK(at::equal(v_low, wan.expert(1).forward(x, low, cond.at("encoder_hidden_states"), WanRope(32, 1024), {}, 2, "")));
+  CHECK(
+      at::equal(v_low, wan.expert(1).forward(x, low, cond.at("encoder_hidden_states"), WanRope(32, 1024), {}, 2, "")));
   // Taps carry the expert prefix.
   const auto taps = run_reference_case(*family, c, true);
   CHECK(taps.count("intermediate.transformer_2.blocks.1.out0"));
   CHECK_FALSE(taps.count("intermediate.transformer.blocks.1.out0"));
   // One expert per forward.
-  CHECK_THROWS_WITH(family->noise_pred(at::cat({x, x}), at::tensor({900.0f, 700.0f}), at::tensor({0.9f, 0.7f}),
-                                       wan_cond(at::cat({cond.at("encoder_hidden_states"), cond.at("encoder_hidden_states")})),
-                                       {}),
-                    Contains("both sides of the expert boundary t = 875"));
+  CHECK_THROWS_WITH(
+      family->noise_pred(at::cat({x, x}), at::tensor({900.0f, 700.0f}), at::tensor({0.9f, 0.7f}),
+                         wan_cond(at::cat({cond.at("encoder_hidden_states"), cond.at("encoder_hidden_states")})), {}),
+      Contains("both sides of the expert boundary t = 875"));
 
   GuidanceOptions g;
   g.scale = 4.0;
@@ -314,7 +321,8 @@ TEST_CASE("wan: the two experts load their diffusers folders' checkpoints", "[mo
   auto family = create_family(o);
   const io::Checkpoint weights(fixture_path("wan/weights.safetensors"));
   // The whole two-expert family does not take one expert's names ...
-  CHECK_THROWS_WITH(load_weights(*family, weights), Contains("missing") && Contains("transformer.blocks.0.attn1.to_q.weight"));
+  CHECK_THROWS_WITH(load_weights(*family, weights),
+                    Contains("missing") && Contains("transformer.blocks.0.attn1.to_q.weight"));
   // ... each expert module does, without a prefix.
   const auto experts = family->expert_modules();
   load_weights(*experts[1], weights);
@@ -347,13 +355,15 @@ TEST_CASE("wan: LoRA on the default targets starts at the base output", "[models
   }
   CHECK(adapters == 2 * 2 * 4);  // blocks x (attn1, attn2) x (to_q, to_k, to_v, to_out.0)
   const ReferenceCase c = load_reference_case(fixture_path("wan/case_1.safetensors"));
-  CHECK(at::equal(run_reference_case(*adapted, c, false).at("output"), run_reference_case(*base, c, false).at("output")));
+  CHECK(
+      at::equal(run_reference_case(*adapted, c, false).at("output"), run_reference_case(*base, c, false).at("output")));
   // A nonzero B moves the output.
   {
     torch::NoGradGuard no_grad;
     adapted->named_parameters()["blocks.0.attn2.to_v.lora_B.weight"].fill_(0.05);
   }
-  CHECK_FALSE(at::equal(run_reference_case(*adapted, c, false).at("output"), run_reference_case(*base, c, false).at("output")));
+  CHECK_FALSE(
+      at::equal(run_reference_case(*adapted, c, false).at("output"), run_reference_case(*base, c, false).at("output")));
 }
 
 TEST_CASE("wan: every block runs through the unit runner, recomputable, and gradients reach every parameter",
@@ -387,7 +397,42 @@ TEST_CASE("wan: every block runs through the unit runner, recomputable, and grad
     REQUIRE(p.value().grad().defined());
     CHECK(p.value().grad().abs().sum().item<double>() > 0);
   }
-  CHECK_THROWS_WITH(family->latent_shape(1, LatentGrid{1, 5, 4}), Contains("height 5 is not a multiple of patch_size 2"));
+  CHECK_THROWS_WITH(family->latent_shape(1, LatentGrid{1, 5, 4}),
+                    Contains("height 5 is not a multiple of patch_size 2"));
   CHECK_THROWS_WITH(family->noise_pred(x, t, t, Cond{}, {}), Contains("is missing (present: none)"));
-  CHECK_THROWS_WITH(family->noise_pred(x, t, t, wan_cond(at::randn({2, 8, 31})), {}), Contains("encoder_hidden_states"));
+  CHECK_THROWS_WITH(family->noise_pred(x, t, t, wan_cond(at::randn({2, 8, 31})), {}),
+                    Contains("encoder_hidden_states"));
+}
+
+TEST_CASE("wan: parity dump points record once per forward, in forward order, and change nothing", "[models][wan]") {
+  auto family = test::fixture_family("wan");
+  const ReferenceCase c = load_reference_case(fixture_path("wan/case_0.safetensors"));
+  const at::Tensor x = c.inputs.at("hidden_states");
+  const at::Tensor t = c.inputs.at("timestep");
+  const Cond cond = wan_cond(c.inputs.at("encoder_hidden_states"));
+  torch::NoGradGuard no_grad;
+  test::ListTap tap;
+  test::RecordingRunner runner(/*repeat=*/true);  // a recomputing runner records nothing twice
+  ForwardContext ctx;
+  ctx.tap = &tap;
+  ctx.runner = &runner;
+  const at::Tensor v = family->noise_pred(x, t, t / 1000, cond, ctx);
+  CHECK(at::equal(v, family->noise_pred(x, t, t / 1000, cond, {})));
+  // The AdaLN input is the trajectory timestep itself, bit for bit.
+  REQUIRE(tap.count("condition_embedder.in0") == 1);
+  CHECK(at::equal(tap.tensors.at("condition_embedder.in0"), t));
+  std::vector<std::string> order = {"condition_embedder.in0"};
+  for (int i = 0; i < 2; ++i)
+    for (const char* point : {".norm1.out0", ".attn1.out0", ".attn2.out0", ".out0"})
+      order.push_back("blocks." + std::to_string(i) + point);
+  order.push_back("proj_out.out0");
+  for (size_t k = 0; k < order.size(); ++k) {
+    INFO(order[k]);
+    CHECK(tap.count(order[k]) == 1);
+    if (k > 0) CHECK(tap.position(order[k - 1]) < tap.position(order[k]));
+  }
+  CHECK(tap.tensors.at("blocks.1.norm1.out0").sizes() == at::IntArrayRef{1, 18, 64});
+  CHECK(tap.tensors.at("blocks.1.attn2.out0").sizes() == at::IntArrayRef{1, 18, 64});
+  CHECK(at::equal(tap.tensors.at("proj_out.out0"),
+                  run_reference_case(*family, c, true).at("intermediate.proj_out.out0")));
 }

@@ -61,8 +61,10 @@ class QwenImageBlock : public torch::nn::Module {
  public:
   QwenImageBlock(const QwenImageConfig& config, AttentionBackend backend, const at::TensorOptions& options);
   // {x (B, Li, D), c (B, Lt, D), temb (B, D), image freqs, text freqs,
-  // joint mask or undefined} -> {c, x}
-  Tensors forward(const Tensors& inputs);
+  // joint mask or undefined} -> {c, x}. With a tap, records the modulated
+  // norm1 inputs and the attention outputs (image out0, text out1) under
+  // `module` (the block's path).
+  Tensors forward(const Tensors& inputs, Tap* tap = nullptr, const std::string& module = {});
 
   std::shared_ptr<Linear> img_mod, txt_mod;  // img_mod.1 / txt_mod.1 (after SiLU)
   std::shared_ptr<Attention> attn;

@@ -67,8 +67,9 @@ class WanBlock : public torch::nn::Module {
  public:
   WanBlock(const WanConfig& config, AttentionBackend backend, const at::TensorOptions& options);
   // {x (B, L, D), context (B, Lt, D), timestep_proj (B, 6, D) or (B, L, 6, D),
-  // rope cos, rope sin} -> {x}
-  Tensors forward(const Tensors& inputs);
+  // rope cos, rope sin} -> {x}. With a tap, records the modulated norm1
+  // output and both attention outputs under `module` (the block's path).
+  Tensors forward(const Tensors& inputs, Tap* tap = nullptr, const std::string& module = {});
 
   std::shared_ptr<Attention> attn1, attn2;
   std::shared_ptr<LayerNorm> norm2;  // cross-attention norm (affine, fp32); null without cross_attn_norm
