@@ -11,6 +11,7 @@
 #include "model_fixtures.hpp"
 #include "process.hpp"
 
+#include <array>
 #include <cmath>
 #include <set>
 
@@ -356,4 +357,40 @@ TEST_CASE("qwen_image: parity dump points record once per forward, in forward or
   CHECK(tap.tensors.at("transformer_blocks.0.attn.out0").sizes() == at::IntArrayRef{2, image, 64});
   CHECK(tap.tensors.at("transformer_blocks.0.attn.out1").sizes() == at::IntArrayRef{2, text, 64});
   CHECK(at::equal(tap.tensors.at("proj_out.out0"), pack_latents(v, 2)));
+}
+
+TEST_CASE("qwen_image: MSRoPE tables: centred image rows and columns, text after the image, deterministic",
+          "[models][qwen_image]") {
+  const std::vector<int64_t> axes = {4, 6, 6};  // pairs: 2 frame | 3 row | 3 column
+  const QwenRope rope(axes);
+  const int64_t frames = 1, height = 3, width = 4, text = 5;
+  const auto [image, txt] = rope.freqs(frames, height, width, text, at::kCPU);
+  REQUIRE(image.sizes() == at::IntArrayRef{12, 8});
+  REQUIRE(txt.sizes() == at::IntArrayRef{5, 8});
+  CHECK(image.scalar_type() == at::kComplexFloat);
+  // Pair j of an axis with d dims turns by pos / 10000^(2k/d).
+  const auto angle = [&](size_t pair, const std::array<int64_t, 3>& pos) {
+    const size_t axis = pair < 2 ? 0 : pair < 5 ? 1 : 2;
+    const int64_t k = static_cast<int64_t>(pair) - (axis == 0 ? 0 : axis == 1 ? 2 : 5);
+    const double d = static_cast<double>(axes[axis]);
+    return static_cast<double>(pos[axis]) / std::pow(10000.0, 2.0 * static_cast<double>(k) / d);
+  };
+  const auto check = [&](const at::Tensor& table, int64_t token, const std::array<int64_t, 3>& pos) {
+    const at::Tensor t = at::view_as_real(table[token]).to(at::kDouble);
+    for (size_t j = 0; j < 8; ++j) {
+      INFO("token " << token << " pair " << j);
+      CHECK(t[static_cast<int64_t>(j)][0].item<double>() == Approx(std::cos(angle(j, pos))).margin(1e-6));
+      CHECK(t[static_cast<int64_t>(j)][1].item<double>() == Approx(std::sin(angle(j, pos))).margin(1e-6));
+    }
+  };
+  // Rows -2, -1, 0 (height 3: -ceil(3/2) .. floor(3/2)-1), columns -2 .. 1.
+  for (int64_t r = 0; r < height; ++r)
+    for (int64_t c = 0; c < width; ++c) check(image, r * width + c, {0, r - 2, c - 2});
+  // Text token j sits at max(h/2, w/2) + j = 2 + j on every axis.
+  for (int64_t j = 0; j < text; ++j) check(txt, j, {2 + j, 2 + j, 2 + j});
+  // Deterministic: an independently built table is bit-identical.
+  const auto [image2, txt2] = QwenRope(axes).freqs(frames, height, width, text, at::kCPU);
+  CHECK(at::equal(at::view_as_real(image), at::view_as_real(image2)));
+  CHECK(at::equal(at::view_as_real(txt), at::view_as_real(txt2)));
+  CHECK_THROWS_WITH(rope.freqs(1, 4, 4, 4095, at::kCPU), Contains("positions beyond 4096"));
 }

@@ -258,6 +258,10 @@ TEST_CASE("wan: RoPE tables follow the (f, h, w) grid with the head-dim split", 
   CHECK(y[0][7][1][5].item<double>() ==
         Approx(x[0][7][1][4].item<double>() * s + x[0][7][1][5].item<double>() * c).epsilon(1e-6));
   CHECK_THROWS_WITH(rope.tables(1, 1025, 1, at::kCPU), Contains("rope_max_seq_len is 1024"));
+  // Deterministic: an independently built table is bit-identical.
+  const auto [cos2, sin2] = WanRope(dh, 1024).tables(3, 4, 5, at::kCPU);
+  CHECK(at::equal(cos, cos2));
+  CHECK(at::equal(sin, sin2));
 }
 
 TEST_CASE("wan: two experts route by t >= 875 and take their own guidance scale", "[models][wan]") {
@@ -435,4 +439,29 @@ TEST_CASE("wan: parity dump points record once per forward, in forward order, an
   CHECK(tap.tensors.at("blocks.1.attn2.out0").sizes() == at::IntArrayRef{1, 18, 64});
   CHECK(at::equal(tap.tensors.at("proj_out.out0"),
                   run_reference_case(*family, c, true).at("intermediate.proj_out.out0")));
+}
+
+TEST_CASE("wan: the guided velocity runs each phase's expert with that phase's guidance scale", "[models][wan]") {
+  auto family = two_fixture_experts();
+  const ReferenceCase c = load_reference_case(fixture_path("wan/case_0.safetensors"));
+  const at::Tensor x = c.inputs.at("hidden_states");
+  const Cond pos = wan_cond(c.inputs.at("encoder_hidden_states"));
+  at::manual_seed(3);
+  const Cond neg = wan_cond(at::randn_like(c.inputs.at("encoder_hidden_states")));
+  GuidanceOptions g;
+  g.scale = 4.0;    // high-noise expert `transformer`
+  g.scale_2 = 3.0;  // low-noise expert `transformer_2`
+  torch::NoGradGuard no_grad;
+  for (const auto& [t_value, scale, expert_units] :
+       {std::tuple<float, double, std::vector<size_t>>{900.0f, 4.0, {0, 1}}, {700.0f, 3.0, {2, 3}}}) {
+    INFO("t = " << t_value);
+    const at::Tensor t = at::full({1}, t_value), sigma = t / 1000;
+    test::RecordingRunner runner;
+    ForwardContext ctx;
+    ctx.runner = &runner;
+    const at::Tensor v = guided_velocity(*family, {x, t, sigma, &pos, &neg}, g, ctx);
+    CHECK(runner.order == expert_units);  // one joint [pos; neg] forward on the phase's expert
+    const at::Tensor vp = family->noise_pred(x, t, sigma, pos, {}), vn = family->noise_pred(x, t, sigma, neg, {});
+    CHECK(max_abs_diff(v, vn + scale * (vp - vn)) <= 1e-5);
+  }
 }
