@@ -48,8 +48,8 @@ using namespace ditrl;
 namespace {
 
 struct Case {
-  std::string family;  // create_family name
-  std::string name;    // row label
+  std::string family;   // create_family name
+  std::string name;     // row label
   json::object config;  // the config.json both sides build the model from
   int64_t batch;
   models::LatentGrid grid;
@@ -97,9 +97,10 @@ json::object sd3_config(int64_t sample_size, int64_t layers, int64_t heads, int6
 // blocks.
 std::vector<Case> sd3_cases(int tiny_rounds, int big_rounds) {
   const json::object tiny = sd3_config(16, 4, 4, 16, 48, 32, 12, {0, 1});
-  return {{"sd3", "tiny", tiny, 1, {1, 8, 8}, 16, 8, 10, tiny_rounds, 10},
-          {"sd3", "tiny", tiny, 2, {1, 16, 16}, 64, 8, 10, tiny_rounds, 10},
-          {"sd3", "sd3-110m", sd3_config(64, 5, 12, 64, 4096, 2048, 64, {0}), 2, {1, 32, 32}, 256, 128, 3, big_rounds, 1}};
+  return {
+      {"sd3", "tiny", tiny, 1, {1, 8, 8}, 16, 8, 10, tiny_rounds, 10},
+      {"sd3", "tiny", tiny, 2, {1, 16, 16}, 64, 8, 10, tiny_rounds, 10},
+      {"sd3", "sd3-110m", sd3_config(64, 5, 12, 64, 4096, 2048, 64, {0}), 2, {1, 32, 32}, 256, 128, 3, big_rounds, 1}};
 }
 
 json::object wan_config(int64_t layers, int64_t heads, int64_t head_dim, int64_t ffn_dim, int64_t text_dim,
@@ -150,8 +151,16 @@ std::vector<Case> qwen_image_cases(int tiny_rounds, int big_rounds) {
   const json::object tiny = qwen_image_config(2, 4, 16, 32, {4, 6, 6});
   return {{"qwen_image", "tiny", tiny, 1, {1, 8, 8}, 16, 8, 10, tiny_rounds, 10},
           {"qwen_image", "tiny", tiny, 2, {1, 16, 16}, 64, 8, 10, tiny_rounds, 10},
-          {"qwen_image", "qwen-111m", qwen_image_config(5, 6, 128, 3584, {16, 56, 56}), 2, {1, 32, 32}, 256, 128, 3,
-           big_rounds, 1}};
+          {"qwen_image",
+           "qwen-111m",
+           qwen_image_config(5, 6, 128, 3584, {16, 56, 56}),
+           2,
+           {1, 32, 32},
+           256,
+           128,
+           3,
+           big_rounds,
+           1}};
 }
 
 struct FamilyBench {
@@ -358,7 +367,7 @@ Row measure(const Case& c, const std::string& dir, int threads, bool tuned, cons
   const std::string config = dir + "/config.json", weights = dir + "/weights.safetensors",
                     inputs = dir + "/inputs.safetensors";
   DitrlTrainer ours(c.family, config, weights, inputs);
-  std::vector<std::string> argv = {python,    script,  "--family", c.family, "--config",  config,
+  std::vector<std::string> argv = {python,      script,  "--family", c.family, "--config",  config,
                                    "--weights", weights, "--inputs", inputs,   "--threads", std::to_string(threads)};
   if (tuned)
     argv.insert(argv.begin(), {"/usr/bin/env", fmt::format("MALLOC_MMAP_THRESHOLD_={}", kMmapThreshold),
@@ -390,8 +399,8 @@ Row measure(const Case& c, const std::string& dir, int threads, bool tuned, cons
           first_gap,
           std::abs(ours_t.losses.back() - peer_t.losses.back()) / std::abs(peer_t.losses.back())};
   std::cerr << fmt::format("{} {} threads={} malloc={}: ditrl {:.2f} ms, python {:.2f} ms, speedup {:.2f}x\n",
-                           row.family, row.config,
-                           threads, row.malloc_mode, row.ours_ms, row.peer_ms, row.peer_ms / row.ours_ms);
+                           row.family, row.config, threads, row.malloc_mode, row.ours_ms, row.peer_ms,
+                           row.peer_ms / row.ours_ms);
   return row;
 }
 
@@ -491,7 +500,8 @@ int main(int argc, char** argv) {
      << "- ditrl: LibTorch " << TORCH_VERSION << " (C++), `math` attention, `torch::optim::AdamW`\n"
      << "- Python peer: " << python << ", torch " << python_torch_version(python)
      << " (the same LibTorch build), benchmarks/peer_forward.py driving benchmarks/peer_<family>.py: plain\n"
-     << "  nn.Module ports of the reference models (nn.Linear/nn.Conv*, F.layer_norm, the reference's RMSNorm flavour,\n"
+     << "  nn.Module ports of the reference models (nn.Linear/nn.Conv*, F.layer_norm, the reference's RMSNorm "
+        "flavour,\n"
      << "  GELU-tanh, math attention since torch 1.13 has no SDPA), weights loaded with load_state_dict(strict=True)\n"
      << "  through a small safetensors reader (Debian has no safetensors package), `torch.optim.AdamW` with its\n"
      << "  defaults, `zero_grad(set_to_none=True)`; it runs as a child process driven over a pipe\n"

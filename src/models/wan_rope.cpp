@@ -22,13 +22,15 @@ std::pair<at::Tensor, at::Tensor> axis_table(int64_t dim, int64_t max_seq_len, d
 
 WanRope::WanRope(int64_t head_dim, int64_t max_seq_len, double theta)
     : head_dim_(head_dim), max_seq_len_(max_seq_len), theta_(theta) {
-  if (head_dim <= 0 || head_dim % 2 != 0) fail("wan rope: attention_head_dim must be even and positive, got {}", head_dim);
+  if (head_dim <= 0 || head_dim % 2 != 0)
+    fail("wan rope: attention_head_dim must be even and positive, got {}", head_dim);
   if (max_seq_len <= 0) fail("wan rope: rope_max_seq_len must be positive, got {}", max_seq_len);
 }
 
 std::pair<at::Tensor, at::Tensor> WanRope::tables(int64_t frames, int64_t height, int64_t width,
                                                   const at::Device& device) const {
-  for (const auto& [axis, n] : {std::pair<const char*, int64_t>{"frames", frames}, {"height", height}, {"width", width}})
+  for (const auto& [axis, n] :
+       {std::pair<const char*, int64_t>{"frames", frames}, {"height", height}, {"width", width}})
     if (n > max_seq_len_)
       fail("wan rope: the latent grid has {} {} (patches); the model's rope_max_seq_len is {}", n, axis, max_seq_len_);
   auto it = cache_.find(device.str());
