@@ -1,12 +1,19 @@
-// Training-step speed of ditrl's SD3 MMDiT against the same model in Python
-// PyTorch eager (benchmarks/peer_forward.py): forward + backward + AdamW step
-// on the same weights (one safetensors file both sides load), the same inputs
-// and the same number of intra-op threads, for the tiny preset (framework
-// overhead dominates) and a ~100M-parameter SD3.5-style config (GEMMs
-// dominate). Writes benchmarks/results/peer_forward.md.
+// Training-step speed of ditrl's model families against the same models in
+// Python PyTorch eager (benchmarks/peer_forward.py + peer_<family>.py):
+// forward + backward + AdamW step on the same weights (one safetensors file
+// both sides load), the same inputs and the same number of intra-op threads,
+// for each family's tiny preset (framework overhead dominates) and a
+// ~100M-parameter config (GEMMs dominate). Writes
+// benchmarks/results/peer_forward.md.
+//
+// A family is a list of cases (config.json object, batch, latent grid, text
+// length) in kFamilies; everything else goes through the Family interface
+// (create_family, latent_shape, cond_spec, noise_pred). Adding one = a
+// `<family>_cases()` function here, one kFamilies entry, and
+// benchmarks/peer_<family>.py with build(config) and velocity(model, inputs).
 
 #include <ditrl/io/safetensors.hpp>
-#include <ditrl/models/sd3.hpp>
+#include <ditrl/models/family.hpp>
 #include <ditrl/models/weights.hpp>
 
 #include <ATen/ATen.h>
@@ -29,6 +36,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <numeric>
 #include <sstream>
 #include <thread>
@@ -40,9 +48,12 @@ using namespace ditrl;
 namespace {
 
 struct Case {
-  std::string name;
-  models::SD3Config config;
-  int64_t batch, height, width, text_tokens;
+  std::string family;   // create_family name
+  std::string name;     // row label
+  json::object config;  // the config.json both sides build the model from
+  int64_t batch;
+  models::LatentGrid grid;
+  int64_t image_tokens, text_tokens;
   int warmup, rounds, steps_per_round;
 };
 
@@ -63,57 +74,129 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
-// ~110M parameters: SD3.5-medium's structure (qk RMSNorm, a dual-attention
-// block, the real text widths) at width 768 and 5 blocks.
-models::SD3Config config_100m() {
-  models::SD3Config c;
-  c.sample_size = 64;
-  c.num_layers = 5;
-  c.num_attention_heads = 12;
-  c.attention_head_dim = 64;
-  c.caption_projection_dim = 768;
-  c.pos_embed_max_size = 64;
-  c.dual_attention_layers = {0};
-  c.qk_norm = true;
-  return c;
+json::object sd3_config(int64_t sample_size, int64_t layers, int64_t heads, int64_t head_dim, int64_t joint_dim,
+                        int64_t pooled_dim, int64_t pos_embed_max_size, json::array dual) {
+  return {{"_class_name", "SD3Transformer2DModel"},
+          {"sample_size", sample_size},
+          {"patch_size", 2},
+          {"in_channels", 16},
+          {"num_layers", layers},
+          {"attention_head_dim", head_dim},
+          {"num_attention_heads", heads},
+          {"joint_attention_dim", joint_dim},
+          {"caption_projection_dim", heads * head_dim},
+          {"pooled_projection_dim", pooled_dim},
+          {"out_channels", 16},
+          {"pos_embed_max_size", pos_embed_max_size},
+          {"dual_attention_layers", std::move(dual)},
+          {"qk_norm", "rms_norm"}};
 }
 
-void write_config(const models::SD3Config& c, const std::string& path) {
-  json::array dual;
-  for (int64_t i : c.dual_attention_layers) dual.push_back(i);
-  const json::object doc{{"_class_name", "SD3Transformer2DModel"},
-                         {"sample_size", c.sample_size},
-                         {"patch_size", c.patch_size},
-                         {"in_channels", c.in_channels},
-                         {"num_layers", c.num_layers},
-                         {"attention_head_dim", c.attention_head_dim},
-                         {"num_attention_heads", c.num_attention_heads},
-                         {"joint_attention_dim", c.joint_attention_dim},
-                         {"caption_projection_dim", c.caption_projection_dim},
-                         {"pooled_projection_dim", c.pooled_projection_dim},
-                         {"out_channels", c.out_channels},
-                         {"pos_embed_max_size", c.pos_embed_max_size},
-                         {"dual_attention_layers", dual},
-                         {"qk_norm", c.qk_norm ? json::value("rms_norm") : json::value(nullptr)}};
-  std::ofstream(path) << json::serialize(doc);
+// The sd3 `tiny` preset, and ~110M parameters: SD3.5-medium's structure (qk
+// RMSNorm, a dual-attention block, the real text widths) at width 768 and 5
+// blocks.
+std::vector<Case> sd3_cases(int tiny_rounds, int big_rounds) {
+  const json::object tiny = sd3_config(16, 4, 4, 16, 48, 32, 12, {0, 1});
+  return {
+      {"sd3", "tiny", tiny, 1, {1, 8, 8}, 16, 8, 10, tiny_rounds, 10},
+      {"sd3", "tiny", tiny, 2, {1, 16, 16}, 64, 8, 10, tiny_rounds, 10},
+      {"sd3", "sd3-110m", sd3_config(64, 5, 12, 64, 4096, 2048, 64, {0}), 2, {1, 32, 32}, 256, 128, 3, big_rounds, 1}};
+}
+
+json::object wan_config(int64_t layers, int64_t heads, int64_t head_dim, int64_t ffn_dim, int64_t text_dim,
+                        int64_t freq_dim) {
+  return {{"_class_name", "WanTransformer3DModel"},
+          {"patch_size", json::array{1, 2, 2}},
+          {"num_attention_heads", heads},
+          {"attention_head_dim", head_dim},
+          {"in_channels", 16},
+          {"out_channels", 16},
+          {"text_dim", text_dim},
+          {"freq_dim", freq_dim},
+          {"ffn_dim", ffn_dim},
+          {"num_layers", layers},
+          {"cross_attn_norm", true},
+          {"qk_norm", "rms_norm_across_heads"},
+          {"eps", 1e-6},
+          {"rope_max_seq_len", 1024}};
+}
+
+// The wan `tiny` preset, and ~103M parameters: Wan2.1's structure at width
+// 768 (6 heads x 128, the released head dim) with 10 blocks, UMT5 text width
+// 4096, a 4 x 16 x 16 latent video (256 tokens).
+std::vector<Case> wan_cases(int tiny_rounds, int big_rounds) {
+  const json::object tiny = wan_config(2, 2, 32, 128, 32, 256);
+  return {{"wan", "tiny", tiny, 1, {1, 8, 8}, 16, 8, 10, tiny_rounds, 10},
+          {"wan", "tiny", tiny, 2, {4, 8, 8}, 64, 8, 10, tiny_rounds, 10},
+          {"wan", "wan-103m", wan_config(10, 6, 128, 3072, 4096, 256), 2, {4, 16, 16}, 256, 128, 3, big_rounds, 1}};
+}
+
+json::object qwen_image_config(int64_t layers, int64_t heads, int64_t head_dim, int64_t joint_dim, json::array axes) {
+  return {{"_class_name", "QwenImageTransformer2DModel"},
+          {"patch_size", 2},
+          {"in_channels", 64},
+          {"out_channels", 16},
+          {"num_layers", layers},
+          {"attention_head_dim", head_dim},
+          {"num_attention_heads", heads},
+          {"joint_attention_dim", joint_dim},
+          {"guidance_embeds", false},
+          {"axes_dims_rope", std::move(axes)}};
+}
+
+// The qwen_image `tiny` preset, and ~111M parameters: Qwen-Image's structure
+// at width 768 (6 heads x 128, RoPE axes 16/56/56) with 5 blocks, text width
+// 3584, a 32 x 32 latent (256 packed tokens).
+std::vector<Case> qwen_image_cases(int tiny_rounds, int big_rounds) {
+  const json::object tiny = qwen_image_config(2, 4, 16, 32, {4, 6, 6});
+  return {{"qwen_image", "tiny", tiny, 1, {1, 8, 8}, 16, 8, 10, tiny_rounds, 10},
+          {"qwen_image", "tiny", tiny, 2, {1, 16, 16}, 64, 8, 10, tiny_rounds, 10},
+          {"qwen_image",
+           "qwen-111m",
+           qwen_image_config(5, 6, 128, 3584, {16, 56, 56}),
+           2,
+           {1, 32, 32},
+           256,
+           128,
+           3,
+           big_rounds,
+           1}};
+}
+
+struct FamilyBench {
+  std::vector<Case> (*cases)(int tiny_rounds, int big_rounds);
+  // Conditioning tensors whose first per-prompt dimension is the text length.
+  std::vector<std::string> text_conds;
+};
+
+const std::map<std::string, FamilyBench> kFamilies = {
+    {"sd3", {sd3_cases, {"encoder_hidden_states"}}},
+    {"wan", {wan_cases, {"encoder_hidden_states"}}},
+    {"qwen_image", {qwen_image_cases, {"encoder_hidden_states", "encoder_hidden_states_mask"}}},
+};
+
+std::shared_ptr<models::Family> make_family(const std::string& family, const std::string& config) {
+  models::FamilyOptions options;
+  options.family = family;
+  options.config_json = config;
+  options.init_seed = 1234;
+  return models::create_family(options);
 }
 
 // ditrl's side: the family loaded from the shared files, LibTorch's AdamW.
 class DitrlTrainer {
  public:
-  DitrlTrainer(const std::string& config, const std::string& weights, const std::string& inputs) {
-    models::FamilyOptions options;
-    options.family = "sd3";
-    options.config_json = config;
-    family_ = models::create_family(options);
+  DitrlTrainer(const std::string& family, const std::string& config, const std::string& weights,
+               const std::string& inputs) {
+    family_ = make_family(family, config);
     models::load_weights(*family_, io::Checkpoint(weights));
     optimizer_ = std::make_unique<torch::optim::AdamW>(family_->parameters(), torch::optim::AdamWOptions(1e-4));
     const io::SafetensorsFile file(inputs);
-    x_ = file.get("hidden_states");
-    t_ = file.get("timestep");
+    x_ = file.get("latents");
+    t_ = file.get("timesteps");
+    sigma_ = file.get("sigmas");
     target_ = file.get("target");
-    cond_.tensors = {{"encoder_hidden_states", file.get("encoder_hidden_states")},
-                     {"pooled_projections", file.get("pooled_projections")}};
+    for (const models::CondSpec& spec : family_->cond_spec()) cond_.tensors[spec.name] = file.get("cond." + spec.name);
     for (const auto& p : family_->parameters()) params += p.numel();
   }
 
@@ -123,7 +206,7 @@ class DitrlTrainer {
       const long faults = minor_faults();
       const auto start = std::chrono::steady_clock::now();
       for (auto& p : family_->parameters()) p.mutable_grad() = at::Tensor();
-      const at::Tensor loss = at::mse_loss(family_->noise_pred(x_, t_, t_ / 1000, cond_, {}), target_);
+      const at::Tensor loss = at::mse_loss(family_->noise_pred(x_, t_, sigma_, cond_, {}), target_);
       loss.backward();
       optimizer_->step();
       timing.losses.push_back(loss.item<double>());
@@ -138,7 +221,7 @@ class DitrlTrainer {
  private:
   std::shared_ptr<models::Family> family_;
   std::unique_ptr<torch::optim::AdamW> optimizer_;
-  at::Tensor x_, t_, target_;
+  at::Tensor x_, t_, sigma_, target_;
   models::Cond cond_;
 };
 
@@ -243,7 +326,7 @@ constexpr int kMmapThreshold = 32 << 20;  // glibc's maximum
 constexpr int kTrimThreshold = 1 << 30;
 
 struct Row {
-  std::string config, malloc_mode;
+  std::string family, config, malloc_mode;
   int threads;
   double params_m;
   std::string tokens;
@@ -251,22 +334,31 @@ struct Row {
   double ours_ms, peer_ms, ours_min_ms, peer_min_ms, ours_faults, peer_faults, first_gap, last_gap;
 };
 
+// Weights from ditrl's seeded init and inputs drawn in a fixed order:
+// latents, the float conditioning tensors in cond_spec order (masks: all
+// ones), timesteps linspace(100, 900), sigmas = timesteps / 1000, target.
 void prepare_case(const Case& c, const std::string& dir) {
   fs::create_directories(dir);
-  write_config(c.config, dir + "/config.json");
-  models::FamilyOptions options;
-  options.family = "sd3";
-  options.config_json = dir + "/config.json";
-  options.init_seed = 1234;
-  io::write_safetensors(dir + "/weights.safetensors", models::state_tensors(*models::create_family(options)));
+  std::ofstream(dir + "/config.json") << json::serialize(c.config);
+  const auto family = make_family(c.family, dir + "/config.json");
+  io::write_safetensors(dir + "/weights.safetensors", models::state_tensors(*family));
+  const std::vector<std::string>& text_conds = kFamilies.at(c.family).text_conds;
   at::manual_seed(99);
-  const int64_t ch = c.config.in_channels;
-  io::write_safetensors(dir + "/inputs.safetensors",
-                        {{"hidden_states", at::randn({c.batch, ch, c.height, c.width})},
-                         {"encoder_hidden_states", at::randn({c.batch, c.text_tokens, c.config.joint_attention_dim})},
-                         {"pooled_projections", at::randn({c.batch, c.config.pooled_projection_dim})},
-                         {"timestep", at::linspace(100, 900, c.batch)},
-                         {"target", at::randn({c.batch, c.config.out_channels, c.height, c.width})}});
+  const std::vector<int64_t> latent_shape = family->latent_shape(c.batch, c.grid);
+  io::NamedTensors inputs = {{"latents", at::randn(latent_shape)}};
+  for (const models::CondSpec& spec : family->cond_spec()) {
+    std::vector<int64_t> shape = {c.batch};
+    shape.insert(shape.end(), spec.shape.begin(), spec.shape.end());
+    if (std::find(text_conds.begin(), text_conds.end(), spec.name) != text_conds.end()) shape[1] = c.text_tokens;
+    inputs.emplace_back("cond." + spec.name, c10::isFloatingType(spec.dtype)
+                                                 ? at::randn(shape).to(spec.dtype)
+                                                 : at::ones(shape, at::TensorOptions().dtype(spec.dtype)));
+  }
+  const at::Tensor t = at::linspace(100, 900, c.batch);
+  inputs.emplace_back("timesteps", t);
+  inputs.emplace_back("sigmas", t / 1000);
+  inputs.emplace_back("target", at::randn(latent_shape));
+  io::write_safetensors(dir + "/inputs.safetensors", inputs);
 }
 
 Row measure(const Case& c, const std::string& dir, int threads, bool tuned, const std::string& python,
@@ -274,9 +366,9 @@ Row measure(const Case& c, const std::string& dir, int threads, bool tuned, cons
   at::set_num_threads(threads);
   const std::string config = dir + "/config.json", weights = dir + "/weights.safetensors",
                     inputs = dir + "/inputs.safetensors";
-  DitrlTrainer ours(config, weights, inputs);
-  std::vector<std::string> argv = {python,  script,     "--config", config,      "--weights",
-                                   weights, "--inputs", inputs,     "--threads", std::to_string(threads)};
+  DitrlTrainer ours(c.family, config, weights, inputs);
+  std::vector<std::string> argv = {python,      script,  "--family", c.family, "--config",  config,
+                                   "--weights", weights, "--inputs", inputs,   "--threads", std::to_string(threads)};
   if (tuned)
     argv.insert(argv.begin(), {"/usr/bin/env", fmt::format("MALLOC_MMAP_THRESHOLD_={}", kMmapThreshold),
                                fmt::format("MALLOC_TRIM_THRESHOLD_={}", kTrimThreshold)});
@@ -291,11 +383,12 @@ Row measure(const Case& c, const std::string& dir, int threads, bool tuned, cons
     append(ours_t, ours.run(c.steps_per_round));
     append(peer_t, peer.run(c.steps_per_round));
   }
-  Row row{c.name,
+  Row row{c.family,
+          c.name,
           tuned ? "tuned" : "default",
           threads,
           ours.params / 1e6,
-          fmt::format("{} x ({} + {})", c.batch, c.height / 2 * c.width / 2, c.text_tokens),
+          fmt::format("{} x ({} + {})", c.batch, c.image_tokens, c.text_tokens),
           ours_t.step_seconds.size(),
           median(ours_t.step_seconds) * 1e3,
           median(peer_t.step_seconds) * 1e3,
@@ -305,36 +398,49 @@ Row measure(const Case& c, const std::string& dir, int threads, bool tuned, cons
           median(peer_t.minor_faults),
           first_gap,
           std::abs(ours_t.losses.back() - peer_t.losses.back()) / std::abs(peer_t.losses.back())};
-  std::cerr << fmt::format("{} threads={} malloc={}: ditrl {:.2f} ms, python {:.2f} ms, speedup {:.2f}x\n", row.config,
-                           threads, row.malloc_mode, row.ours_ms, row.peer_ms, row.peer_ms / row.ours_ms);
+  std::cerr << fmt::format("{} {} threads={} malloc={}: ditrl {:.2f} ms, python {:.2f} ms, speedup {:.2f}x\n",
+                           row.family, row.config, threads, row.malloc_mode, row.ours_ms, row.peer_ms,
+                           row.peer_ms / row.ours_ms);
   return row;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const fs::path source_dir = fs::path(__FILE__).parent_path();
+  // Not __FILE__: ccache's CCACHE_BASEDIR makes that path relative to the build directory.
+  const fs::path source_dir = DITRL_BENCHMARKS_DIR;
   std::vector<int> thread_counts = {1, static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))};
+  std::vector<std::string> known;
+  for (const auto& [name, bench] : kFamilies) known.push_back(name);
+  std::vector<std::string> families = known;
   std::string python = "/usr/bin/python3";
   std::string out = (source_dir / "results" / "peer_forward.md").string();
   std::string work = (fs::temp_directory_path() / "ditrl_peer_forward").string();
   int tiny_rounds = 10, big_rounds = 4;
   bool skip_tuned = false;
-  CLI::App app{"ditrl vs Python PyTorch eager: SD3 forward+backward+AdamW step time"};
+  CLI::App app{"ditrl vs Python PyTorch eager: forward+backward+AdamW step time per model family"};
+  app.add_option("--families", families, "model families to measure (default: all)")->delimiter(',');
   app.add_option("--threads", thread_counts, "intra-op thread counts (both sides use the same)");
   app.add_option("--python", python, "Python interpreter with torch");
   app.add_option("--out", out, "results markdown");
   app.add_option("--work", work, "directory for the shared weights/inputs files");
   app.add_option("--tiny-rounds", tiny_rounds, "alternating rounds (10 steps each side) of the tiny configs");
-  app.add_option("--big-rounds", big_rounds, "alternating rounds (1 step each side) of the ~100M config");
+  app.add_option("--big-rounds", big_rounds, "alternating rounds (1 step each side) of the ~100M configs");
   app.add_flag("--skip-tuned", skip_tuned, "only the default malloc settings");
   CLI11_PARSE(app, argc, argv);
   std::sort(thread_counts.begin(), thread_counts.end());
   thread_counts.erase(std::unique(thread_counts.begin(), thread_counts.end()), thread_counts.end());
 
-  const std::vector<Case> cases = {{"tiny", models::SD3Config::preset("tiny"), 1, 8, 8, 8, 10, tiny_rounds, 10},
-                                   {"tiny", models::SD3Config::preset("tiny"), 2, 16, 16, 8, 10, tiny_rounds, 10},
-                                   {"sd3-110m", config_100m(), 2, 32, 32, 128, 3, big_rounds, 1}};
+  std::vector<Case> cases;
+  for (const std::string& family : families) {
+    const auto it = kFamilies.find(family);
+    if (it == kFamilies.end()) {
+      std::cerr << "unknown family '" << family << "': benchmarked families are "
+                << fmt::format("{}", fmt::join(known, ", ")) << "\n";
+      return 2;
+    }
+    for (const Case& c : it->second.cases(tiny_rounds, big_rounds)) cases.push_back(c);
+  }
   const std::string script = (source_dir / "peer_forward.py").string();
   const std::string load_at_start = load_average();
   std::vector<Row> rows;
@@ -347,7 +453,7 @@ int main(int argc, char** argv) {
     }
     for (size_t i = 0; i < cases.size(); ++i) {
       if (cases[i].rounds <= 0) continue;
-      const std::string dir = work + "/case" + std::to_string(i);
+      const std::string dir = work + "/" + cases[i].family + std::to_string(i);
       if (!tuned) prepare_case(cases[i], dir);
       for (int threads : thread_counts) rows.push_back(measure(cases[i], dir, threads, tuned, python, script));
     }
@@ -361,30 +467,30 @@ int main(int argc, char** argv) {
   std::error_code ec;
   const std::string blas = fs::read_symlink("/etc/alternatives/libblas.so.3-x86_64-linux-gnu", ec).string();
   std::ofstream md(out);
-  md << "# peer_forward: ditrl vs Python PyTorch eager, SD3 training step\n\n"
-     << "Forward + backward + AdamW step (lr 1e-4, default betas/eps/weight decay on both sides) of the SD3/SD3.5\n"
-     << "MMDiT, MSE loss against a fixed target, the same weights read from one safetensors file by both sides,\n"
-     << "the same inputs and the same number of intra-op threads. After warm-up steps the two sides alternate\n"
-     << "rounds of steps, so both see the same background load on a shared machine; the table gives the median\n"
-     << "step time and the fastest step. Speedup = median Python time / median ditrl time (> 1: ditrl is\n"
-     << "faster). The loss columns compare the two sides' losses at the first and the last step: the peer is\n"
-     << "the same model, not an approximation.\n"
+  md << "# peer_forward: ditrl vs Python PyTorch eager, training step per model family\n\n"
+     << "Forward + backward + AdamW step (lr 1e-4, default betas/eps/weight decay on both sides) of a family's DiT\n"
+     << "(ditrl: `Family::noise_pred` on the family's latent layout; Python: the same model written the way the\n"
+     << "reference writes it), MSE loss against a fixed target, the same weights read from one safetensors file by\n"
+     << "both sides, the same inputs and the same number of intra-op threads. After warm-up steps the two sides\n"
+     << "alternate rounds of steps, so both see the same background load on a shared machine; the table gives the\n"
+     << "median step time and the fastest step. Speedup = median Python time / median ditrl time (> 1: ditrl is\n"
+     << "faster). The loss columns compare the two sides' losses at the first and the last step: the peer is the\n"
+     << "same model, not an approximation.\n"
      << "`malloc` = `default` runs both processes with glibc's defaults; `tuned` sets M_MMAP_THRESHOLD = 32 MiB\n"
      << "and M_TRIM_THRESHOLD = 1 GiB on both sides (mallopt in ditrl, MALLOC_*_ env in Python), which removes the\n"
      << "page-fault cost of glibc returning freed blocks to the kernel. `page faults/step` is the median count of\n"
      << "minor page faults per step in each process (memory touched for the first time after the allocator got it\n"
      << "from the kernel).\n\n"
-     << "| config | params | batch x (image + text tokens) | threads | malloc | timed steps | ditrl ms/step | "
+     << "| family | config | params | batch x (image + text tokens) | threads | malloc | timed steps | ditrl ms/step | "
         "Python ms/step | speedup | min ditrl / Python ms | page faults/step ditrl / Python | "
         "rel. loss gap first / last step |\n"
-     << "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+     << "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const Row& r : rows)
     md << fmt::format(
-        "| {} | {:.1f} M | {} | {} | {} | {} | {:.2f} | {:.2f} | **{:.2f}x** | {:.2f} / {:.2f} | {:.0f} / {:.0f} | "
-        "{:.1e} / "
-        "{:.1e} |\n",
-        r.config, r.params_m, r.tokens, r.threads, r.malloc_mode, r.steps, r.ours_ms, r.peer_ms, r.peer_ms / r.ours_ms,
-        r.ours_min_ms, r.peer_min_ms, r.ours_faults, r.peer_faults, r.first_gap, r.last_gap);
+        "| {} | {} | {:.1f} M | {} | {} | {} | {} | {:.2f} | {:.2f} | **{:.2f}x** | {:.2f} / {:.2f} | {:.0f} / {:.0f} "
+        "| {:.1e} / {:.1e} |\n",
+        r.family, r.config, r.params_m, r.tokens, r.threads, r.malloc_mode, r.steps, r.ours_ms, r.peer_ms,
+        r.peer_ms / r.ours_ms, r.ours_min_ms, r.peer_min_ms, r.ours_faults, r.peer_faults, r.first_gap, r.last_gap);
   md << "\n- Command: `" << command << "`\n"
      << "- Date: " << date << "\n"
      << "- Machine: " << cpu_model() << ", " << std::thread::hardware_concurrency()
@@ -393,15 +499,23 @@ int main(int argc, char** argv) {
      << (blas.empty() ? std::string("unknown") : blas) << "\n"
      << "- ditrl: LibTorch " << TORCH_VERSION << " (C++), `math` attention, `torch::optim::AdamW`\n"
      << "- Python peer: " << python << ", torch " << python_torch_version(python)
-     << " (the same LibTorch build), benchmarks/peer_forward.py: a plain nn.Module port of diffusers'\n"
-     << "  SD3Transformer2DModel (nn.Linear/nn.Conv2d, F.layer_norm, diffusers' RMSNorm, GELU-tanh, math attention\n"
-     << "  since torch 1.13 has no SDPA, image-first joint attention), weights loaded with "
-        "load_state_dict(strict=True)\n"
+     << " (the same LibTorch build), benchmarks/peer_forward.py driving benchmarks/peer_<family>.py: plain\n"
+     << "  nn.Module ports of the reference models (nn.Linear/nn.Conv*, F.layer_norm, the reference's RMSNorm "
+        "flavour,\n"
+     << "  GELU-tanh, math attention since torch 1.13 has no SDPA), weights loaded with load_state_dict(strict=True)\n"
      << "  through a small safetensors reader (Debian has no safetensors package), `torch.optim.AdamW` with its\n"
      << "  defaults, `zero_grad(set_to_none=True)`; it runs as a child process driven over a pipe\n"
-     << "- Configs: `tiny` = the sd3 `tiny` preset (4 blocks, D = 64, two dual-attention blocks, qk RMSNorm);\n"
-     << "  `sd3-110m` = SD3.5-medium structure at D = 768 (12 heads x 64), 5 blocks, block 0 dual, qk RMSNorm,\n"
-     << "  joint_attention_dim 4096, pooled 2048, latent 16 x 32 x 32.\n";
+     << "- sd3 (peer_sd3.py, diffusers SD3Transformer2DModel): `tiny` = the sd3 `tiny` preset (4 blocks, D = 64, two\n"
+     << "  dual-attention blocks, qk RMSNorm); `sd3-110m` = SD3.5-medium structure at D = 768 (12 heads x 64), 5\n"
+     << "  blocks, block 0 dual, qk RMSNorm, joint_attention_dim 4096, pooled 2048, latent 16 x 32 x 32.\n"
+     << "- wan (peer_wan.py, diffusers WanTransformer3DModel, one expert): `tiny` = the wan `tiny` preset (2 blocks,\n"
+     << "  2 heads x 32, ffn 128, text 32); `wan-103m` = D = 768 (6 heads x 128), 10 blocks, ffn 3072, UMT5 text\n"
+     << "  width 4096, freq_dim 256, latent 16 x 4 x 16 x 16 (frames x height x width); fp32 modulation and\n"
+     << "  LayerNorms as diffusers, 3-D RoPE tables in float64.\n"
+     << "- qwen_image (peer_qwen_image.py, diffusers QwenImageTransformer2DModel): `tiny` = the qwen_image `tiny`\n"
+     << "  preset (2 blocks, 4 heads x 16, RoPE axes 4/6/6, text 32); `qwen-111m` = D = 768 (6 heads x 128, axes\n"
+     << "  16/56/56), 5 blocks, text width 3584, latent 16 x 32 x 32 packed 2x2 (the peer packs/unpacks around the\n"
+     << "  forward like ditrl's noise_pred); the all-ones text mask is dropped on both sides.\n";
   std::cerr << "wrote " << out << "\n";
   return 0;
 }

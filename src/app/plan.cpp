@@ -32,6 +32,7 @@ void add_plan_command(CLI::App& app, Command& selected) {
       family_options.family = config.model.family;
       family_options.preset = config.model.preset;
       family_options.config_json = config.model.config;
+      family_options.experts = config.model.weights_2.empty() ? 0 : 2;
       family_options.meta = true;
       family_options.attention = config.precision.attention;
       family_options.lora.enabled = config.model.lora.enabled;

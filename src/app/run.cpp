@@ -40,6 +40,7 @@ models::FamilyOptions family_options(const config::Config& c, bool meta) {
   o.family = c.model.family;
   o.preset = c.model.preset;
   o.config_json = c.model.config;
+  o.experts = c.model.weights_2.empty() ? 0 : 2;  // a second expert checkpoint makes two experts
   o.meta = meta;
   o.init_seed = c.model.init_seed;
   o.attention = c.precision.attention;
@@ -52,6 +53,24 @@ models::FamilyOptions family_options(const config::Config& c, bool meta) {
   o.inputs = precision::InputPolicy::resolve(c.precision.inputs.latents, c.precision.inputs.cond,
                                              c.precision.inputs.timestep, precision::parse_dtype(c.precision.forward));
   return o;
+}
+
+// model.weights into the whole family, or with model.weights_2 the two
+// expert checkpoints into their experts (Wan2.2 A14B: the diffusers folders
+// transformer/ and transformer_2/, names without the expert prefix).
+void load_family_weights(models::Family& family, const config::Config& c) {
+  if (c.model.weights_2.empty()) {
+    if (!c.model.weights.empty()) models::load_weights(family, io::Checkpoint(c.model.weights));
+    return;
+  }
+  if (c.model.weights.empty())
+    fail("{}: model.weights_2 (the low-noise expert) needs model.weights (the high-noise expert)", c.source);
+  const std::vector<std::shared_ptr<torch::nn::Module>> experts = family.expert_modules();
+  if (experts.size() != 2)
+    fail("{}: model.weights_2 needs a family with two experts; {} has {}", c.source, family.family_name(),
+         experts.size());
+  models::load_weights(*experts[0], io::Checkpoint(c.model.weights));
+  models::load_weights(*experts[1], io::Checkpoint(c.model.weights_2));
 }
 
 std::unique_ptr<shard::ShardedParams> shard_family(models::Family& family, const config::Config& c,
@@ -84,14 +103,16 @@ Run open_run(const config::Config& config, const dist::MpiRuntime& mpi) {
   run.samples_per_rank = run.samples_per_rollout / run.world.size;
   run.window_samples = c.train.global_batch / run.world.size;
   check_batching(run);
-  if (!c.model.weights.empty() && !std::filesystem::exists(c.model.weights))
-    fail("{}: model.weights = \"{}\": no such file", c.source, c.model.weights);
+  for (const auto& [key, path] : {std::pair<const char*, std::string>{"weights", c.model.weights},
+                                  {"weights_2", c.model.weights_2}})
+    if (!path.empty() && !std::filesystem::exists(path))
+      fail("{}: model.{} = \"{}\": no such file", c.source, key, path);
   if (!c.data.prompts.empty() && !std::filesystem::exists(c.data.prompts))
     fail("{}: data.prompts = \"{}\": no such file", c.source, c.data.prompts);
 
   run.comm = dist::make_mpi_communicator(MPI_COMM_WORLD);
   run.family = models::create_family(family_options(c, /*meta=*/false));
-  if (!c.model.weights.empty()) models::load_weights(*run.family, io::Checkpoint(c.model.weights));
+  load_family_weights(*run.family, c);
 
   run.prompts = c.data.prompts.empty()
                     ? rollout::synthetic_prompts(run.family->cond_spec(), c.data.synthetic_prompts, c.data.seed)

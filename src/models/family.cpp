@@ -1,7 +1,9 @@
 #include <ditrl/error.hpp>
 #include <ditrl/models/family.hpp>
 #include <ditrl/models/lora.hpp>
+#include <ditrl/models/qwen_image.hpp>
 #include <ditrl/models/sd3.hpp>
+#include <ditrl/models/wan.hpp>
 #include <ditrl/models/weights.hpp>
 
 #include <ATen/ATen.h>
@@ -30,8 +32,22 @@ std::shared_ptr<Family> make_sd3(const FamilyOptions& o) {
   return std::make_shared<SD3>(config, o);
 }
 
+std::shared_ptr<Family> make_wan(const FamilyOptions& o) {
+  const WanConfig config =
+      o.config_json.empty() ? WanConfig::preset(o.preset) : WanConfig::from_json(read_text(o.config_json), o.config_json);
+  return std::make_shared<Wan>(config, o);
+}
+
+std::shared_ptr<Family> make_qwen_image(const FamilyOptions& o) {
+  const QwenImageConfig config = o.config_json.empty()
+                                     ? QwenImageConfig::preset(o.preset)
+                                     : QwenImageConfig::from_json(read_text(o.config_json), o.config_json);
+  return std::make_shared<QwenImage>(config, o);
+}
+
 const std::map<std::string, Factory>& registry() {
-  static const std::map<std::string, Factory> families = {{"sd3", make_sd3}};
+  static const std::map<std::string, Factory> families = {
+      {"sd3", make_sd3}, {"wan", make_wan}, {"qwen_image", make_qwen_image}};
   return families;
 }
 
@@ -69,6 +85,9 @@ std::shared_ptr<Family> create_family(const FamilyOptions& options) {
   if (it == registry().end())
     fail("unknown model family '{}': known families are {}", options.family, fmt::join(family_names(), ", "));
   std::shared_ptr<Family> family = it->second(options);
+  if (options.experts > 1 && family->expert_modules().size() != static_cast<size_t>(options.experts))
+    fail("model family '{}' does not run {} expert DiTs (two experts are Wan2.2 A14B's)", options.family,
+         options.experts);
   if (!options.meta) init_parameters(*family, options.init_seed);
   if (options.lora.enabled) attach_lora(*family, options.lora, family->default_lora_targets());
   return family;

@@ -75,6 +75,7 @@ struct FamilyOptions {
   std::string preset = "tiny";
   std::string config_json;   // path of an optional config.json (reference format) replacing the preset
   bool meta = false;         // shapes only: parameters on the meta device, nothing allocated
+  int64_t experts = 0;       // expert DiTs (Wan2.2 A14B: 2); 0 = what the preset or config.json says
   int64_t init_seed = 0;     // seeded init when no weights are loaded
   std::string attention = "math";
   LoraOptions lora;
@@ -116,6 +117,12 @@ class Family : public torch::nn::Module {
 
   virtual std::vector<int64_t> latent_shape(int64_t batch, const LatentGrid& grid) const = 0;
   virtual std::vector<CondSpec> cond_spec() const = 0;
+
+  // The modules that hold one expert checkpoint each (model.weights,
+  // model.weights_2: Wan2.2 A14B's `transformer` and `transformer_2`), whose
+  // parameter names are the expert checkpoint's names; empty for a family
+  // with a single DiT, which loads one checkpoint into the whole model.
+  virtual std::vector<std::shared_ptr<torch::nn::Module>> expert_modules() { return {}; }
 };
 
 // Builds a family from options (preset or config.json, LoRA adapters

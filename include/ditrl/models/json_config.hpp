@@ -1,0 +1,26 @@
+#pragma once
+
+// Reading a diffusers config.json: typed values with errors that name the
+// file and the key. Keys starting with '_' (_class_name,
+// _diffusers_version) are metadata and skipped by for_each_key.
+
+#include <boost/json.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace ditrl::models::json_config {
+
+// Parses `text` as a JSON object and calls fn(key, value) for every key that
+// does not start with '_'.
+void for_each_key(const std::string& text, const std::string& source,
+                  const std::function<void(const std::string&, const boost::json::value&)>& fn);
+
+int64_t to_int(const boost::json::value& v, const std::string& key, const std::string& source);
+double to_number(const boost::json::value& v, const std::string& key, const std::string& source);
+bool to_bool(const boost::json::value& v, const std::string& key, const std::string& source);
+std::vector<int64_t> to_int_list(const boost::json::value& v, const std::string& key, const std::string& source);
+
+}  // namespace ditrl::models::json_config

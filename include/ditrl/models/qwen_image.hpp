@@ -1,0 +1,125 @@
+#pragma once
+
+// Qwen-Image MMDiT (diffusers QwenImageTransformer2DModel, families.md §4):
+// dual-stream blocks with per-stream AdaLN-Zero modulation (img_mod /
+// txt_mod), joint attention text-first with per-head q/k RMSNorm and MSRoPE,
+// text through txt_norm + txt_in with an optional padding mask. Consumes the
+// sigma snapshot in [0, 1] (the sinusoid scales by 1000 itself).
+//
+// Latent layout: the reference forward takes packed latents (B, F*h*w,
+// C*p*p); noise_pred and latent_shape use the unpacked VAE latent
+// (B, C, H, W) (frames = 1), so that a latent carries its own grid: img_shapes
+// are (1, H/p, W/p), and noise_pred packs on the way in and unpacks the
+// velocity on the way out (pure permutations).
+
+#include <ditrl/models/adaln.hpp>
+#include <ditrl/models/attention.hpp>
+#include <ditrl/models/embeddings.hpp>
+#include <ditrl/models/family.hpp>
+#include <ditrl/models/feed_forward.hpp>
+#include <ditrl/models/norms.hpp>
+#include <ditrl/models/qwen_rope.hpp>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ditrl::models {
+
+struct QwenImageConfig {
+  // diffusers QwenImageTransformer2DModel constructor defaults (Qwen-Image).
+  int64_t patch_size = 2;
+  int64_t in_channels = 64;
+  int64_t out_channels = 16;
+  int64_t num_layers = 60;
+  int64_t attention_head_dim = 128;
+  int64_t num_attention_heads = 24;
+  int64_t joint_attention_dim = 3584;
+  std::vector<int64_t> axes_dims_rope = {16, 56, 56};
+  // Not in config.json: text tokens per prompt (padded, with a mask), for
+  // synthetic prompts and prompt datasets (the pipeline's default maximum).
+  int64_t text_tokens = 512;
+
+  int64_t inner_dim() const { return num_attention_heads * attention_head_dim; }
+
+  // "tiny" | "qwen-image".
+  static QwenImageConfig preset(const std::string& name);
+  static std::vector<std::string> preset_names();
+  static QwenImageConfig from_json(const std::string& text, const std::string& source);
+  void validate() const;
+};
+
+// (B, C, H, W) -> (B, (H/p)*(W/p), C*p*p), feature c*p*p + py*p + px: the
+// pipeline's _pack_latents.
+at::Tensor pack_latents(const at::Tensor& latents, int64_t patch);
+// The inverse: (B, h*w, C*p*p) -> (B, C, h*p, w*p).
+at::Tensor unpack_latents(const at::Tensor& packed, int64_t height, int64_t width, int64_t patch);
+
+class QwenImageBlock : public torch::nn::Module {
+ public:
+  QwenImageBlock(const QwenImageConfig& config, AttentionBackend backend, const at::TensorOptions& options);
+  // {x (B, Li, D), c (B, Lt, D), temb (B, D), image freqs, text freqs,
+  // joint mask or undefined} -> {c, x}. With a tap, records the modulated
+  // norm1 inputs and the attention outputs (image out0, text out1) under
+  // `module` (the block's path).
+  Tensors forward(const Tensors& inputs, Tap* tap = nullptr, const std::string& module = {});
+
+  std::shared_ptr<Linear> img_mod, txt_mod;  // img_mod.1 / txt_mod.1 (after SiLU)
+  std::shared_ptr<Attention> attn;
+  std::shared_ptr<FeedForward> img_mlp, txt_mlp;
+};
+
+class QwenImage : public Family {
+ public:
+  QwenImage(const QwenImageConfig& config, const FamilyOptions& options);
+
+  std::string family_name() const override { return "qwen_image"; }
+  TimestepDomain timestep_domain() const override { return TimestepDomain::Sigma; }
+  at::Tensor noise_pred(const at::Tensor& latents, const at::Tensor& timesteps, const at::Tensor& sigmas,
+                        const Cond& cond, const ForwardContext& ctx) override;
+  std::map<std::string, at::Tensor> reference_forward(const std::map<std::string, at::Tensor>& inputs,
+                                                      const std::string& extra_json,
+                                                      const ForwardContext& ctx) override;
+  std::vector<WrapUnit> wrap_units() override;
+  std::vector<std::string> default_lora_targets() const override;
+  std::vector<DtypeOverride> default_overrides() const override { return {}; }
+  at::Tensor cfg_combine(const at::Tensor& pos, const at::Tensor& neg, const GuidanceOptions& g,
+                         double timestep) const override;
+  double guidance_scale(const GuidanceOptions& g, double timestep) const override;
+  std::vector<int64_t> latent_shape(int64_t batch, const LatentGrid& grid) const override;
+  std::vector<CondSpec> cond_spec() const override;
+
+  const QwenImageConfig& config() const { return config_; }
+
+  // The diffusers forward: packed hidden_states (B, F*h*w, in_channels),
+  // encoder_hidden_states (B, Lt, joint_dim), encoder_hidden_states_mask
+  // (B, Lt) or undefined, timestep sigma (B,), img_shape (F, h, w) ->
+  // (B, F*h*w, p*p*out_channels).
+  at::Tensor forward(const at::Tensor& hidden_states, const at::Tensor& encoder_hidden_states,
+                     const at::Tensor& encoder_hidden_states_mask, const at::Tensor& timestep,
+                     const std::array<int64_t, 3>& img_shape, const ForwardContext& ctx);
+
+  std::shared_ptr<MLPEmbedding> timestep_embedder;  // time_text_embed.timestep_embedder
+  std::shared_ptr<RMSNorm> txt_norm;
+  std::shared_ptr<Linear> img_in, txt_in;
+  std::vector<std::shared_ptr<QwenImageBlock>> blocks;  // transformer_blocks.i
+  std::shared_ptr<AdaLayerNormContinuous> norm_out;
+  std::shared_ptr<Linear> proj_out;
+
+ private:
+  // The joint [text | image] attention mask, or undefined when every text
+  // token is valid: an all-true mask is dropped as the pipeline does, since
+  // its presence changes the fused kernel (families.md §7.2).
+  at::Tensor joint_mask(const at::Tensor& text_mask, int64_t batch, int64_t text_len, int64_t image_len) const;
+  void check_inputs(const at::Tensor& hidden_states, const at::Tensor& encoder_hidden_states,
+                    const at::Tensor& encoder_hidden_states_mask, const at::Tensor& timestep,
+                    const std::array<int64_t, 3>& img_shape) const;
+
+  QwenImageConfig config_;
+  precision::InputPolicy inputs_;
+  QwenRope rope_;
+};
+
+}  // namespace ditrl::models

@@ -1,0 +1,43 @@
+#include <ditrl/error.hpp>
+#include <ditrl/models/json_config.hpp>
+
+namespace ditrl::models::json_config {
+
+namespace json = boost::json;
+
+void for_each_key(const std::string& text, const std::string& source,
+                  const std::function<void(const std::string&, const json::value&)>& fn) {
+  json::error_code ec;
+  const json::value doc = json::parse(text, ec);
+  if (ec) fail("{}: not valid JSON: {}", source, ec.message());
+  if (!doc.is_object()) fail("{}: a model config.json must be a JSON object", source);
+  for (const auto& [k, v] : doc.get_object()) {
+    const std::string key(k);
+    if (key.rfind('_', 0) != 0) fn(key, v);
+  }
+}
+
+int64_t to_int(const json::value& v, const std::string& key, const std::string& source) {
+  if (v.is_int64()) return v.get_int64();
+  if (v.is_uint64() && v.get_uint64() <= static_cast<uint64_t>(INT64_MAX)) return static_cast<int64_t>(v.get_uint64());
+  fail("{}: '{}' must be an integer, got {}", source, key, json::serialize(v));
+}
+
+double to_number(const json::value& v, const std::string& key, const std::string& source) {
+  if (v.is_number()) return v.to_number<double>();
+  fail("{}: '{}' must be a number, got {}", source, key, json::serialize(v));
+}
+
+bool to_bool(const json::value& v, const std::string& key, const std::string& source) {
+  if (v.is_bool()) return v.get_bool();
+  fail("{}: '{}' must be true or false, got {}", source, key, json::serialize(v));
+}
+
+std::vector<int64_t> to_int_list(const json::value& v, const std::string& key, const std::string& source) {
+  if (!v.is_array()) fail("{}: '{}' must be a list of integers, got {}", source, key, json::serialize(v));
+  std::vector<int64_t> out;
+  for (const json::value& item : v.get_array()) out.push_back(to_int(item, key, source));
+  return out;
+}
+
+}  // namespace ditrl::models::json_config

@@ -1,0 +1,80 @@
+#include <ditrl/error.hpp>
+#include <ditrl/models/wan_rope.hpp>
+
+#include <ATen/ATen.h>
+
+namespace ditrl::models {
+
+namespace {
+
+// diffusers get_1d_rotary_pos_embed(dim, max_seq_len, theta, use_real=True,
+// repeat_interleave_real=True, freqs_dtype=float64), op for op.
+std::pair<at::Tensor, at::Tensor> axis_table(int64_t dim, int64_t max_seq_len, double theta, const at::Device& device) {
+  const auto f64 = at::TensorOptions().dtype(at::kDouble).device(device);
+  const at::Tensor exponent = at::arange(0, dim, 2, f64).slice(0, 0, dim / 2) / static_cast<double>(dim);
+  const at::Tensor inv = at::pow(theta, exponent).reciprocal();
+  const at::Tensor pos = at::arange(max_seq_len, at::TensorOptions().dtype(at::kLong).device(device));
+  const at::Tensor freqs = at::outer(pos, inv);
+  return {freqs.cos().repeat_interleave(2, 1).to(at::kFloat), freqs.sin().repeat_interleave(2, 1).to(at::kFloat)};
+}
+
+}  // namespace
+
+WanRope::WanRope(int64_t head_dim, int64_t max_seq_len, double theta)
+    : head_dim_(head_dim), max_seq_len_(max_seq_len), theta_(theta) {
+  if (head_dim <= 0 || head_dim % 2 != 0)
+    fail("wan rope: attention_head_dim must be even and positive, got {}", head_dim);
+  if (max_seq_len <= 0) fail("wan rope: rope_max_seq_len must be positive, got {}", max_seq_len);
+}
+
+std::pair<at::Tensor, at::Tensor> WanRope::tables(int64_t frames, int64_t height, int64_t width,
+                                                  const at::Device& device) const {
+  for (const auto& [axis, n] :
+       {std::pair<const char*, int64_t>{"frames", frames}, {"height", height}, {"width", width}})
+    if (n > max_seq_len_)
+      fail("wan rope: the latent grid has {} {} (patches); the model's rope_max_seq_len is {}", n, axis, max_seq_len_);
+  auto it = cache_.find(device.str());
+  if (it == cache_.end()) {
+    // The table is built with the constructor's split (2*(Dh/6) columns for
+    // height and width, the rest for time) ...
+    const int64_t hw_dim = 2 * (head_dim_ / 6);
+    std::vector<at::Tensor> cos, sin;
+    for (const int64_t dim : {head_dim_ - 2 * hw_dim, hw_dim, hw_dim}) {
+      auto [c, s] = axis_table(dim, max_seq_len_, theta_, device);
+      cos.push_back(c);
+      sin.push_back(s);
+    }
+    it = cache_.emplace(device.str(), std::make_pair(at::cat(cos, 1), at::cat(sin, 1))).first;
+  }
+  // ... and read back with the forward's split (Dh/3 columns for height and
+  // width). The two agree when Dh % 6 < 3 (every released config); diffusers
+  // mixes the axes otherwise, and so does this.
+  const std::vector<int64_t> split = {head_dim_ - 2 * (head_dim_ / 3), head_dim_ / 3, head_dim_ / 3};
+  const auto grid = [&](const at::Tensor& table) {
+    const std::vector<at::Tensor> axes = table.split_with_sizes(split, 1);
+    const std::vector<int64_t> full = {frames, height, width, -1};
+    return at::cat({axes[0].slice(0, 0, frames).view({frames, 1, 1, -1}).expand(full),
+                    axes[1].slice(0, 0, height).view({1, height, 1, -1}).expand(full),
+                    axes[2].slice(0, 0, width).view({1, 1, width, -1}).expand(full)},
+                   -1)
+        .reshape({1, frames * height * width, 1, -1});
+  };
+  return {grid(it->second.first), grid(it->second.second)};
+}
+
+at::Tensor WanRope::apply(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  // diffusers WanAttnProcessor's apply_rotary_emb: x1 = x[..., 0::2],
+  // x2 = x[..., 1::2]; the fp32 tables promote the products.
+  const at::Tensor pairs = x.unflatten(-1, {-1, 2});
+  const at::Tensor x1 = pairs.select(-1, 0);
+  const at::Tensor x2 = pairs.select(-1, 1);
+  const int64_t n = x.size(-1);
+  const at::Tensor c = cos.slice(-1, 0, n, 2);
+  const at::Tensor s = sin.slice(-1, 1, n, 2);
+  at::Tensor out = at::empty_like(x);
+  out.slice(-1, 0, n, 2).copy_(x1 * c - x2 * s);
+  out.slice(-1, 1, n, 2).copy_(x1 * s + x2 * c);
+  return out;
+}
+
+}  // namespace ditrl::models

@@ -1,0 +1,106 @@
+#pragma once
+
+// Catch checks shared by the family fixture tests: a reference case's output
+// and every stored intermediate against the family's forward, a unit runner
+// that counts (and optionally recomputes) units, a runner that records the
+// inputs each unit received.
+
+#include <ditrl/models/reference.hpp>
+
+#include <catch2/catch.hpp>
+
+#include "model_fixtures.hpp"
+
+#include <algorithm>
+#include <map>
+#include <regex>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace ditrl::test {
+
+// The fp32 rounding noise of the reference itself (fp32 vs fp64 forward).
+inline double fp64_gap(const std::string& sidecar) {
+  const auto doc = read_json(sidecar);
+  return doc.at("fp64_check").at("output").at("max_abs_diff_fp32_vs_fp64").to_number<double>();
+}
+
+// The tap records that are parity dump points (modulation, attention
+// outputs, the time embedding's input, the final projection) rather than
+// forward-hook outputs a fixture stores.
+inline bool is_dump_point(const std::string& key) {
+  static const std::regex dump(
+      R"(intermediate\.(.+\.(norm1|attn|attn1|attn2)\.out[01]|.+\.in0|(.+\.)?proj_out\.out0))");
+  return std::regex_match(key, dump);
+}
+
+// Runs fixture case `<family>/<name>` with intermediates and checks the
+// output and every stored intermediate within `factor` x the reference's
+// fp32-vs-fp64 gap; the tap must record every stored intermediate, and
+// nothing else but parity dump points.
+inline void check_fixture_case(models::Family& family, const std::string& family_dir, const std::string& name,
+                               double factor) {
+  INFO(family_dir << "/" << name);
+  const models::ReferenceCase c = models::load_reference_case(fixture_path(family_dir + "/" + name + ".safetensors"));
+  const auto out = models::run_reference_case(family, c, /*intermediates=*/true);
+  const double gap = fp64_gap(fixture_path(family_dir + "/" + name + ".json"));
+  const double err = max_abs_diff(out.at("output"), c.stored.at("output"));
+  WARN(family_dir << "/" << name << ": max |ditrl - reference| = " << err << ", reference fp32-vs-fp64 gap = " << gap);
+  CHECK(err <= factor * gap);
+  std::set<std::string> expected, got;
+  for (const auto& [key, value] : c.stored)
+    if (key.rfind("intermediate.", 0) == 0) expected.insert(key);
+  for (const auto& [key, value] : out)
+    if (key.rfind("intermediate.", 0) == 0) got.insert(key);
+  for (const std::string& key : expected) CHECK(got.count(key) == 1);
+  for (const std::string& key : got) {
+    INFO(key);
+    CHECK((expected.count(key) == 1 || is_dump_point(key)));
+  }
+  for (const std::string& key : expected) {
+    INFO(key);
+    REQUIRE(out.count(key));
+    CHECK(out.at(key).sizes() == c.stored.at(key).sizes());
+    CHECK(max_abs_diff(out.at(key), c.stored.at(key)) <= factor * gap);
+  }
+}
+
+// Counts and forwards unit calls; `repeat` runs each unit twice like a
+// recomputing sharded runner would; `inputs` keeps what each call received.
+class RecordingRunner : public models::UnitRunner {
+ public:
+  explicit RecordingRunner(bool repeat = false) : repeat_(repeat) {}
+  models::Tensors run(size_t index, const models::Tensors& in, const models::UnitFn& fn) override {
+    order.push_back(index);
+    inputs.push_back(in);
+    if (repeat_) {
+      models::TapSuppressGuard quiet;
+      (void)fn(in);
+    }
+    return fn(in);
+  }
+  std::vector<size_t> order;
+  std::vector<models::Tensors> inputs;
+
+ private:
+  bool repeat_;
+};
+
+// Keeps every tap record, in call order, as "<module>.<name>".
+class ListTap : public models::Tap {
+ public:
+  void record(const std::string& module, const std::string& name, const at::Tensor& value) override {
+    keys.push_back(module + "." + name);
+    tensors[keys.back()] = value.detach().clone();
+  }
+  size_t count(const std::string& key) const { return static_cast<size_t>(std::count(keys.begin(), keys.end(), key)); }
+  // Position of the first record of `key` (keys.size() when absent).
+  size_t position(const std::string& key) const {
+    return static_cast<size_t>(std::find(keys.begin(), keys.end(), key) - keys.begin());
+  }
+  std::vector<std::string> keys;
+  std::map<std::string, at::Tensor> tensors;
+};
+
+}  // namespace ditrl::test
