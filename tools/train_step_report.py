@@ -73,6 +73,8 @@ def iteration_seconds(row):
 
 
 def table(rows, names):
+    if not names:
+        return "(not run: the benchmark did not get to it)"
     keys = list(breakdown(rows[names[0]]).keys())
     out = ["| phase (s) | " + " | ".join(f"{n} ({rows[n]['ranks']} rk)" for n in names) + " |",
            "|---|" + "---|" * len(names)]
@@ -88,6 +90,8 @@ def plot_breakdown(rows, groups, path, title):
     parts = ["rollout compute", "rollout gather", "train compute (fwd+bwd - comm)", "train gather", "reduce-scatter",
              "optimizer (clip + AdamW)", "checkpoint"]
     for ax, (label, names) in zip(axes[0], groups):
+        if not names:
+            continue
         bottom = [0.0] * len(names)
         for part in parts:
             vals = [max(0.0, breakdown(rows[n])[part]) for n in names]
@@ -129,6 +133,34 @@ MODELS = {
 WORK = dict(samples_per_gpu=4, denoise_steps=10, cfg=2, trained_steps=2)
 
 
+ASSUMPTIONS = f"""Nothing below ran on a GPU. Every number comes from these assumptions:
+
+- Per-step work per GPU (weak scaling, the same on 32 and 128 GPUs): {WORK['samples_per_gpu']} samples per GPU per
+  rollout, {WORK['denoise_steps']} denoising steps with classifier-free guidance ({WORK['cfg']} forwards per step),
+  {WORK['trained_steps']} trained SDE steps per sample (Flow-GRPO's window), each trained step with CFG.
+- FLOPs per forward of one sample: 2·N_active·S for the matmuls plus 4·L·S²·d for attention (S = sequence
+  length; SD3.5 joint attention over image + 333 text tokens; Wan2.2 self-attention over the video tokens plus
+  cross-attention to 512 text tokens). A trained step costs 4 forwards: forward, the recompute in backward
+  (ditrl's sharded units recompute) and a backward of twice a forward (the 6·N·tokens rule plus the recompute).
+- SD3.5-large: 8.1B parameters, 38 blocks, hidden 2432, 1024x1024 (4096 image tokens). Wan2.2-A14B: two 14B
+  experts, both trained and sharded (28B parameters in the sharded state), one active per timestep, 40 blocks,
+  hidden 5120, 832x480x81 frames (21x30x52 = 32760 tokens after the VAE and 1x2x2 patches).
+- H200 dense bf16 peak {H200_PEAK / 1e12:.0f} TFLOP/s; model FLOP utilization assumed {MFU[0]:.0%}-{MFU[1]:.0%}
+  (the CPU runs above say nothing about GPU efficiency; they are replaced by this band).
+- Communication (ZeRO-3, ditrl's manager): the bf16 parameters are all-gathered once per forward pass
+  (rollout: once per denoising step with all of the GPU's samples batched; training: forward and backward
+  recompute per trained step), fp32 gradients reduce-scattered once per trained step (one micro-batch per
+  trained step). Bytes per GPU = volume·(N-1)/N.
+- Bandwidth: NCCL bus bandwidth {INTER_BW / 1e9:.0f} GB/s per GPU across nodes (one 400 Gb/s NIC per GPU;
+  intra-node NVLink, ~{INTRA_BW / 1e9:.0f} GB/s, is not the bottleneck for a ring spanning nodes). Latency terms
+  and the hierarchical (NVLink + NIC) algorithms are ignored.
+- "Full overlap": the gathers of the next unit hide behind the current unit's compute (ditrl prefetches one
+  unit ahead), so a step takes max(compute, comm); "no overlap": compute + comm. Per-GPU volume barely grows
+  with N ((N-1)/N), so 4 and 16 nodes differ little: the model predicts flat weak scaling once
+  compute/comm > 1.
+"""
+
+
 def projection():
     lines = ["| model | nodes | GPUs | compute s/step (MFU 50%..30%) | gather+RS bytes/GPU/step | comm s/step | "
              "compute/comm (overlap headroom) | efficiency, full overlap | efficiency, no overlap |",
@@ -164,7 +196,8 @@ def projection():
 def main():
     runs = sys.argv[1]
     names = [os.path.basename(d) for d in sorted(glob.glob(os.path.join(runs, "*"))) if os.path.isdir(d)]
-    rows = {n: load(runs, n) for n in names if os.path.exists(os.path.join(runs, n, "metrics.h5"))}
+    done = [n for n in names if os.path.exists(os.path.join(runs, n + ".plain")) and os.path.getsize(os.path.join(runs, n + ".plain"))]
+    rows = {n: load(runs, n) for n in done}
     machine = open(os.path.join(runs, "machine.txt")).read().strip()
     qs = [n for n in ("quickstart-np1", "quickstart-np2", "quickstart-np4") if n in rows]
     big = [n for n in ("sd3-100m-np1", "sd3-100m-np2", "sd3-100m-np4") if n in rows]
@@ -216,7 +249,7 @@ def main():
                     f"{r['perf/state_bytes'] / MiB / formula:.3f} | {r['perf/peak_rss_bytes'] / MiB:.0f} | "
                     f"{iteration_seconds(r):.1f} |\n")
         f.write("\n![memory](scaling_memory.png)\n")
-        f.write("\n## Projection to H200 nodes (a MODEL, not a measurement)\n\n" + projection() + "\n")
+        f.write("\n## Projection to H200 nodes (a MODEL, not a measurement)\n\n" + ASSUMPTIONS + "\n" + projection() + "\n")
 
 
 if __name__ == "__main__":
