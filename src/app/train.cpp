@@ -38,8 +38,8 @@
 
 #include <atomic>
 #include <chrono>
-#include <csignal>
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 
@@ -48,12 +48,16 @@ namespace ditrl::app {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
 
 // Slurm sends SIGUSR1 (--signal=B:USR1@N) or SIGTERM before the time limit;
 // the run checkpoints at the next rollout boundary and exits 0.
 std::atomic<int> stop_signal{0};
-extern "C" void request_stop(int signal) { stop_signal = signal; }
+extern "C" void request_stop(int signal) {
+  stop_signal = signal;
+}
 
 struct TrainCli {
   std::string deck;
@@ -66,7 +70,8 @@ struct TrainCli {
 std::string trajectory_path(const std::string& pattern, int64_t rollout_id) {
   std::string path = pattern;
   const std::string key = "{rollout}";
-  if (const size_t at = path.find(key); at != std::string::npos) path.replace(at, key.size(), std::to_string(rollout_id));
+  if (const size_t at = path.find(key); at != std::string::npos)
+    path.replace(at, key.size(), std::to_string(rollout_id));
   return path;
 }
 
@@ -102,6 +107,19 @@ std::vector<at::Tensor> master_pieces(shard::ShardedParams& params) {
   return out;
 }
 
+struct MetricRow {
+  int64_t step = 0;
+  std::map<std::string, double> values;
+};
+
+// Peak resident set of this process (VmHWM), for the per-rank memory metric.
+double peak_rss_bytes() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) * 1024.0;  // "VmHWM:  1234 kB"
+  return std::nan("");
+}
+
 // Everything one optimizer window needs from the rollout.
 struct TrainData {
   std::vector<rl::TrainPair> pairs;
@@ -120,7 +138,8 @@ class Trainer {
     lora_ = c_.model.lora.enabled;
     if (c_.train.loss == "nft" || (c_.train.kl_beta > 0 && !lora_))
       shadow_ = std::make_unique<rl::EmaShadow>(master_pieces(*run_.params), rl::EmaOptions{});
-    if (c_.train.loss == "sft" && !c_.data.sft_latents.empty()) sft_file_ = std::make_unique<io::h5::File>(io::h5::File::open(c_.data.sft_latents));
+    if (c_.train.loss == "sft" && !c_.data.sft_latents.empty())
+      sft_file_ = std::make_unique<io::h5::File>(io::h5::File::open(c_.data.sft_latents));
   }
 
   io::ExtraState extra_state() {
@@ -133,9 +152,8 @@ class Trainer {
     if (shadow_ && c_.train.loss == "nft") shadow_->set_step(rollouts_done);
   }
 
-  // Trains on one rollout; returns the metric rows it wrote.
-  void train_rollout(app::RolloutBatch& batch, int64_t& global_step, io::MetricsWriter* metrics,
-                     std::map<std::string, double>& last_row) {
+  // Trains on one rollout; appends one metric row per optimizer step.
+  void train_rollout(app::RolloutBatch& batch, int64_t& global_step, std::vector<MetricRow>& rows) {
     auto start = Clock::now();
     TrainData data = prepare(batch);
     const double seconds_prepare = seconds_since(start);
@@ -143,21 +161,26 @@ class Trainer {
     const std::map<std::string, double> rollout_stats = rollout_metrics(batch);
     for (const rl::OptimizerWindow& window : data.windows) {
       start = Clock::now();
+      const shard::CommSeconds comm_start = run_.params->comm_seconds();
+      seconds_forward_ = seconds_backward_ = 0;
       rl::MetricBuffer buffer(schema_);
       run_.params->zero_grad();
       size_t mb_index = static_cast<size_t>(&window - data.windows.data()) * window.micro_batches.size();
       for (const rl::MicroBatch& mb : window.micro_batches)
         micro_batch(batch, data, mb, mb_index++, window.pairs(), buffer);
       const double seconds_fb = seconds_since(start);
+      const shard::CommSeconds comm_end = run_.params->comm_seconds();
 
       start = Clock::now();
-      const double norm = c_.train.clip_grad > 0 ? run_.params->clip_grad(c_.train.clip_grad) : run_.params->grad_norm();
+      const double norm =
+          c_.train.clip_grad > 0 ? run_.params->clip_grad(c_.train.clip_grad) : run_.params->grad_norm();
       const bool finite = std::isfinite(norm);
       const double lr = lr_.at(global_step);
       if (!finite && c_.train.on_nonfinite == "stop")
-        fail("rollout {}: the gradient norm is {} (non-finite loss or gradient on some rank); stopping as "
-             "train.on_nonfinite = \"stop\" asks (set \"skip\" to skip such steps)",
-             batch.rollout_id, norm);
+        fail(
+            "rollout {}: the gradient norm is {} (non-finite loss or gradient on some rank); stopping as "
+            "train.on_nonfinite = \"stop\" asks (set \"skip\" to skip such steps)",
+            batch.rollout_id, norm);
       if (finite && !c_.debug.skip_optimizer_step) run_.params->adamw_step(lr);
       if (!finite) {
         ++skipped_;
@@ -177,9 +200,12 @@ class Trainer {
       row["perf/reward_seconds"] = batch.seconds_reward;
       row["perf/prepare_seconds"] = seconds_prepare;
       row["perf/forward_backward_seconds"] = seconds_fb;
+      row["perf/forward_seconds"] = seconds_forward_;
+      row["perf/backward_seconds"] = seconds_backward_;
+      row["perf/gather_seconds"] = comm_end.gather - comm_start.gather;
+      row["perf/reduce_scatter_seconds"] = comm_end.reduce_scatter - comm_start.reduce_scatter;
       row["perf/optimizer_seconds"] = seconds_opt;
-      if (metrics && global_step % c_.metrics.every == 0) metrics->write(global_step, row);
-      last_row = row;
+      rows.push_back({global_step, row});
       ++global_step;
     }
     if (shadow_ && c_.train.loss == "nft") shadow_->update();  // once per rollout (algorithms.md §4.4)
@@ -255,8 +281,8 @@ class Trainer {
     const models::Cond cond = rows_of(batch.cond, b.prompt_indices);
     if (!guided) return run_.family->noise_pred(latents, b.timesteps, b.sigmas, cond, run_.forward_context());
     const models::Cond negative = run_.needs_negative ? rows_of(batch.negative, b.prompt_indices) : models::Cond{};
-    return models::guided_velocity(*run_.family, {latents, b.timesteps, b.sigmas, &cond,
-                                                  run_.needs_negative ? &negative : nullptr},
+    return models::guided_velocity(*run_.family,
+                                   {latents, b.timesteps, b.sigmas, &cond, run_.needs_negative ? &negative : nullptr},
                                    run_.sampler.guidance, run_.forward_context());
   }
 
@@ -291,8 +317,8 @@ class Trainer {
     run_.params->begin_step();
     for (const auto& [begin, end] : all_micro_batches(data)) {
       const rl::PreparedBatch b = rl::prepare_batch(slice(data, begin, end));
-      const at::Tensor x_t = rl::corrupt(b.latents, b.sigmas, rl::pair_noise("nft_corrupt", c_.run.seed,
-                                                                             batch.rollout_id, b, run_.latent_shape));
+      const at::Tensor x_t = rl::corrupt(
+          b.latents, b.sigmas, rl::pair_noise("nft_corrupt", c_.run.seed, batch.rollout_id, b, run_.latent_shape));
       out.push_back(velocity(batch, b, x_t, /*guided=*/false));
     }
     return out;
@@ -300,6 +326,7 @@ class Trainer {
 
   void micro_batch(app::RolloutBatch& batch, const TrainData& data, const rl::MicroBatch& mb, size_t index,
                    int64_t window_pairs, rl::MetricBuffer& buffer) {
+    const auto start = Clock::now();
     run_.params->begin_step();
     const rl::PreparedBatch b = rl::prepare_batch(slice(data, mb.begin, mb.end));
     at::Tensor loss_sum;
@@ -309,15 +336,16 @@ class Trainer {
                                                           diffusion::StepTarget::score(b.next_latents));
       rl::GrpoOptions o{c_.train.clip_range, c_.train.adv_clip_max, c_.train.kl_beta};
       std::unique_ptr<rl::KlInputs> kl;
-      if (o.kl_beta > 0) kl = std::make_unique<rl::KlInputs>(rl::KlInputs{r.mean, data.reference.at(index), r.std_dev_t});
+      if (o.kl_beta > 0)
+        kl = std::make_unique<rl::KlInputs>(rl::KlInputs{r.mean, data.reference.at(index), r.std_dev_t});
       const rl::GrpoTerms terms = rl::grpo_loss(r.log_prob, b.log_prob_old, b.advantages, o, kl.get());
       rl::record_grpo_metrics(buffer, terms, r.log_prob, b.log_prob_old, o.clip_range);
       if (batch.trajectories.model_outputs.defined())
         rl::record_model_output_diff(buffer, v.detach().to(at::kFloat), rollout_outputs(batch, b));
       loss_sum = terms.loss_sum;
     } else if (c_.train.loss == "nft") {
-      const at::Tensor x_t = rl::corrupt(b.latents, b.sigmas, rl::pair_noise("nft_corrupt", c_.run.seed,
-                                                                             batch.rollout_id, b, run_.latent_shape));
+      const at::Tensor x_t = rl::corrupt(
+          b.latents, b.sigmas, rl::pair_noise("nft_corrupt", c_.run.seed, batch.rollout_id, b, run_.latent_shape));
       const at::Tensor v = velocity(batch, b, x_t, /*guided=*/false);
       const rl::NftTerms terms = rl::nft_loss(v, data.reference.at(index), b.latents, x_t, b.sigmas, b.advantages,
                                               {c_.train.nft_beta, c_.train.adv_clip_max, c_.train.nft_adaptive});
@@ -330,8 +358,12 @@ class Trainer {
       rl::record_sft_metrics(buffer, terms, b.sigmas, kSftBuckets);
       loss_sum = terms.loss_sum;
     }
-    rl::window_objective(loss_sum, window_pairs).backward();
+    const at::Tensor objective = rl::window_objective(loss_sum, window_pairs);
+    seconds_forward_ += seconds_since(start);
+    const auto backward_start = Clock::now();
+    objective.backward();
     run_.params->finish_backward();
+    seconds_backward_ += seconds_since(backward_start);
   }
 
   // The rollout's velocity for each pair (its sample at its step).
@@ -339,7 +371,8 @@ class Trainer {
     const rollout::Trajectories& t = batch.trajectories;
     std::vector<at::Tensor> rows;
     for (int64_t i = 0; i < b.size(); ++i)
-      rows.push_back(t.model_outputs[b.prompt_indices[i].item<int64_t>()][t.sde_slot(b.step_indices[i].item<int64_t>())]);
+      rows.push_back(
+          t.model_outputs[b.prompt_indices[i].item<int64_t>()][t.sde_slot(b.step_indices[i].item<int64_t>())]);
     return at::stack(rows);
   }
 
@@ -362,6 +395,7 @@ class Trainer {
   std::unique_ptr<rl::EmaShadow> shadow_;
   std::unique_ptr<io::h5::File> sft_file_;
   int64_t skipped_ = 0;
+  double seconds_forward_ = 0, seconds_backward_ = 0;  // of the current optimizer window
 };
 
 void write_status(const std::string& out_dir, const std::string& status) {
@@ -370,8 +404,8 @@ void write_status(const std::string& out_dir, const std::string& status) {
   std::filesystem::rename(path.string() + ".tmp", path);
 }
 
-std::string progress_line(int64_t rollout_id, int64_t total, const std::map<std::string, double>& row,
-                          double seconds, double eta) {
+std::string progress_line(int64_t rollout_id, int64_t total, const std::map<std::string, double>& row, double seconds,
+                          double eta) {
   auto get = [&row](const char* key) {
     auto it = row.find(key);
     return it == row.end() ? std::nan("") : it->second;
@@ -402,7 +436,8 @@ int train(const TrainCli& cli) {
 
   std::string resume = cli.resume.empty() ? config.checkpoint.resume : cli.resume;
   if (resume == "auto")
-    resume = std::filesystem::exists(std::filesystem::path(config.run.out_dir) / "checkpoints" / "latest") ? "latest" : "";
+    resume =
+        std::filesystem::exists(std::filesystem::path(config.run.out_dir) / "checkpoints" / "latest") ? "latest" : "";
   int64_t first_rollout = 0, global_step = 0;
   if (!resume.empty()) {
     const std::string path = io::resolve_checkpoint(config.run.out_dir, resume);
@@ -424,40 +459,56 @@ int train(const TrainCli& cli) {
 
   auto save = [&](int64_t next_rollout) {
     const auto start = Clock::now();
-    const std::string path = io::save_checkpoint(
-        config.run.out_dir, *run.params,
-        {global_step, next_rollout, mpi.world().size, run.params->step_count(), next_rollout * config.rollout.batch,
-         run.deck_text},
-        trainer.extra_state(), config.checkpoint.keep, MPI_COMM_WORLD);
-    spdlog::info("checkpoint {} ({:.2f} s)", path, seconds_since(start));
+    const std::string path = io::save_checkpoint(config.run.out_dir, *run.params,
+                                                 {global_step, next_rollout, mpi.world().size, run.params->step_count(),
+                                                  next_rollout * config.rollout.batch, run.deck_text},
+                                                 trainer.extra_state(), config.checkpoint.keep, MPI_COMM_WORLD);
+    const double seconds = seconds_since(start);
+    spdlog::info("checkpoint {} ({:.2f} s)", path, seconds);
+    return seconds;
   };
+  const shard::MemoryReport memory = run.params->memory_report();
+  const double state_bytes = static_cast<double>(memory.masters + memory.moments + memory.grads + memory.compute);
 
   const int64_t total = config.train.num_rollouts;
   const auto run_start = Clock::now();
   for (int64_t rollout_id = first_rollout; rollout_id < total; ++rollout_id) {
     const auto start = Clock::now();
+    const double rollout_gather_start = run.params->comm_seconds().gather;
     RolloutBatch batch = cli.trajectories.empty()
                              ? collect_rollout(run, rollout_id)
                              : load_rollout(run, trajectory_path(cli.trajectories, rollout_id), rollout_id);
-    std::map<std::string, double> row;
-    trainer.train_rollout(batch, global_step, metrics.get(), row);
+    const double rollout_gather = run.params->comm_seconds().gather - rollout_gather_start;
+    std::vector<MetricRow> rows;
+    trainer.train_rollout(batch, global_step, rows);
+    const std::map<std::string, double>& row = rows.back().values;
     const double seconds = seconds_since(start);
     const double eta = seconds_since(run_start) / static_cast<double>(rollout_id + 1 - first_rollout) *
                        static_cast<double>(total - rollout_id - 1);
     if (mpi.world().rank == 0) spdlog::info(progress_line(rollout_id, total, row, seconds, eta));
 
-    // Every rank must agree to stop, whichever received the signal.
-    at::Tensor stop = at::full({1}, static_cast<double>(stop_signal.load()), at::kDouble);
+    // Every rank must agree to stop, whichever received the signal; the
+    // same reduction carries the largest peak RSS over ranks.
+    at::Tensor stop = at::tensor({static_cast<double>(stop_signal.load()), peak_rss_bytes()}, at::kDouble);
     run.comm->all_reduce(stop, dist::ReduceOp::Max);
     const bool last = rollout_id + 1 == total;
     const bool due = config.checkpoint.every > 0 && (rollout_id + 1) % config.checkpoint.every == 0;
-    const bool signalled = stop.item<double>() > 0;
+    const bool signalled = stop[0].item<double>() > 0;
     const bool boxed = cli.max_rollouts > 0 && rollout_id + 1 - first_rollout >= cli.max_rollouts;
-    if (last || due || signalled || boxed) save(rollout_id + 1);
+    const double seconds_checkpoint = last || due || signalled || boxed ? save(rollout_id + 1) : 0.0;
+    // Rows go out after the checkpoint, so the last one of a rollout carries
+    // its checkpoint time (the iteration's whole cost).
+    rows.back().values["perf/checkpoint_seconds"] = seconds_checkpoint;
+    for (MetricRow& r : rows) {
+      r.values["perf/rollout_gather_seconds"] = rollout_gather;
+      r.values["perf/state_bytes"] = state_bytes;
+      r.values["perf/peak_rss_bytes"] = stop[1].item<double>();
+      if (metrics && r.step % config.metrics.every == 0) metrics->write(r.step, r.values);
+    }
     if ((signalled || boxed) && !last) {
       if (signalled)
         spdlog::info("signal {} received: checkpointed after rollout {}; exiting for requeue",
-                     static_cast<int>(stop.item<double>()), rollout_id);
+                     static_cast<int>(stop[0].item<double>()), rollout_id);
       else
         spdlog::info("--max-rollouts {} reached: checkpointed after rollout {}", cli.max_rollouts, rollout_id);
       if (mpi.world().rank == 0) write_status(config.run.out_dir, "preempted");
@@ -474,7 +525,8 @@ int train(const TrainCli& cli) {
 
 void add_train_command(CLI::App& app, Command& selected) {
   auto cli = std::make_shared<TrainCli>();
-  CLI::App* sub = app.add_subcommand("train", "Run RL post-training from a deck (under srun/mpirun: one rank per GPU or core)");
+  CLI::App* sub =
+      app.add_subcommand("train", "Run RL post-training from a deck (under srun/mpirun: one rank per GPU or core)");
   sub->add_option("deck", cli->deck, "TOML deck")->required();
   sub->add_option("--set", cli->overrides, "Override a deck key: section.key=value (repeatable)");
   sub->add_option("--resume", cli->resume,

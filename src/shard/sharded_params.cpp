@@ -9,6 +9,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 namespace ditrl::shard {
@@ -23,6 +24,11 @@ at::Tensor placeholder(c10::ScalarType dtype, at::Device device) {
 at::Tensor slot_part(const at::Tensor& shard_tensor, const FlatGroup& g, const Slot& slot, int rank,
                      std::pair<int64_t, int64_t> range) {
   return shard_tensor.narrow(0, slot.offset + range.first - rank * g.shard, range.second - range.first);
+}
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
 int64_t aligned(int64_t bytes) {
@@ -272,6 +278,7 @@ void ShardedParams::recycle(at::Tensor buffer) {
 void ShardedParams::gather(size_t unit) {
   UnitState& us = state_[unit];
   if (us.gathered.buffer.defined() || layout_.units[unit].groups.empty()) return;
+  const auto start = Clock::now();
   if (pending_ && pending_->unit == unit) {
     us.gathered = pending_->gathered.get();  // its bytes were counted when it was launched
     pending_.reset();
@@ -280,6 +287,7 @@ void ShardedParams::gather(size_t unit) {
     us.gathered = gather_into(unit, take_buffer(gathered_bytes(unit)), comm_);
     track_gathered(layout_.units[unit].gathered_bytes(comm_.size()));
   }
+  comm_seconds_.gather += seconds_since(start);
   point_params(unit);
 }
 
@@ -366,7 +374,9 @@ void ShardedParams::reduce_grads(size_t unit, const std::vector<at::Tensor>& gra
     }
     flat.narrow(0, groups[g].numel, padded - groups[g].numel).zero_();
     at::Tensor mine = scratch(reduce_mine_, groups[g].shard, groups[g].reduce);
+    const auto start = Clock::now();
     comm_.reduce_scatter(flat, mine, dist::ReduceOp::Avg);
+    comm_seconds_.reduce_scatter += seconds_since(start);
     state_[unit].groups[g].grad.add_(mine);
   }
 }

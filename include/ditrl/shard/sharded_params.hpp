@@ -59,6 +59,16 @@ ShardOptions shard_options(const config::ParallelSection& parallel, const config
 // This rank's piece of one parameter, for checkpoints: elements [begin, end)
 // of the parameter flattened. The tensors are views into the manager's
 // slices: reading them saves, writing them loads (then refresh_compute()).
+// Wall seconds this rank spent blocked in the manager's collectives since
+// construction (callers take differences): gathers that were not hidden by a
+// prefetch (a synchronous gather, or waiting for the prefetched one) and
+// gradient reduce-scatters. On a busy machine this includes waiting for the
+// slowest peer to arrive.
+struct CommSeconds {
+  double gather = 0;
+  double reduce_scatter = 0;
+};
+
 struct ShardPiece {
   std::string name;  // canonical
   std::vector<int64_t> shape;
@@ -102,6 +112,8 @@ class ShardedParams final : public models::UnitRunner {
   // every gathered unit released.
   void adamw_step(double lr);
   int64_t step_count() const { return step_; }
+  void set_step_count(int64_t step) { step_ = step; }
+  CommSeconds comm_seconds() const { return comm_seconds_; }
 
   // While on, units gathered by no-grad calls stay gathered (and their
   // parameters pointed at the full tensors) instead of being released after
@@ -109,7 +121,6 @@ class ShardedParams final : public models::UnitRunner {
   // instead of once per step, at the cost of holding the whole compute model.
   // Turning it off releases them. Collective like run().
   void keep_gathered(bool on);
-  void set_step_count(int64_t step) { step_ = step; }
 
   // Bytes this rank holds now; peak_gathered is the most gathered at once so
   // far (released gather buffers are kept for reuse: that much stays allocated).
@@ -186,6 +197,7 @@ class ShardedParams final : public models::UnitRunner {
   bool keep_gathered_ = false;
   int64_t gathered_bytes_ = 0;
   int64_t peak_gathered_ = 0;
+  CommSeconds comm_seconds_;
 };
 
 // Scope of keep_gathered(true), e.g. one rollout; a no-op when disabled.

@@ -1,0 +1,70 @@
+#!/bin/bash
+# Drives the train-step and scaling benchmarks: short `ditrl train` runs
+# (quickstart shapes: 2 rollouts, the second measured; 50M-300M: one) under mpiexec at
+# 1, 2 and 4 ranks, then a plain sequential write of each checkpoint's bytes
+# on the same disk right after it. tools/train_step_report.py turns the runs
+# into benchmarks/results/{train_step,scaling}.md and the PNG plots.
+#   benchmarks/train_step.sh [build/ditrl] [RUNS_DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DITRL=$(realpath "${1:-build/ditrl}")
+RUNS=$(realpath -m "${2:-build/bench-train-step}")
+rm -rf "$RUNS" && mkdir -p "$RUNS"
+MPI=(mpiexec --allow-run-as-root --oversubscribe --mca btl self,vader)
+
+# Benchmarks measure the default (fast) kernels: intra-op threads = cores / ranks.
+COMMON=(--set run.deterministic=false --set train.num_rollouts=2 --set checkpoint.every=2 --set checkpoint.keep=1)
+# A small rollout for the 50M-300M models (this 2-core machine is shared):
+# 4 samples, 2 denoising steps, one trained SDE step each (global batch 4
+# pairs, micro-batch 1 so 4 ranks split it), one rollout per run (cold: no warm-up rollout).
+SMALL=(--set rollout.batch=1 --set rollout.samples_per_prompt=4 --set rollout.steps=2 --set "rollout.window=[0,1]"
+       --set rollout.sde_steps=1 --set train.global_batch=4 --set train.micro_batch=1 --set train.num_rollouts=1
+       --set checkpoint.every=1)
+
+run() {  # run NAME RANKS ditrl-args...
+  local name=$1 ranks=$2; shift 2
+  local out=$RUNS/$name
+  echo "== $name ($ranks ranks) $(date -u +%H:%M:%S) load $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "${MPI[*]} -n $ranks $DITRL train $* --set run.out_dir=$out" >"$RUNS/$name.cmd"
+  "${MPI[@]}" -n "$ranks" "$DITRL" train "$@" --set "run.out_dir=$out" >"$RUNS/$name.log" 2>&1 ||
+    { echo "$name failed (see $RUNS/$name.log)"; tail -n 5 "$RUNS/$name.log"; return 0; }
+  cut -d' ' -f1-3 /proc/loadavg >"$RUNS/$name.load"
+  # The baseline: the same number of bytes written sequentially and fsynced
+  # (what the checkpoint's fsync + rename make durable), on the same disk.
+  local ckpt; ckpt=$(ls "$out"/checkpoints/step-*.h5 | tail -1)
+  /usr/bin/python3 - "$ckpt" "$out/plain.bin" >"$RUNS/$name.plain" <<'PY'
+import os, sys, time
+n = os.path.getsize(sys.argv[1]); block = os.urandom(4 << 20); start = time.perf_counter()
+with open(sys.argv[2], "wb") as f:
+    left = n
+    while left > 0:
+        left -= f.write(block[:min(left, len(block))])
+    f.flush(); os.fsync(f.fileno())
+print(n, time.perf_counter() - start)
+PY
+  rm -f "$out/plain.bin"
+}
+
+QS=inputs/quickstart.toml
+M100=(--set model.config=benchmarks/configs/sd3-100m.json)
+machine() {
+  {
+    echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo "commit: $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src include || echo ' (+ uncommitted changes)')"
+    echo "machine: $(nproc) vCPU $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(free -g | awk '/Mem:/{print $2}') GiB RAM, $(. /etc/os-release; echo "$PRETTY_NAME"), $(mpirun --version | head -1)"
+  } >"$RUNS/machine.txt"
+}
+machine
+# Most informative first: a shared machine may not give the whole matrix time.
+for n in 1 2 4; do run "quickstart-np$n" $n $QS "${COMMON[@]}"; done
+run sd3-100m-np2 2 $QS "${COMMON[@]}" "${SMALL[@]}" "${M100[@]}"
+run size-tiny-np2 2 $QS "${COMMON[@]}" "${SMALL[@]}"
+run size-50m-np2 2 $QS "${COMMON[@]}" "${SMALL[@]}" --set model.config=benchmarks/configs/sd3-50m.json
+for n in 1 4; do run "sd3-100m-np$n" $n $QS "${COMMON[@]}" "${SMALL[@]}" "${M100[@]}"; done
+# Weak scaling: 4 samples per rank (batch N prompts x 4 samples).
+for n in 1 2 4; do
+  run "weak-np$n" $n $QS "${COMMON[@]}" --set rollout.batch=$n --set train.global_batch=$((4 * n)) --set train.micro_batch=4
+done
+run size-300m-np2 2 $QS "${COMMON[@]}" "${SMALL[@]}" --set model.config=benchmarks/configs/sd3-300m.json
+echo "end: $(date -u '+%Y-%m-%d %H:%M UTC')" >>"$RUNS/machine.txt"
+echo "runs in $RUNS; report: /usr/bin/python3 tools/train_step_report.py $RUNS"
