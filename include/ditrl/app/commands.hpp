@@ -24,5 +24,6 @@ void add_plan_command(CLI::App& app, Command& selected);
 void add_train_command(CLI::App& app, Command& selected);
 void add_rollout_command(CLI::App& app, Command& selected);
 void add_export_command(CLI::App& app, Command& selected);
+void add_align_command(CLI::App& app, Command& selected);
 
 }  // namespace ditrl::app
