@@ -203,7 +203,7 @@ Tensors JointTransformerBlock::forward(const Tensors& inputs, const ForwardConte
     ctx.record(path + ".norm1", "out0", x_in);
     ctx.record(path + ".norm1_context", "out0", c_in);
     ctx.record(path + ".attn", "out0", attn_x);
-    ctx.record(path + ".attn", "out1", attn_c);
+    if (attn_c.defined()) ctx.record(path + ".attn", "out1", attn_c);  // none in the context_pre_only block
   }
   at::Tensor h = x + m[2].unsqueeze(1) * attn_x;
   if (attn2) {
