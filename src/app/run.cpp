@@ -10,6 +10,7 @@
 #include <ditrl/rollout/trajectory_file.hpp>
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -90,6 +91,23 @@ std::unique_ptr<shard::ShardedParams> shard_family(models::Family& family, const
   return std::make_unique<shard::ShardedParams>(family, family.wrap_units(), plan, comm, options);
 }
 
+// Each rank writes its own samples' forwards to its own serial file.
+void open_parity_dump(Run& run) {
+  const config::Config& c = run.config;
+  const std::filesystem::path dir = std::filesystem::path(c.run.out_dir) / "debug";
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / fmt::format("dump-rank{}.h5", run.world.rank)).string();
+  run.dump =
+      std::make_unique<rl::ParityDump>(path, rl::ParityDumpOptions{c.debug.rollouts, c.debug.samples, c.debug.steps});
+  run.sampler.dump = run.dump.get();
+  spdlog::info("[debug] dump: rollouts [{}], samples [{}], steps [{}] -> {}{}", fmt::join(c.debug.rollouts, ", "),
+               fmt::join(c.debug.samples, ", "),
+               c.debug.steps.empty() ? std::string("trained") : fmt::format("{}", fmt::join(c.debug.steps, ", ")), path,
+               c.train.loss == "grpo" ? ""
+                                      : " (rollout side only: the " + c.train.loss +
+                                            " training forward runs on corrupted latents, not the rollout's)");
+}
+
 }  // namespace
 
 Run open_run(const config::Config& config, const dist::MpiRuntime& mpi) {
@@ -155,6 +173,7 @@ Run open_run(const config::Config& config, const dist::MpiRuntime& mpi) {
     run.needs_negative |= models::uses_cfg(*run.family, run.sampler.guidance, run.schedule.timestep(i));
 
   run.params = shard_family(*run.family, c, *run.comm);
+  if (c.debug.dump) open_parity_dump(run);
   return run;
 }
 
@@ -209,6 +228,7 @@ RolloutBatch collect_rollout(Run& run, int64_t rollout_id) {
   batch.prompt_index = at::tensor(rows, at::kLong);
   batch.sample_index = at::tensor(samples, at::kLong);
   batch.latent_shape = run.latent_shape;
+  batch.rollout_id = rollout_id;
 
   // Every sample of a rollout shares its SDE steps, drawn per rollout.
   const rl::StepSelection steps = rl::select_steps(
