@@ -309,7 +309,7 @@ TEST_CASE("sd3: gradients reach every parameter", "[models][sd3]") {
 }
 
 TEST_CASE("families: registry, conditioning lookup and CFG combine", "[models][family]") {
-  CHECK(family_names() == std::vector<std::string>{"sd3"});
+  CHECK(family_names() == std::vector<std::string>{"ltx", "sd3"});
   FamilyOptions o;
   o.family = "flux";
   CHECK_THROWS_WITH(create_family(o), Contains("unknown model family 'flux'") && Contains("sd3"));

@@ -48,6 +48,7 @@ struct LatentGrid {
   int64_t frames = 1;
   int64_t height = 16;
   int64_t width = 16;
+  double fps = 24.0;  // frame rate of the video (LTX RoPE time coordinates)
 };
 
 struct DtypeOverride {
@@ -79,6 +80,9 @@ struct FamilyOptions {
   std::string attention = "math";
   LoraOptions lora;
   precision::InputPolicy inputs;  // boundary casts applied inside noise_pred
+  // Grid of the latents noise_pred receives, for families whose latents are
+  // token sequences that do not carry it (LTX builds its RoPE positions from it).
+  LatentGrid latent_grid;
 };
 
 class Family : public torch::nn::Module {
@@ -116,6 +120,11 @@ class Family : public torch::nn::Module {
 
   virtual std::vector<int64_t> latent_shape(int64_t batch, const LatentGrid& grid) const = 0;
   virtual std::vector<CondSpec> cond_spec() const = 0;
+
+  // The parameter name of a tensor stored as `stored` in a checkpoint, or
+  // nullopt for a tensor of the file that is not part of this model (skipped
+  // on load; e.g. the VAE of a single-file LTX checkpoint).
+  virtual std::optional<std::string> checkpoint_name(const std::string& stored) const { return stored; }
 };
 
 // Builds a family from options (preset or config.json, LoRA adapters
