@@ -59,6 +59,14 @@ at::Tensor self_attention_bias(const at::Tensor& weights, c10::ScalarType dtype)
   return bias.unsqueeze(1);
 }
 
+// An additive bias of zeros masks nothing: it is dropped, since a mask given
+// to attention changes the kernel (flash only runs unmasked), and attention
+// is passed a mask only when it masks something.
+at::Tensor unless_masks_nothing(const at::Tensor& bias) {
+  if (bias.defined() && bias.eq(0).all().item<bool>()) return {};
+  return bias;
+}
+
 void require(bool ok, const std::string& name, const at::Tensor& t, const std::string& expected) {
   if (!ok) fail("ltx: input '{}' has shape {}, expected {}", name, shape_of(t), expected);
 }
@@ -105,7 +113,8 @@ LTX::LTX(const LtxConfig& config, const FamilyOptions& options)
   const int64_t dim = c.inner_dim();
   patchify_proj = register_module("patchify_proj", std::make_shared<Linear>(c.in_channels, dim, true, opts));
   adaln_single = register_module("adaln_single", std::make_shared<LtxAdaLN>(dim, c.adaln_rows(), opts));
-  if (c.prompt_adaln()) prompt_adaln_single = register_module("prompt_adaln_single", std::make_shared<LtxAdaLN>(dim, 2, opts));
+  if (c.prompt_adaln())
+    prompt_adaln_single = register_module("prompt_adaln_single", std::make_shared<LtxAdaLN>(dim, 2, opts));
   if (c.caption_projection)
     caption_projection = register_module(
         "caption_projection", std::make_shared<MLPEmbedding>(c.caption_channels, dim, dim, Activation::GeluTanh, opts));
@@ -120,11 +129,12 @@ LTX::LTX(const LtxConfig& config, const FamilyOptions& options)
       audio_prompt_adaln_single =
           register_module("audio_prompt_adaln_single", std::make_shared<LtxAdaLN>(adim, 2, opts));
     if (c.caption_projection)
-      audio_caption_projection = register_module(
-          "audio_caption_projection",
-          std::make_shared<MLPEmbedding>(c.caption_channels, adim, adim, Activation::GeluTanh, opts));
+      audio_caption_projection =
+          register_module("audio_caption_projection",
+                          std::make_shared<MLPEmbedding>(c.caption_channels, adim, adim, Activation::GeluTanh, opts));
     audio_scale_shift_table = register_parameter("audio_scale_shift_table", at::empty({2, adim}, opts));
-    audio_proj_out = register_module("audio_proj_out", std::make_shared<Linear>(adim, c.audio_out_channels, true, opts));
+    audio_proj_out =
+        register_module("audio_proj_out", std::make_shared<Linear>(adim, c.audio_out_channels, true, opts));
     av_ca_video_scale_shift_adaln_single =
         register_module("av_ca_video_scale_shift_adaln_single", std::make_shared<LtxAdaLN>(dim, 4, opts));
     av_ca_audio_scale_shift_adaln_single =
@@ -193,9 +203,11 @@ LTX::StreamModules LTX::stream_modules(bool audio) const {
 
 void LTX::check_modality(const LtxModality& m, const StreamModules& s) const {
   const std::string n = s.input + ".";
-  for (const auto& [name, t] : std::vector<std::pair<const char*, const at::Tensor*>>{
-           {"latent", &m.latent}, {"sigma", &m.sigma}, {"timesteps", &m.timesteps}, {"positions", &m.positions},
-           {"context", &m.context}})
+  for (const auto& [name, t] : std::vector<std::pair<const char*, const at::Tensor*>>{{"latent", &m.latent},
+                                                                                      {"sigma", &m.sigma},
+                                                                                      {"timesteps", &m.timesteps},
+                                                                                      {"positions", &m.positions},
+                                                                                      {"context", &m.context}})
     if (!t->defined()) fail("ltx: input '{}{}' is missing", n, name);
   require(m.latent.dim() == 3 && m.latent.size(2) == s.in_channels, n + "latent", m.latent,
           fmt::format("(B, T, {})", s.in_channels));
@@ -230,13 +242,18 @@ LtxStream LTX::prepare(const LtxModality& m, const StreamModules& s, at::Tensor&
   LtxStream out;
   out.x = s.patchify_proj->forward(m.latent);
   ctx.record(s.prefix + "patchify_proj", "out0", out.x);
-  auto [timestep, emb] = s.adaln->forward(m.timesteps * scale, dtype);
+  // The AdaLNs' inputs (sigma x 1000 as they consume it) are parity dump points.
+  const at::Tensor scaled_timesteps = (m.timesteps * scale).flatten();
+  ctx.record(s.prefix + "adaln_single", "in0", scaled_timesteps);
+  auto [timestep, emb] = s.adaln->forward(scaled_timesteps, dtype);
   ctx.record(s.prefix + "adaln_single", "out0", timestep);
   ctx.record(s.prefix + "adaln_single", "out1", emb);
   out.timestep = timestep.view({b, -1, timestep.size(-1)});
   embedded = emb.view({b, -1, emb.size(-1)});
   if (s.prompt_adaln) {
-    auto [prompt, prompt_emb] = s.prompt_adaln->forward(m.sigma * scale, dtype);
+    const at::Tensor scaled_sigma = m.sigma * scale;
+    ctx.record(s.prefix + "prompt_adaln_single", "in0", scaled_sigma);
+    auto [prompt, prompt_emb] = s.prompt_adaln->forward(scaled_sigma, dtype);
     ctx.record(s.prefix + "prompt_adaln_single", "out0", prompt);
     ctx.record(s.prefix + "prompt_adaln_single", "out1", prompt_emb);
     out.prompt_timestep = prompt.view({b, -1, prompt.size(-1)});
@@ -247,7 +264,7 @@ LtxStream LTX::prepare(const LtxModality& m, const StreamModules& s, at::Tensor&
     ctx.record(s.prefix + "caption_projection", "out0", context);
   }
   out.context = context.view({b, -1, out.x.size(-1)});
-  out.context_mask = context_bias(m.context_mask, dtype, s.input + ".context_mask");
+  out.context_mask = unless_masks_nothing(context_bias(m.context_mask, dtype, s.input + ".context_mask"));
   RopeOptions rope;
   rope.inner_dim = s.dim;
   rope.heads = s.heads;
@@ -256,7 +273,7 @@ LtxStream LTX::prepare(const LtxModality& m, const StreamModules& s, at::Tensor&
   rope.double_precision = config_.double_precision_rope;
   rope.middle = config_.use_middle_indices_grid;
   out.pe = ltx_rope_tables(m.positions, rope, dtype);
-  out.self_mask = self_attention_bias(m.attention_mask, dtype);
+  out.self_mask = unless_masks_nothing(self_attention_bias(m.attention_mask, dtype));
   return out;
 }
 
@@ -274,13 +291,16 @@ void LTX::prepare_cross(LtxStream& stream, const LtxModality& m, const LtxModali
   rope.middle = true;
   stream.cross_pe = ltx_rope_tables(m.positions.slice(1, 0, 1), rope, dtype);
   const double scale = c.timestep_scale_multiplier;
-  auto [scale_shift, ss_emb] = s.cross_scale_shift->forward(m.timesteps * scale, dtype);
+  const at::Tensor scaled_timesteps = (m.timesteps * scale).flatten();
+  ctx.record(s.cross_scale_shift_name, "in0", scaled_timesteps);
+  auto [scale_shift, ss_emb] = s.cross_scale_shift->forward(scaled_timesteps, dtype);
   ctx.record(s.cross_scale_shift_name, "out0", scale_shift);
   ctx.record(s.cross_scale_shift_name, "out1", ss_emb);
   stream.cross_scale_shift = scale_shift.view({b, -1, scale_shift.size(-1)});
   // The gate of this stream's cross attention follows the other stream's sigma.
-  auto [gate, gate_emb] =
-      s.cross_gate->forward(other.sigma * scale * (c.av_ca_timestep_scale_multiplier / scale), dtype);
+  const at::Tensor scaled_other = other.sigma * scale * (c.av_ca_timestep_scale_multiplier / scale);
+  ctx.record(s.cross_gate_name, "in0", scaled_other);
+  auto [gate, gate_emb] = s.cross_gate->forward(scaled_other, dtype);
   ctx.record(s.cross_gate_name, "out0", gate);
   ctx.record(s.cross_gate_name, "out1", gate_emb);
   stream.cross_gate = gate.view({b, -1, gate.size(-1)});
@@ -288,18 +308,21 @@ void LTX::prepare_cross(LtxStream& stream, const LtxModality& m, const LtxModali
 
 // ltx_core _process_output: (shift, scale) = table + embedded timestep, the
 // LayerNorm without affine, the modulation, proj_out.
-at::Tensor LTX::output(const at::Tensor& x, const at::Tensor& embedded, const StreamModules& s) const {
+at::Tensor LTX::output(const at::Tensor& x, const at::Tensor& embedded, const StreamModules& s,
+                       const ForwardContext& ctx) const {
   const std::vector<at::Tensor> sst =
       (s.table->unsqueeze(0).unsqueeze(0).to(x.scalar_type()) + embedded.unsqueeze(2)).unbind(2);
   const at::Tensor& shift = sst[0];
   const at::Tensor& scale = sst[1];
-  if (config_.fp32_output_tail && x.scalar_type() != at::kFloat) {
-    // LayerNorm of fp32 x, the modulation promoted to fp32 ((1 + scale) is
-    // still formed in the forward dtype, as under autocast), one rounding.
-    const at::Tensor tail = layer_norm(x.to(at::kFloat), kNormOutEps) * (1 + scale) + shift;
-    return s.proj_out->forward(tail.to(x.scalar_type()));
-  }
-  return s.proj_out->forward(layer_norm(x, kNormOutEps) * (1 + scale) + shift);
+  // fp32 tail: LayerNorm of fp32 x, the modulation promoted to fp32 ((1 +
+  // scale) is still formed in the forward dtype, as under autocast), one
+  // rounding before proj_out. Else ltx_core's eager ops in the forward dtype.
+  const at::Tensor tail = config_.fp32_output_tail && x.scalar_type() != at::kFloat
+                              ? (layer_norm(x.to(at::kFloat), kNormOutEps) * (1 + scale) + shift).to(x.scalar_type())
+                              : layer_norm(x, kNormOutEps) * (1 + scale) + shift;
+  const at::Tensor out = s.proj_out->forward(tail);
+  ctx.record(s.prefix + "proj_out", "out0", out);
+  return out;
 }
 
 std::pair<at::Tensor, at::Tensor> LTX::forward(const LtxModality& video, const LtxModality* audio,
@@ -328,14 +351,17 @@ std::pair<at::Tensor, at::Tensor> LTX::forward(const LtxModality& video, const L
     Tensors inputs;
     v.append_to(inputs);
     if (with_audio) a.append_to(inputs);
-    const Tensors out = ctx.run_unit(i, inputs, [block, with_audio](const Tensors& in) {
+    // Names are built only when a tap listens; the unit function may be
+    // called again in backward, so it holds copies, not references.
+    const std::string module = ctx.tap ? "transformer_blocks." + std::to_string(i) : std::string();
+    Tap* tap = ctx.tap;
+    const Tensors out = ctx.run_unit(i, inputs, [block, with_audio, tap, module](const Tensors& in) {
       const LtxStream vi = LtxStream::from(in, 0);
-      if (!with_audio) return Tensors{block->forward(vi, nullptr).first};
+      if (!with_audio) return Tensors{block->forward(vi, nullptr, tap, module).first};
       const LtxStream ai = LtxStream::from(in, LtxStream::kTensors);
-      const auto [vx, ax] = block->forward(vi, &ai);
+      const auto [vx, ax] = block->forward(vi, &ai, tap, module);
       return Tensors{vx, ax};
     });
-    const std::string module = "transformer_blocks." + std::to_string(i);
     v.x = out.at(0);
     ctx.record(module, "out0", v.x);
     if (with_audio) {
@@ -343,8 +369,8 @@ std::pair<at::Tensor, at::Tensor> LTX::forward(const LtxModality& video, const L
       ctx.record(module, "out1", a.x);
     }
   }
-  at::Tensor vout = output(v.x, v_embedded, vs);
-  at::Tensor aout = audio ? output(a.x, a_embedded, as) : at::Tensor();
+  at::Tensor vout = output(v.x, v_embedded, vs, ctx);
+  at::Tensor aout = audio ? output(a.x, a_embedded, as, ctx) : at::Tensor();
   return {vout, aout};
 }
 
@@ -363,16 +389,14 @@ at::Tensor LTX::noise_pred(const at::Tensor& latents, const at::Tensor& /*timest
     fail("ltx: latents have {} tokens but the latent grid {}x{}x{} ([rollout] frames, height, width) has {}",
          latents.size(1), grid_.frames, grid_.height, grid_.width, tokens);
   const int64_t b = latents.size(0);
-  if (sigmas.dim() != 1 || sigmas.size(0) != b)
-    fail("ltx: sigmas have shape {}, expected ({})", shape_of(sigmas), b);
+  if (sigmas.dim() != 1 || sigmas.size(0) != b) fail("ltx: sigmas have shape {}, expected ({})", shape_of(sigmas), b);
   LtxModality video;
   video.latent = inputs_.cast_latents(latents);
   // sigma in [0, 1] as the rollout recorded it; one AdaLN row per sample
   // (every token of a text-to-video sample is at the same noise level).
   video.sigma = inputs_.cast_timestep(sigmas);
   video.timesteps = video.sigma.view({b, 1});
-  video.positions =
-      ltx_video_positions(b, grid_.frames, grid_.height, grid_.width, grid_.fps, latents.device());
+  video.positions = ltx_video_positions(b, grid_.frames, grid_.height, grid_.width, grid_.fps, latents.device());
   video.context = inputs_.cast_cond(cond.at("video.context"));
   if (cond.has("video.context_mask")) video.context_mask = inputs_.cast_cond(cond.at("video.context_mask"));
   const at::Tensor v = forward(video, nullptr, ctx).first;
@@ -396,13 +420,13 @@ std::map<std::string, at::Tensor> LTX::reference_forward(const std::map<std::str
       fail("ltx: unexpected input '{}' (the forward takes video.<field> and audio.<field> for fields {})", name,
            fmt::join(fields, ", "));
     LtxModality& m = modalities[stream];
-    at::Tensor* slot = field == "latent"           ? &m.latent
-                       : field == "sigma"          ? &m.sigma
-                       : field == "timesteps"      ? &m.timesteps
-                       : field == "positions"      ? &m.positions
-                       : field == "context"        ? &m.context
-                       : field == "context_mask"   ? &m.context_mask
-                                                   : &m.attention_mask;
+    at::Tensor* slot = field == "latent"         ? &m.latent
+                       : field == "sigma"        ? &m.sigma
+                       : field == "timesteps"    ? &m.timesteps
+                       : field == "positions"    ? &m.positions
+                       : field == "context"      ? &m.context
+                       : field == "context_mask" ? &m.context_mask
+                                                 : &m.attention_mask;
     *slot = tensor;
   }
   if (!modalities.count("video")) fail("ltx: no video.* inputs (the video stream is required)");
@@ -430,8 +454,8 @@ std::vector<std::string> LTX::default_lora_targets() const {
   // families.md §3.7's projections, limited to the video stream the trainer
   // runs: the bare suffixes ("to_q", "net.2") would also adapt the audio and
   // A/V attentions, whose adapters never get a gradient on the video path.
-  return {"attn1.to_q",    "attn1.to_k",    "attn1.to_v",    "attn1.to_out.0", "attn2.to_q",
-          "attn2.to_k",    "attn2.to_v",    "attn2.to_out.0", "ff.net.0.proj",  "ff.net.2"};
+  return {"attn1.to_q", "attn1.to_k", "attn1.to_v",     "attn1.to_out.0", "attn2.to_q",
+          "attn2.to_k", "attn2.to_v", "attn2.to_out.0", "ff.net.0.proj",  "ff.net.2"};
 }
 
 std::vector<int64_t> LTX::latent_shape(int64_t batch, const LatentGrid& grid) const {

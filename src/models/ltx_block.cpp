@@ -44,7 +44,8 @@ LtxAttention::LtxAttention(int64_t query_dim, int64_t context_dim, int64_t heads
   to_q = register_module("to_q", std::make_shared<Linear>(query_dim, inner, true, options));
   to_k = register_module("to_k", std::make_shared<Linear>(context_dim, inner, true, options));
   to_v = register_module("to_v", std::make_shared<Linear>(context_dim, inner, true, options));
-  if (gated) to_gate_logits = register_module("to_gate_logits", std::make_shared<Linear>(query_dim, heads, true, options));
+  if (gated)
+    to_gate_logits = register_module("to_gate_logits", std::make_shared<Linear>(query_dim, heads, true, options));
   auto out = register_module("to_out", std::make_shared<Container>());
   to_out = out->register_module("0", std::make_shared<Linear>(inner, query_dim, true, options));
 }
@@ -112,14 +113,16 @@ LtxBlock::LtxBlock(const LtxConfig& c, AttentionBackend backend, const at::Tenso
     audio_attn1 = attention("audio_attn1", adim, adim, c.audio_num_attention_heads, c.audio_attention_head_dim);
     audio_attn2 = attention("audio_attn2", adim, c.audio_cross_attention_dim, c.audio_num_attention_heads,
                             c.audio_attention_head_dim);
-    audio_ff = register_module("audio_ff", std::make_shared<FeedForward>(adim, 4 * adim, adim, c.audio_ff_bias, options));
+    audio_ff =
+        register_module("audio_ff", std::make_shared<FeedForward>(adim, 4 * adim, adim, c.audio_ff_bias, options));
     audio_scale_shift_table = register_parameter("audio_scale_shift_table", at::empty({c.adaln_rows(), adim}, options));
     // Both A/V attentions use the audio heads: q from one stream, k/v from the other.
     audio_to_video_attn =
         attention("audio_to_video_attn", dim, adim, c.audio_num_attention_heads, c.audio_attention_head_dim);
     video_to_audio_attn =
         attention("video_to_audio_attn", adim, dim, c.audio_num_attention_heads, c.audio_attention_head_dim);
-    scale_shift_table_a2v_ca_audio = register_parameter("scale_shift_table_a2v_ca_audio", at::empty({5, adim}, options));
+    scale_shift_table_a2v_ca_audio =
+        register_parameter("scale_shift_table_a2v_ca_audio", at::empty({5, adim}, options));
     scale_shift_table_a2v_ca_video = register_parameter("scale_shift_table_a2v_ca_video", at::empty({5, dim}, options));
   }
   if (c.cross_attention_adaln) {
@@ -132,34 +135,55 @@ LtxBlock::LtxBlock(const LtxConfig& c, AttentionBackend backend, const at::Tenso
 
 // ltx_core _apply_text_cross_attention / apply_cross_attention_adaln.
 at::Tensor LtxBlock::text_cross_attention(const at::Tensor& x, const LtxStream& s, const LtxAttention& attn,
-                                          const at::Tensor& table, const at::Tensor& prompt_table) const {
-  if (!config_.cross_attention_adaln) return attn.forward(rms(x, config_.norm_eps), s.context, s.context_mask, {}, {});
+                                          const at::Tensor& table, const at::Tensor& prompt_table,
+                                          const std::function<void(const at::Tensor&)>& record) const {
+  if (!config_.cross_attention_adaln) {
+    const at::Tensor out = attn.forward(rms(x, config_.norm_eps), s.context, s.context_mask, {}, {});
+    record(out);
+    return out;
+  }
   const std::vector<at::Tensor> q = ada_values(table, s.timestep, 6, 3);  // shift_q, scale_q, gate
   const int64_t b = x.size(0);
-  const std::vector<at::Tensor> kv =
-      (prompt_table.unsqueeze(0).unsqueeze(0).to(x.scalar_type()) +
-       s.prompt_timestep.reshape({b, s.prompt_timestep.size(1), 2, -1}))
-          .unbind(2);  // shift_kv, scale_kv
+  const std::vector<at::Tensor> kv = (prompt_table.unsqueeze(0).unsqueeze(0).to(x.scalar_type()) +
+                                      s.prompt_timestep.reshape({b, s.prompt_timestep.size(1), 2, -1}))
+                                         .unbind(2);  // shift_kv, scale_kv
   const at::Tensor query = rms(x, config_.norm_eps) * (1 + q[1]) + q[0];
   const at::Tensor context = s.context * (1 + kv[1]) + kv[0];
-  return attn.forward(query, context, s.context_mask, {}, {}) * q[2];
+  const at::Tensor out = attn.forward(query, context, s.context_mask, {}, {});
+  record(out);
+  return out * q[2];
 }
 
-std::pair<at::Tensor, at::Tensor> LtxBlock::forward(const LtxStream& v, const LtxStream* a) const {
+std::pair<at::Tensor, at::Tensor> LtxBlock::forward(const LtxStream& v, const LtxStream* a, Tap* tap,
+                                                    const std::string& module) const {
+  // Parity dump points: built only when a tap listens.
+  const auto record = [tap, &module](const char* sub, const at::Tensor& value) {
+    if (tap) ForwardContext{nullptr, tap}.record(module + sub, "out0", value);
+  };
+  const auto recorder = [&record](const char* sub) {
+    return [&record, sub](const at::Tensor& value) { record(sub, value); };
+  };
   const double eps = config_.norm_eps;
   at::Tensor vx = v.x;
   at::Tensor ax = a ? a->x : at::Tensor();
   {
     const std::vector<at::Tensor> m = ada_values(scale_shift_table, v.timestep, 0, 3);  // shift, scale, gate
     const at::Tensor norm = rms(vx, eps) * (1 + m[1]) + m[0];
-    vx = vx + attn1->forward(norm, norm, v.self_mask, &v.pe, nullptr) * m[2];
-    vx = vx + text_cross_attention(vx, v, *attn2, scale_shift_table, prompt_scale_shift_table);
+    record(".norm1", norm);
+    const at::Tensor attn = attn1->forward(norm, norm, v.self_mask, &v.pe, nullptr);
+    record(".attn1", attn);
+    vx = vx + attn * m[2];
+    vx = vx + text_cross_attention(vx, v, *attn2, scale_shift_table, prompt_scale_shift_table, recorder(".attn2"));
   }
   if (a) {
     const std::vector<at::Tensor> m = ada_values(audio_scale_shift_table, a->timestep, 0, 3);
     const at::Tensor norm = rms(ax, eps) * (1 + m[1]) + m[0];
-    ax = ax + audio_attn1->forward(norm, norm, a->self_mask, &a->pe, nullptr) * m[2];
-    ax = ax + text_cross_attention(ax, *a, *audio_attn2, audio_scale_shift_table, audio_prompt_scale_shift_table);
+    record(".audio_norm1", norm);
+    const at::Tensor attn = audio_attn1->forward(norm, norm, a->self_mask, &a->pe, nullptr);
+    record(".audio_attn1", attn);
+    ax = ax + attn * m[2];
+    ax = ax + text_cross_attention(ax, *a, *audio_attn2, audio_scale_shift_table, audio_prompt_scale_shift_table,
+                                   recorder(".audio_attn2"));
 
     // Both directions read the streams as they were before either update.
     const at::Tensor vn = rms(vx, eps);
@@ -169,14 +193,18 @@ std::pair<at::Tensor, at::Tensor> LtxBlock::forward(const LtxStream& v, const Lt
       const at::Tensor vq = vn * (1 + mv.scale) + mv.shift;
       const AvModulation ma = av_values(scale_shift_table_a2v_ca_audio, a->cross_scale_shift, a->cross_gate, 0);
       const at::Tensor akv = an * (1 + ma.scale) + ma.shift;
-      vx = vx + audio_to_video_attn->forward(vq, akv, {}, &v.cross_pe, &a->cross_pe) * mv.gate;
+      const at::Tensor attn = audio_to_video_attn->forward(vq, akv, {}, &v.cross_pe, &a->cross_pe);
+      record(".audio_to_video_attn", attn);
+      vx = vx + attn * mv.gate;
     }
     {  // video -> audio: rows 2, 3, the audio gate
       const AvModulation ma = av_values(scale_shift_table_a2v_ca_audio, a->cross_scale_shift, a->cross_gate, 2);
       const at::Tensor aq = an * (1 + ma.scale) + ma.shift;
       const AvModulation mv = av_values(scale_shift_table_a2v_ca_video, v.cross_scale_shift, v.cross_gate, 2);
       const at::Tensor vkv = vn * (1 + mv.scale) + mv.shift;
-      ax = ax + video_to_audio_attn->forward(aq, vkv, {}, &a->cross_pe, &v.cross_pe) * ma.gate;
+      const at::Tensor attn = video_to_audio_attn->forward(aq, vkv, {}, &a->cross_pe, &v.cross_pe);
+      record(".video_to_audio_attn", attn);
+      ax = ax + attn * ma.gate;
     }
   }
   {

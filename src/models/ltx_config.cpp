@@ -1,8 +1,8 @@
 #include <ditrl/error.hpp>
 #include <ditrl/models/ltx.hpp>
 
-#include <boost/json.hpp>
 #include <spdlog/spdlog.h>
+#include <boost/json.hpp>
 
 #include <functional>
 #include <map>
@@ -130,7 +130,8 @@ LtxConfig LtxConfig::from_json(const std::string& text_in, const std::string& so
       const bool same = (expected.is_double() && (v.is_double() || v.is_int64()))
                             ? as_double(v, k, source) == expected.get_double()
                             : v == expected;
-      if (!same) fail("{}: '{}' = {} is not supported: ltx_core builds LTX-2 with {}", source, k, text(v), text(expected));
+      if (!same)
+        fail("{}: '{}' = {} is not supported: ltx_core builds LTX-2 with {}", source, k, text(v), text(expected));
     };
   };
   const auto ignored = [](const json::value&, const std::string&) {};
@@ -251,8 +252,9 @@ void LtxConfig::validate() const {
   if (audio_attention_head_dim % 2 != 0)
     fail("ltx config: audio_attention_head_dim {} must be even (RoPE)", audio_attention_head_dim);
   if (audio_cross_attention_dim != audio_inner_dim())
-    fail("ltx config: audio_cross_attention_dim {} must equal audio_num_attention_heads x audio_attention_head_dim = {}",
-         audio_cross_attention_dim, audio_inner_dim());
+    fail(
+        "ltx config: audio_cross_attention_dim {} must equal audio_num_attention_heads x audio_attention_head_dim = {}",
+        audio_cross_attention_dim, audio_inner_dim());
   if (audio_positional_embedding_max_pos.size() != 1)
     fail("ltx config: audio_positional_embedding_max_pos must have 1 entry (time), got {}",
          audio_positional_embedding_max_pos.size());

@@ -80,8 +80,8 @@ at::Tensor ltx_video_positions(int64_t batch, int64_t frames, int64_t height, in
   const auto i64 = at::TensorOptions().dtype(at::kLong).device(device);
   const std::vector<at::Tensor> mesh =
       at::meshgrid({at::arange(frames, i64), at::arange(height, i64), at::arange(width, i64)}, "ij");
-  const at::Tensor start = at::stack(mesh, 0).reshape({3, -1});     // (3, T)
-  const at::Tensor bounds = at::stack({start, start + 1}, -1);       // (3, T, 2), patch size 1
+  const at::Tensor start = at::stack(mesh, 0).reshape({3, -1});  // (3, T)
+  const at::Tensor bounds = at::stack({start, start + 1}, -1);   // (3, T, 2), patch size 1
   const at::Tensor scale = at::tensor({8.0f, 32.0f, 32.0f}, at::TensorOptions().device(device)).view({3, 1, 1});
   at::Tensor pixels = bounds.to(at::kFloat) * scale;
   const at::Tensor time = ((pixels.select(0, 0) + 1 - 8).clamp_min(0)) / fps;

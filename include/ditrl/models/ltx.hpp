@@ -17,6 +17,7 @@
 #include <ditrl/models/ltx_rope.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -140,18 +141,25 @@ class LtxBlock : public torch::nn::Module {
  public:
   LtxBlock(const LtxConfig& config, AttentionBackend backend, const at::TensorOptions& options);
   // ltx_core BasicAVTransformerBlock.forward: video (required) and audio
-  // (nullptr: the video-only path) -> (video x, audio x or undefined).
-  std::pair<at::Tensor, at::Tensor> forward(const LtxStream& video, const LtxStream* audio) const;
+  // (nullptr: the video-only path) -> (video x, audio x or undefined). With a
+  // tap, records the parity dump points under `module` (the block's path):
+  // the modulated self-attention inputs (".norm1", ".audio_norm1") and every
+  // attention's output before its gate (".attn1", ".attn2", ".audio_attn1",
+  // ".audio_attn2", ".audio_to_video_attn", ".video_to_audio_attn"), "out0".
+  std::pair<at::Tensor, at::Tensor> forward(const LtxStream& video, const LtxStream* audio, Tap* tap = nullptr,
+                                            const std::string& module = {}) const;
 
   std::shared_ptr<LtxAttention> attn1, attn2, audio_attn1, audio_attn2, audio_to_video_attn, video_to_audio_attn;
   std::shared_ptr<FeedForward> ff, audio_ff;
-  at::Tensor scale_shift_table, audio_scale_shift_table;                            // [rows, D]
-  at::Tensor prompt_scale_shift_table, audio_prompt_scale_shift_table;              // [2, D] (2.3)
-  at::Tensor scale_shift_table_a2v_ca_video, scale_shift_table_a2v_ca_audio;       // [5, D]
+  at::Tensor scale_shift_table, audio_scale_shift_table;                      // [rows, D]
+  at::Tensor prompt_scale_shift_table, audio_prompt_scale_shift_table;        // [2, D] (2.3)
+  at::Tensor scale_shift_table_a2v_ca_video, scale_shift_table_a2v_ca_audio;  // [5, D]
 
  private:
+  // The gated update of the text cross attention; `record` receives the attention's output.
   at::Tensor text_cross_attention(const at::Tensor& x, const LtxStream& s, const LtxAttention& attn,
-                                  const at::Tensor& table, const at::Tensor& prompt_table) const;
+                                  const at::Tensor& table, const at::Tensor& prompt_table,
+                                  const std::function<void(const at::Tensor&)>& record) const;
   LtxConfig config_;
 };
 
@@ -222,7 +230,8 @@ class LTX : public Family {
   // The A/V additions of MultiModalTransformerArgsPreprocessor.prepare.
   void prepare_cross(LtxStream& stream, const LtxModality& m, const LtxModality& other, const StreamModules& s,
                      const ForwardContext& ctx) const;
-  at::Tensor output(const at::Tensor& x, const at::Tensor& embedded, const StreamModules& s) const;
+  at::Tensor output(const at::Tensor& x, const at::Tensor& embedded, const StreamModules& s,
+                    const ForwardContext& ctx) const;
   void check_modality(const LtxModality& m, const StreamModules& s) const;
 
   LtxConfig config_;
