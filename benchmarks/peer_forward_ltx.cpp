@@ -304,7 +304,8 @@ Row measure(const Case& c, const std::string& dir, int threads, bool tuned, cons
 }  // namespace
 
 int main(int argc, char** argv) {
-  const fs::path source_dir = fs::path(__FILE__).parent_path();
+  // Not __FILE__: ccache's CCACHE_BASEDIR makes that path relative to the build directory.
+  const fs::path source_dir = DITRL_BENCHMARKS_DIR;
   std::vector<int> thread_counts = {1, static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))};
   std::string python = "/usr/bin/python3";
   std::string out = (source_dir / "results" / "peer_forward_ltx.md").string();

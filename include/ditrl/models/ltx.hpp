@@ -180,7 +180,8 @@ class LTX : public Family {
 
   std::string family_name() const override { return "ltx"; }
   TimestepDomain timestep_domain() const override { return TimestepDomain::Sigma; }
-  // latents (B, F*H*W, in_channels) on FamilyOptions::latent_grid; reads
+  // latents (B, F*H*W, in_channels) tokens on FamilyOptions::latent_grid
+  // (ltx_patchify of the VAE latent; ltx_unpatchify turns them back); reads
   // `sigmas`, ignores `timesteps`. Conditioning "video.context" (and an
   // optional "video.context_mask"). Returns the velocity after ltx_core's x0
   // round trip (algorithms.md §9.4, see ltx.cpp).
@@ -194,6 +195,9 @@ class LTX : public Family {
                                                       const ForwardContext& ctx) override;
   std::vector<WrapUnit> wrap_units() override;
   std::vector<std::string> default_lora_targets() const override;
+  // None: ltx_core (and miles' LTX trainer) keep every parameter in the
+  // forward dtype; only the sinusoid, the RoPE grid/angles and the x0 round
+  // trip are computed in fp32 (and the output tail, fp32_output_tail).
   std::vector<DtypeOverride> default_overrides() const override { return {}; }
   bool supports_cfg() const override { return false; }
   std::vector<int64_t> latent_shape(int64_t batch, const LatentGrid& grid) const override;
