@@ -53,6 +53,7 @@ models::FamilyOptions family_options(const config::Config& c, bool meta) {
   o.lora.seed = c.model.init_seed;
   o.inputs = precision::InputPolicy::resolve(c.precision.inputs.latents, c.precision.inputs.cond,
                                              c.precision.inputs.timestep, precision::parse_dtype(c.precision.forward));
+  o.latent_grid = {c.rollout.frames, c.rollout.height, c.rollout.width, c.rollout.fps};
   return o;
 }
 
@@ -146,7 +147,7 @@ Run open_run(const config::Config& config, const dist::MpiRuntime& mpi) {
   reward.work_dir = (std::filesystem::path(c.run.out_dir) / "reward").string();
   run.reward = rollout::make_reward(reward);
 
-  const models::LatentGrid grid{c.rollout.frames, c.rollout.height, c.rollout.width};
+  const models::LatentGrid grid{c.rollout.frames, c.rollout.height, c.rollout.width, c.rollout.fps};
   run.schedule = diffusion::family_schedule(c.model.family, {c.rollout.steps, c.rollout.shift, grid.frames,
                                                               grid.height, grid.width});
   const std::vector<int64_t> shape = run.family->latent_shape(1, grid);
