@@ -85,3 +85,7 @@ TEST_CASE("recipes: Qwen-Image Flow-GRPO proxy reproduces its standard", "[e2e][
 TEST_CASE("recipes: Wan2.2 two-expert Flow-GRPO proxy reproduces its standard", "[e2e][standard][recipe]") {
   check_standard("proxy_wan22_grpo");
 }
+
+TEST_CASE("recipes: Wan2.2 two-expert LoRA SFT proxy reproduces its standard", "[e2e][standard][recipe]") {
+  check_standard("proxy_wan22_sft");
+}
