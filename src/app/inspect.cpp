@@ -41,8 +41,11 @@ int inspect(const InspectOptions& o) {
   models::validate_checkpoint(*family, checkpoint);
   int64_t params = 0;
   for (const auto& p : family->parameters()) params += p.numel();
-  std::cout << fmt::format("# matches family {} ({}): {} parameters\n", o.family,
-                           o.config.empty() ? "preset " + o.preset : o.config, params);
+  size_t skipped = 0;
+  for (const std::string& name : checkpoint.names()) skipped += !family->checkpoint_name(name);
+  std::cout << fmt::format("# matches family {} ({}): {} parameters{}\n", o.family,
+                           o.config.empty() ? "preset " + o.preset : o.config, params,
+                           skipped ? fmt::format("; {} tensors of the file are not part of the model", skipped) : "");
   return 0;
 }
 

@@ -10,6 +10,7 @@
 #include <ditrl/rollout/trajectory_file.hpp>
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -52,6 +53,7 @@ models::FamilyOptions family_options(const config::Config& c, bool meta) {
   o.lora.seed = c.model.init_seed;
   o.inputs = precision::InputPolicy::resolve(c.precision.inputs.latents, c.precision.inputs.cond,
                                              c.precision.inputs.timestep, precision::parse_dtype(c.precision.forward));
+  o.latent_grid = {c.rollout.frames, c.rollout.height, c.rollout.width, c.rollout.fps};
   return o;
 }
 
@@ -88,6 +90,23 @@ std::unique_ptr<shard::ShardedParams> shard_family(models::Family& family, const
   options.prefetch = c.parallel.prefetch;
   options.adamw = {c.train.betas.at(0), c.train.betas.at(1), c.train.eps, c.train.weight_decay};
   return std::make_unique<shard::ShardedParams>(family, family.wrap_units(), plan, comm, options);
+}
+
+// Each rank writes its own samples' forwards to its own serial file.
+void open_parity_dump(Run& run) {
+  const config::Config& c = run.config;
+  const std::filesystem::path dir = std::filesystem::path(c.run.out_dir) / "debug";
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / fmt::format("dump-rank{}.h5", run.world.rank)).string();
+  run.dump =
+      std::make_unique<rl::ParityDump>(path, rl::ParityDumpOptions{c.debug.rollouts, c.debug.samples, c.debug.steps});
+  run.sampler.dump = run.dump.get();
+  spdlog::info("[debug] dump: rollouts [{}], samples [{}], steps [{}] -> {}{}", fmt::join(c.debug.rollouts, ", "),
+               fmt::join(c.debug.samples, ", "),
+               c.debug.steps.empty() ? std::string("trained") : fmt::format("{}", fmt::join(c.debug.steps, ", ")), path,
+               c.train.loss == "grpo" ? ""
+                                      : " (rollout side only: the " + c.train.loss +
+                                            " training forward runs on corrupted latents, not the rollout's)");
 }
 
 }  // namespace
@@ -128,7 +147,7 @@ Run open_run(const config::Config& config, const dist::MpiRuntime& mpi) {
   reward.work_dir = (std::filesystem::path(c.run.out_dir) / "reward").string();
   run.reward = rollout::make_reward(reward);
 
-  const models::LatentGrid grid{c.rollout.frames, c.rollout.height, c.rollout.width};
+  const models::LatentGrid grid{c.rollout.frames, c.rollout.height, c.rollout.width, c.rollout.fps};
   run.schedule = diffusion::family_schedule(c.model.family, {c.rollout.steps, c.rollout.shift, grid.frames,
                                                               grid.height, grid.width});
   const std::vector<int64_t> shape = run.family->latent_shape(1, grid);
@@ -155,6 +174,7 @@ Run open_run(const config::Config& config, const dist::MpiRuntime& mpi) {
     run.needs_negative |= models::uses_cfg(*run.family, run.sampler.guidance, run.schedule.timestep(i));
 
   run.params = shard_family(*run.family, c, *run.comm);
+  if (c.debug.dump) open_parity_dump(run);
   return run;
 }
 
@@ -209,6 +229,7 @@ RolloutBatch collect_rollout(Run& run, int64_t rollout_id) {
   batch.prompt_index = at::tensor(rows, at::kLong);
   batch.sample_index = at::tensor(samples, at::kLong);
   batch.latent_shape = run.latent_shape;
+  batch.rollout_id = rollout_id;
 
   // Every sample of a rollout shares its SDE steps, drawn per rollout.
   const rl::StepSelection steps = rl::select_steps(

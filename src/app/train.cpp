@@ -28,6 +28,7 @@
 #include <ditrl/rl/metrics.hpp>
 #include <ditrl/rl/nft_loss.hpp>
 #include <ditrl/rl/pairs.hpp>
+#include <ditrl/rl/parity_dump.hpp>
 #include <ditrl/rl/sft_loss.hpp>
 #include <ditrl/rl/stable_hash.hpp>
 
@@ -285,13 +286,28 @@ class Trainer {
   }
 
   at::Tensor velocity(const app::RolloutBatch& batch, const rl::PreparedBatch& b, const at::Tensor& latents,
-                      bool guided) {
+                      bool guided, const models::ForwardContext& ctx) {
     const models::Cond cond = rows_of(batch.cond, b.prompt_indices);
-    if (!guided) return run_.family->noise_pred(latents, b.timesteps, b.sigmas, cond, run_.forward_context());
+    if (!guided) return run_.family->noise_pred(latents, b.timesteps, b.sigmas, cond, ctx);
     const models::Cond negative = run_.needs_negative ? rows_of(batch.negative, b.prompt_indices) : models::Cond{};
     return models::guided_velocity(*run_.family,
                                    {latents, b.timesteps, b.sigmas, &cond, run_.needs_negative ? &negative : nullptr},
-                                   run_.sampler.guidance, run_.forward_context());
+                                   run_.sampler.guidance, ctx);
+  }
+  at::Tensor velocity(const app::RolloutBatch& batch, const rl::PreparedBatch& b, const at::Tensor& latents,
+                      bool guided) {
+    return velocity(batch, b, latents, guided, run_.forward_context());
+  }
+
+  // The parity-dump tap of a GRPO micro-batch (the rollout forward's batch).
+  std::unique_ptr<models::Tap> dump_tap(const app::RolloutBatch& batch, const rl::PreparedBatch& b) {
+    if (!run_.dump) return nullptr;
+    const at::Tensor samples = b.sample_indices.to(at::kLong).contiguous();
+    const at::Tensor steps = b.step_indices.to(at::kLong).contiguous();
+    auto values = [](const at::Tensor& t) {
+      return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
+    };
+    return run_.dump->tap(rl::DumpSide::Train, batch.rollout_id, values(samples), values(steps), /*trained=*/true);
   }
 
   // GRPO KL reference: the transition mean under the reference weights (the
@@ -339,9 +355,13 @@ class Trainer {
     const rl::PreparedBatch b = rl::prepare_batch(slice(data, mb.begin, mb.end));
     at::Tensor loss_sum;
     if (c_.train.loss == "grpo") {
-      const at::Tensor v = velocity(batch, b, b.latents, /*guided=*/true);
+      const std::unique_ptr<models::Tap> tap = dump_tap(batch, b);
+      models::ForwardContext ctx = run_.forward_context();
+      if (tap) ctx.tap = tap.get();
+      const at::Tensor v = velocity(batch, b, b.latents, /*guided=*/true, ctx);
       const diffusion::StepResult r = diffusion::sde_step(run_.sampler.kernel, v, b.latents, b.step_sigmas(),
                                                           diffusion::StepTarget::score(b.next_latents));
+      rl::record_sde_step(ctx, r);
       rl::GrpoOptions o{c_.train.clip_range, c_.train.adv_clip_max, c_.train.kl_beta};
       std::unique_ptr<rl::KlInputs> kl;
       if (o.kl_beta > 0)

@@ -1,6 +1,7 @@
 #include <ditrl/error.hpp>
 #include <ditrl/models/family.hpp>
 #include <ditrl/models/lora.hpp>
+#include <ditrl/models/ltx.hpp>
 #include <ditrl/models/qwen_image.hpp>
 #include <ditrl/models/sd3.hpp>
 #include <ditrl/models/wan.hpp>
@@ -45,9 +46,23 @@ std::shared_ptr<Family> make_qwen_image(const FamilyOptions& o) {
   return std::make_shared<QwenImage>(config, o);
 }
 
+// LTX configs also come from a checkpoint's own metadata (its "config" JSON),
+// so `config_json` may name the single-file .safetensors checkpoint itself.
+std::shared_ptr<Family> make_ltx(const FamilyOptions& o) {
+  const std::string& path = o.config_json;
+  if (path.empty()) return std::make_shared<LTX>(LtxConfig::preset(o.preset), o);
+  const std::string suffix = ".safetensors";
+  if (path.size() < suffix.size() || path.compare(path.size() - suffix.size(), suffix.size(), suffix) != 0)
+    return std::make_shared<LTX>(LtxConfig::from_json(read_text(path), path), o);
+  const io::SafetensorsFile file(path);
+  const auto it = file.metadata().find("config");
+  if (it == file.metadata().end()) fail("{}: no __metadata__[\"config\"] to build the LTX model from", path);
+  return std::make_shared<LTX>(LtxConfig::from_json(it->second, path + " __metadata__[\"config\"]", false), o);
+}
+
 const std::map<std::string, Factory>& registry() {
   static const std::map<std::string, Factory> families = {
-      {"sd3", make_sd3}, {"wan", make_wan}, {"qwen_image", make_qwen_image}};
+      {"ltx", make_ltx}, {"qwen_image", make_qwen_image}, {"sd3", make_sd3}, {"wan", make_wan}};
   return families;
 }
 

@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 #include <boost/json.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -96,7 +97,13 @@ std::map<std::string, at::Tensor> run_reference_case(Family& family, const Refer
   } catch (const Error& e) {
     fail("{}: {}", reference_case.path, e.what());
   }
-  out.insert(tap.tensors.begin(), tap.tensors.end());
+  // A case that stores intermediates gets those; the other record points
+  // (parity dumps record more than the fixtures keep) only without any.
+  const bool stores_intermediates =
+      std::any_of(reference_case.stored.begin(), reference_case.stored.end(),
+                  [](const auto& item) { return starts_with(item.first, "intermediate."); });
+  for (const auto& [name, tensor] : tap.tensors)
+    if (!stores_intermediates || reference_case.stored.count(name)) out.emplace(name, tensor);
   return out;
 }
 

@@ -182,7 +182,7 @@ JointTransformerBlock::JointTransformerBlock(const SD3Config& config, int64_t in
 }
 
 // diffusers JointTransformerBlock.forward, op for op.
-Tensors JointTransformerBlock::forward(const Tensors& inputs) {
+Tensors JointTransformerBlock::forward(const Tensors& inputs, const ForwardContext& ctx, const std::string& path) {
   const at::Tensor& x = inputs.at(0);
   const at::Tensor& c = inputs.at(1);
   const at::Tensor& temb = inputs.at(2);
@@ -199,8 +199,18 @@ Tensors JointTransformerBlock::forward(const Tensors& inputs) {
     c_in = modulate(layer_norm(c, kNormEps), cm[0], cm[1]);
   }
   const auto [attn_x, attn_c] = attn->joint_attention(x_in, c_in);
+  if (ctx.tap) {  // diffusers forward-hook names: norm1 -> norm_hidden_states, attn -> (image, text)
+    ctx.record(path + ".norm1", "out0", x_in);
+    ctx.record(path + ".norm1_context", "out0", c_in);
+    ctx.record(path + ".attn", "out0", attn_x);
+    if (attn_c.defined()) ctx.record(path + ".attn", "out1", attn_c);  // none in the context_pre_only block
+  }
   at::Tensor h = x + m[2].unsqueeze(1) * attn_x;
-  if (attn2) h = h + m[8].unsqueeze(1) * attn2->self_attention(modulate(x_norm, m[6], m[7]));
+  if (attn2) {
+    const at::Tensor attn2_x = attn2->self_attention(modulate(x_norm, m[6], m[7]));
+    if (ctx.tap) ctx.record(path + ".attn2", "out0", attn2_x);
+    h = h + m[8].unsqueeze(1) * attn2_x;
+  }
   h = h + m[5].unsqueeze(1) * ff->forward(modulate(layer_norm(h, kNormEps), m[3], m[4]));
   if (context_pre_only_) return {h};
   at::Tensor e = c + cm[2].unsqueeze(1) * attn_c;
@@ -260,6 +270,7 @@ at::Tensor SD3::forward(const at::Tensor& hidden_states, const at::Tensor& encod
 
   at::Tensor x = pos_embed->forward(hidden_states);
   ctx.record("pos_embed", "out0", x);
+  ctx.record("time_text_embed", "in0", timestep);  // the AdaLN conditioning's time input
   const at::Tensor t_emb = timestep_sinusoid(timestep, SinusoidOptions{});
   const at::Tensor temb = timestep_embedder->forward(t_emb.to(pooled_projections.scalar_type())) +
                           text_embedder->forward(pooled_projections);
@@ -269,8 +280,9 @@ at::Tensor SD3::forward(const at::Tensor& hidden_states, const at::Tensor& encod
 
   for (size_t i = 0; i < blocks.size(); ++i) {
     JointTransformerBlock* block = blocks[i].get();
-    const Tensors out = ctx.run_unit(i, {x, c, temb}, [block](const Tensors& in) { return block->forward(in); });
     const std::string module = "transformer_blocks." + std::to_string(i);
+    const Tensors out = ctx.run_unit(
+        i, {x, c, temb}, [block, ctx, module](const Tensors& in) { return block->forward(in, ctx, module); });
     if (block->context_pre_only()) {
       x = out.at(0);
       ctx.record(module, "out1", x);
@@ -284,6 +296,7 @@ at::Tensor SD3::forward(const at::Tensor& hidden_states, const at::Tensor& encod
   x = norm_out->forward(x, temb);
   ctx.record("norm_out", "out0", x);
   x = proj_out->forward(x);
+  ctx.record("proj_out", "out0", x);
   return unpatchify_2d(x, h, w, p, config_.out_channels);
 }
 

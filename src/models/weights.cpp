@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <map>
+#include <optional>
 
 namespace ditrl::models {
 
@@ -26,11 +27,20 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return fmt::format("[{}]", fmt::join(shape, ", "));
 }
 
-// Checkpoint name -> canonical name, refusing two spellings of one tensor.
-std::map<std::string, std::string> canonical_names(const io::Checkpoint& checkpoint) {
+// Checkpoint name -> canonical name, refusing two spellings of one tensor. A
+// family maps its checkpoints' own spellings (prefixes) first and may skip
+// tensors of the file that are not part of the model; `skipped` counts them.
+std::map<std::string, std::string> canonical_names(const torch::nn::Module& model, const io::Checkpoint& checkpoint,
+                                                   size_t* skipped = nullptr) {
+  const auto* family = dynamic_cast<const Family*>(&model);
   std::map<std::string, std::string> out;  // canonical -> name in the file
   for (const std::string& name : checkpoint.names()) {
-    const std::string canonical = precision::canonical_name(name);
+    const std::optional<std::string> stored = family ? family->checkpoint_name(name) : name;
+    if (!stored) {
+      if (skipped) ++*skipped;
+      continue;
+    }
+    const std::string canonical = precision::canonical_name(*stored);
     if (const auto it = out.find(canonical); it != out.end())
       fail("{}: '{}' and '{}' are the same parameter '{}'", checkpoint.path(), it->second, name, canonical);
     out[canonical] = name;
@@ -62,7 +72,8 @@ std::vector<CheckpointEntry> checkpoint_layout(const torch::nn::Module& model) {
 }
 
 void validate_checkpoint(const torch::nn::Module& model, const io::Checkpoint& checkpoint) {
-  const std::map<std::string, std::string> in_file = canonical_names(checkpoint);
+  size_t skipped = 0;
+  const std::map<std::string, std::string> in_file = canonical_names(model, checkpoint, &skipped);
   std::vector<std::string> missing, unexpected, wrong_shape;
   std::map<std::string, const CheckpointEntry*> expected;
   const std::vector<CheckpointEntry> layout = checkpoint_layout(model);
@@ -82,8 +93,9 @@ void validate_checkpoint(const torch::nn::Module& model, const io::Checkpoint& c
     if (!expected.count(canonical)) unexpected.push_back(name);
   if (missing.empty() && unexpected.empty() && wrong_shape.empty()) return;
   std::string message = fmt::format(
-      "checkpoint {} does not match the model ({} tensors in the checkpoint, {} in the model):", checkpoint.path(),
-      in_file.size(), layout.size());
+      "checkpoint {} does not match the model ({} tensors in the checkpoint{}, {} in the model):", checkpoint.path(),
+      in_file.size(), skipped ? fmt::format(" besides {} that are not part of the model", skipped) : "",
+      layout.size());
   if (!missing.empty()) message += fmt::format("\n  missing ({}): {}", missing.size(), name_list(missing));
   if (!unexpected.empty()) message += fmt::format("\n  unexpected ({}): {}", unexpected.size(), name_list(unexpected));
   if (!wrong_shape.empty())
@@ -96,7 +108,8 @@ void load_weights(torch::nn::Module& model, const io::Checkpoint& checkpoint) {
   validate_checkpoint(model, checkpoint);
   const std::map<std::string, at::Tensor> targets = named_tensors(model);
   torch::NoGradGuard no_grad;
-  for (const auto& [canonical, name] : canonical_names(checkpoint)) targets.at(canonical).copy_(checkpoint.view(name));
+  for (const auto& [canonical, name] : canonical_names(model, checkpoint))
+    targets.at(canonical).copy_(checkpoint.view(name));
 }
 
 void init_parameters(torch::nn::Module& model, int64_t seed) {

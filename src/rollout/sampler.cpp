@@ -6,6 +6,8 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <algorithm>
+#include <functional>
+#include <memory>
 
 namespace ditrl::rollout {
 
@@ -34,10 +36,13 @@ struct GroupResult {
   at::Tensor final;
 };
 
+// The parity-dump tap of step `step` of a micro-group (nullptr: record nothing).
+using StepTap = std::function<std::unique_ptr<models::Tap>(int64_t step, bool trained)>;
+
 GroupResult denoise(models::Family& family, const models::ForwardContext& ctx, const diffusion::Schedule& schedule,
                     const rl::StepSelection& steps, const models::Cond& cond, const models::Cond* negative,
                     std::vector<at::Generator>& generators, const std::vector<int64_t>& latent_shape,
-                    const SamplerOptions& options) {
+                    const SamplerOptions& options, const StepTap& step_tap) {
   const int64_t m = static_cast<int64_t>(generators.size());
   const auto f32 = at::TensorOptions().dtype(at::kFloat);
   std::vector<at::Tensor> initial;
@@ -51,13 +56,18 @@ GroupResult denoise(models::Family& family, const models::ForwardContext& ctx, c
     const at::Tensor t = schedule.timesteps.narrow(0, i, 1).expand({m}).contiguous();
     const at::Tensor sigma = schedule.sigmas.narrow(0, i, 1).expand({m}).contiguous();
     const at::Tensor sigma_next = schedule.sigmas.narrow(0, i + 1, 1).expand({m}).contiguous();
-    const at::Tensor v = models::guided_velocity(family, {x, t, sigma, &cond, negative}, options.guidance, ctx);
+    const bool sde = contains(steps.sde_steps, i);
+    const std::unique_ptr<models::Tap> tap = step_tap(i, sde);
+    models::ForwardContext step_ctx = ctx;
+    if (tap) step_ctx.tap = tap.get();
+    const at::Tensor v = models::guided_velocity(family, {x, t, sigma, &cond, negative}, options.guidance, step_ctx);
     const diffusion::StepSigmas sigmas{sigma, sigma_next, schedule.sigma(1)};
-    if (contains(steps.sde_steps, i)) {
+    if (sde) {
       std::vector<at::Tensor> eps;
       for (at::Generator& g : generators) eps.push_back(at::randn(latent_shape, g, f32));
       const diffusion::StepResult r =
           diffusion::sde_step(options.kernel, v, x, sigmas, diffusion::StepTarget::noise(at::stack(eps, 0)));
+      rl::record_sde_step(step_ctx, r);
       out.log_probs.push_back(r.log_prob);
       out.outputs.push_back(v.to(at::kFloat));
       x = r.next;
@@ -91,8 +101,18 @@ Trajectories sample(models::Family& family, const models::ForwardContext& ctx, c
       generators.push_back(at::detail::createCPUGenerator(batch.seeds[static_cast<size_t>(s)]));
     const models::Cond cond = rows(batch.cond, begin, options.microgroup);
     const models::Cond negative = batch.negative ? rows(*batch.negative, begin, options.microgroup) : models::Cond{};
+    std::vector<int64_t> sample_ids;
+    if (options.dump) {
+      const at::Tensor ids = batch.sample_index.narrow(0, begin, options.microgroup).to(at::kLong).contiguous();
+      sample_ids.assign(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + ids.numel());
+    }
+    const StepTap step_tap = [&](int64_t step, bool trained) -> std::unique_ptr<models::Tap> {
+      if (!options.dump) return nullptr;
+      return options.dump->tap(rl::DumpSide::Rollout, batch.rollout_id, sample_ids,
+                               std::vector<int64_t>(sample_ids.size(), step), trained);
+    };
     GroupResult g = denoise(family, ctx, schedule, steps, cond, batch.negative ? &negative : nullptr, generators,
-                            batch.latent_shape, options);
+                            batch.latent_shape, options, step_tap);
     kept.push_back(at::stack(g.kept, 1));
     if (!g.log_probs.empty()) {
       log_probs.push_back(at::stack(g.log_probs, 1));

@@ -25,5 +25,6 @@ void add_train_command(CLI::App& app, Command& selected);
 void add_rollout_command(CLI::App& app, Command& selected);
 void add_export_command(CLI::App& app, Command& selected);
 void add_encode_prompts_command(CLI::App& app, Command& selected);
+void add_align_command(CLI::App& app, Command& selected);
 
 }  // namespace ditrl::app

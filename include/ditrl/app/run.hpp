@@ -33,6 +33,7 @@ struct Run {
   std::unique_ptr<shard::ShardedParams> params;
   std::unique_ptr<rollout::PromptSource> prompts;
   std::unique_ptr<rollout::Reward> reward;
+  std::unique_ptr<rl::ParityDump> dump;  // [debug] dump = true: OUT/debug/dump-rank<r>.h5
   diffusion::Schedule schedule;
   std::vector<int64_t> latent_shape;  // one sample's latent (no batch dim)
   rollout::SamplerOptions sampler;

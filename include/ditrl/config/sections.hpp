@@ -172,6 +172,7 @@ struct RolloutSection {
   int64_t height = 16;  // latent grid (VAE space)
   int64_t width = 16;
   int64_t frames = 1;
+  double fps = 24.0;       // frame rate of the video the grid encodes (LTX RoPE time axis)
   int64_t microgroup = 0;  // samples per DiT call; 0 = whole rollout batch on the rank
 
   template <class V>
@@ -194,6 +195,7 @@ struct RolloutSection {
     v("height", height, Between{1, 1 << 16});
     v("width", width, Between{1, 1 << 16});
     v("frames", frames, Between{1, 1 << 16});
+    v("fps", fps, Above{0});
     v("microgroup", microgroup, Between{0, 1 << 20});
   }
   void validate(const Checker& c) const;

@@ -48,6 +48,7 @@ struct LatentGrid {
   int64_t frames = 1;
   int64_t height = 16;
   int64_t width = 16;
+  double fps = 24.0;  // frame rate of the video (LTX RoPE time coordinates)
 };
 
 struct DtypeOverride {
@@ -80,6 +81,9 @@ struct FamilyOptions {
   std::string attention = "math";
   LoraOptions lora;
   precision::InputPolicy inputs;  // boundary casts applied inside noise_pred
+  // Grid of the latents noise_pred receives, for families whose latents are
+  // token sequences that do not carry it (LTX builds its RoPE positions from it).
+  LatentGrid latent_grid;
 };
 
 class Family : public torch::nn::Module {
@@ -123,6 +127,10 @@ class Family : public torch::nn::Module {
   // parameter names are the expert checkpoint's names; empty for a family
   // with a single DiT, which loads one checkpoint into the whole model.
   virtual std::vector<std::shared_ptr<torch::nn::Module>> expert_modules() { return {}; }
+  // The parameter name of a tensor stored as `stored` in a checkpoint, or
+  // nullopt for a tensor of the file that is not part of this model (skipped
+  // on load; e.g. the VAE of a single-file LTX checkpoint).
+  virtual std::optional<std::string> checkpoint_name(const std::string& stored) const { return stored; }
 };
 
 // Builds a family from options (preset or config.json, LoRA adapters

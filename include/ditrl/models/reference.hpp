@@ -29,7 +29,8 @@ ReferenceCase load_reference_case(const std::string& path);
 
 // The family's reference outputs, plus every tensor its taps recorded as
 // `intermediate.<module>.<name>` when `intermediates` (a module recorded again
-// in the same forward gets `intermediate.<module>.call<k>.<name>`).
+// in the same forward gets `intermediate.<module>.call<k>.<name>`): the ones
+// the case stores, or all of them when it stores none.
 std::map<std::string, at::Tensor> run_reference_case(Family& family, const ReferenceCase& reference_case,
                                                      bool intermediates);
 

@@ -54,7 +54,8 @@ class JointTransformerBlock : public torch::nn::Module {
   JointTransformerBlock(const SD3Config& config, int64_t index, AttentionBackend backend,
                         const at::TensorOptions& options);
   // {x, c, temb} -> {c, x}, or {x} for the context_pre_only last block.
-  Tensors forward(const Tensors& inputs);
+  // Records its modulation and attention outputs under `path` (its module path).
+  Tensors forward(const Tensors& inputs, const ForwardContext& ctx = {}, const std::string& path = {});
 
   bool context_pre_only() const { return context_pre_only_; }
 

@@ -28,7 +28,9 @@ std::vector<CheckpointEntry> checkpoint_layout(const torch::nn::Module& model);
 
 // Checks the checkpoint's names (PEFT names resolved to canonical ones) and
 // shapes against the model; throws one Error, naming the checkpoint, that
-// lists every missing, unexpected and wrongly-shaped tensor together.
+// lists every missing, unexpected and wrongly-shaped tensor together. When
+// `model` is a Family, stored names go through Family::checkpoint_name first
+// (tensors it skips are neither loaded nor reported).
 void validate_checkpoint(const torch::nn::Module& model, const io::Checkpoint& checkpoint);
 
 // validate_checkpoint, then copies every tensor into the model (converted to

@@ -11,6 +11,7 @@
 #include <ditrl/diffusion/schedule.hpp>
 #include <ditrl/diffusion/sde_step.hpp>
 #include <ditrl/models/family.hpp>
+#include <ditrl/rl/parity_dump.hpp>
 #include <ditrl/rl/step_strategy.hpp>
 
 #include <cstdint>
@@ -23,6 +24,7 @@ struct SamplerOptions {
   diffusion::StepKernel kernel;  // used on the SDE steps; every other step is ODE
   models::GuidanceOptions guidance;
   int64_t microgroup = 1;
+  rl::ParityDump* dump = nullptr;  // [debug] dump: records the chosen samples' forwards
 };
 
 // A rank's samples of one rollout.
@@ -51,6 +53,7 @@ struct SampleBatch {
   at::Tensor prompt_index;       // [N]
   at::Tensor sample_index;       // [N]
   std::vector<int64_t> latent_shape;  // one sample's latent shape (no batch dim)
+  int64_t rollout_id = 0;             // names parity dumps
 };
 
 Trajectories sample(models::Family& family, const models::ForwardContext& ctx, const diffusion::Schedule& schedule,

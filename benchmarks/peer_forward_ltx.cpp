@@ -1,0 +1,397 @@
+// Training-step speed of ditrl's LTX-2.3 video transformer against the same
+// model in Python PyTorch eager (benchmarks/peer_ltx.py): forward + backward +
+// AdamW step on the same weights (one safetensors file both sides load), the
+// same inputs and the same number of intra-op threads, for the tiny preset
+// (framework overhead dominates) and a ~100M-parameter LTX-2.3-style config
+// (GEMMs dominate). Same method as benchmarks/peer_forward.cpp (SD3). Writes
+// benchmarks/results/peer_forward_ltx.md.
+
+#include <ditrl/io/safetensors.hpp>
+#include <ditrl/models/ltx.hpp>
+#include <ditrl/models/weights.hpp>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <fmt/format.h>
+#include <torch/optim/adamw.h>
+#include <torch/version.h>
+#include <CLI/CLI.hpp>
+#include <boost/json.hpp>
+
+#include <malloc.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+namespace fs = std::filesystem;
+namespace json = boost::json;
+using namespace ditrl;
+
+namespace {
+
+struct Case {
+  std::string name;
+  models::LtxConfig config;
+  int64_t batch, frames, height, width, text_tokens;
+  int warmup, rounds, steps_per_round;
+};
+
+struct Timing {
+  std::vector<double> step_seconds, losses, minor_faults;
+};
+
+long minor_faults() {
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_minflt;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+// ~100M parameters: the LTX-2.3 video stream (gated attention, prompt AdaLN,
+// 9-row tables, 128 latent channels) at width 768 (12 heads x 64), 10 blocks.
+models::LtxConfig config_100m() {
+  models::LtxConfig c = models::LtxConfig::preset("ltx-2.3-video");
+  c.num_attention_heads = 12;
+  c.attention_head_dim = 64;
+  c.cross_attention_dim = 768;
+  c.num_layers = 10;
+  return c;
+}
+
+// The checkpoint-metadata format both sides read ({"transformer": {...}}).
+void write_config(const models::LtxConfig& c, const std::string& path) {
+  json::array max_pos;
+  for (int64_t p : c.positional_embedding_max_pos) max_pos.push_back(p);
+  const json::object transformer{{"num_attention_heads", c.num_attention_heads},
+                                 {"attention_head_dim", c.attention_head_dim},
+                                 {"in_channels", c.in_channels},
+                                 {"out_channels", c.out_channels},
+                                 {"num_layers", c.num_layers},
+                                 {"cross_attention_dim", c.cross_attention_dim},
+                                 {"norm_eps", c.norm_eps},
+                                 {"positional_embedding_theta", c.positional_embedding_theta},
+                                 {"positional_embedding_max_pos", max_pos},
+                                 {"timestep_scale_multiplier", c.timestep_scale_multiplier},
+                                 {"rope_type", c.rope_type},
+                                 {"frequencies_precision", c.double_precision_rope ? "float64" : "float32"},
+                                 {"apply_gated_attention", c.apply_gated_attention},
+                                 {"cross_attention_adaln", c.cross_attention_adaln},
+                                 {"use_prompt_adaln_single", c.use_prompt_adaln_single},
+                                 {"caption_proj_before_connector", !c.caption_projection},
+                                 {"caption_channels", c.caption_channels},
+                                 {"ff_bias", c.ff_bias}};
+  std::ofstream(path) << json::serialize(json::object{{"transformer", transformer}});
+}
+
+// ditrl's side: the video-only model loaded from the shared files, LibTorch's AdamW.
+class DitrlTrainer {
+ public:
+  DitrlTrainer(const models::LtxConfig& config, const std::string& weights, const std::string& inputs) {
+    model_ = std::make_shared<models::LTX>(config, models::FamilyOptions{});
+    models::load_weights(*model_, io::Checkpoint(weights));
+    optimizer_ = std::make_unique<torch::optim::AdamW>(model_->parameters(), torch::optim::AdamWOptions(1e-4));
+    const io::SafetensorsFile file(inputs);
+    video_.latent = file.get("latent");
+    video_.sigma = file.get("sigma");
+    video_.timesteps = file.get("timesteps");
+    video_.positions = file.get("positions");
+    video_.context = file.get("context");
+    target_ = file.get("target");
+    for (const auto& p : model_->parameters()) params += p.numel();
+  }
+
+  Timing run(int steps) {
+    Timing timing;
+    for (int i = 0; i < steps; ++i) {
+      const long faults = minor_faults();
+      const auto start = std::chrono::steady_clock::now();
+      for (auto& p : model_->parameters()) p.mutable_grad() = at::Tensor();
+      const at::Tensor loss = at::mse_loss(model_->forward(video_, nullptr, {}).first, target_);
+      loss.backward();
+      optimizer_->step();
+      timing.losses.push_back(loss.item<double>());
+      timing.step_seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      timing.minor_faults.push_back(static_cast<double>(minor_faults() - faults));
+    }
+    return timing;
+  }
+
+  int64_t params = 0;
+
+ private:
+  std::shared_ptr<models::LTX> model_;
+  std::unique_ptr<torch::optim::AdamW> optimizer_;
+  models::LtxModality video_;
+  at::Tensor target_;
+};
+
+// The Python peer as a child process answering "<n>" with n timed steps.
+class PythonPeer {
+ public:
+  explicit PythonPeer(const std::vector<std::string>& argv) {
+    int to_child[2], from_child[2];
+    if (pipe(to_child) != 0 || pipe(from_child) != 0) throw std::runtime_error("pipe failed");
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(to_child[0], 0);
+      dup2(from_child[1], 1);
+      for (int fd : {to_child[0], to_child[1], from_child[0], from_child[1]}) close(fd);
+      std::vector<char*> args;
+      for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+      args.push_back(nullptr);
+      execv(args[0], args.data());
+      _exit(127);
+    }
+    close(to_child[0]);
+    close(from_child[1]);
+    to_ = fdopen(to_child[1], "w");
+    from_ = fdopen(from_child[0], "r");
+    hello = read();
+  }
+  ~PythonPeer() {
+    fclose(to_);  // EOF ends the peer's loop
+    fclose(from_);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+  }
+  PythonPeer(const PythonPeer&) = delete;
+  PythonPeer& operator=(const PythonPeer&) = delete;
+
+  Timing run(int steps) {
+    fprintf(to_, "%d\n", steps);
+    fflush(to_);
+    const json::value doc = read();
+    Timing timing;
+    for (const json::value& v : doc.at("step_seconds").as_array()) timing.step_seconds.push_back(v.to_number<double>());
+    for (const json::value& v : doc.at("losses").as_array()) timing.losses.push_back(v.to_number<double>());
+    for (const json::value& v : doc.at("minor_faults").as_array()) timing.minor_faults.push_back(v.to_number<double>());
+    return timing;
+  }
+
+  json::value hello;
+
+ private:
+  json::value read() {
+    char* line = nullptr;
+    size_t size = 0;
+    const ssize_t n = getline(&line, &size, from_);
+    const std::string text = n > 0 ? std::string(line, static_cast<size_t>(n)) : std::string();
+    free(line);
+    if (text.empty()) throw std::runtime_error("the python peer exited (see its stderr above)");
+    return json::parse(text);
+  }
+
+  pid_t pid_ = -1;
+  FILE* to_ = nullptr;
+  FILE* from_ = nullptr;
+};
+
+void append(Timing& all, const Timing& more) {
+  all.step_seconds.insert(all.step_seconds.end(), more.step_seconds.begin(), more.step_seconds.end());
+  all.losses.insert(all.losses.end(), more.losses.begin(), more.losses.end());
+  all.minor_faults.insert(all.minor_faults.end(), more.minor_faults.begin(), more.minor_faults.end());
+}
+
+std::string first_line_of(const std::string& path, const std::string& key) {
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind(key, 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown";
+}
+
+std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string one;
+  in >> one;
+  return one.empty() ? "unknown" : one;
+}
+
+std::string python_torch_version(const std::string& python) {
+  FILE* pipe = popen((python + " -c 'import torch; print(torch.__version__)' 2>&1").c_str(), "r");
+  char buffer[256] = {0};
+  const size_t n = pipe ? fread(buffer, 1, sizeof buffer - 1, pipe) : 0;
+  if (pipe) pclose(pipe);
+  std::string v(buffer, n);
+  v.erase(v.find_last_not_of(" \n") + 1);
+  return v;
+}
+
+// As in peer_forward.cpp: "tuned" raises glibc's mmap and trim thresholds on
+// both sides, removing the page-fault cost of returning freed blocks.
+constexpr int kMmapThreshold = 32 << 20;
+constexpr int kTrimThreshold = 1 << 30;
+
+struct Row {
+  std::string config, malloc_mode, tokens;
+  int threads;
+  double params_m;
+  size_t steps;
+  double ours_ms, peer_ms, ours_min_ms, peer_min_ms, ours_faults, peer_faults, first_gap, last_gap;
+};
+
+void prepare_case(const Case& c, const std::string& dir) {
+  fs::create_directories(dir);
+  write_config(c.config, dir + "/config.json");
+  models::LTX model(c.config, models::FamilyOptions{});
+  models::init_parameters(model, 1234);
+  io::write_safetensors(dir + "/weights.safetensors", models::state_tensors(model));
+  at::manual_seed(99);
+  const int64_t tokens = c.frames * c.height * c.width;
+  io::write_safetensors(
+      dir + "/inputs.safetensors",
+      {{"latent", at::randn({c.batch, tokens, c.config.in_channels})},
+       {"sigma", at::linspace(0.2, 0.9, c.batch)},
+       {"timesteps", at::linspace(0.2, 0.9, c.batch).view({c.batch, 1})},
+       {"positions", models::ltx_video_positions(c.batch, c.frames, c.height, c.width, 24.0, at::kCPU)},
+       {"context", at::randn({c.batch, c.text_tokens, c.config.context_in_dim()})},
+       {"target", at::randn({c.batch, tokens, c.config.out_channels})}});
+}
+
+Row measure(const Case& c, const std::string& dir, int threads, bool tuned, const std::string& python,
+            const std::string& script) {
+  at::set_num_threads(threads);
+  const std::string config = dir + "/config.json", weights = dir + "/weights.safetensors",
+                    inputs = dir + "/inputs.safetensors";
+  DitrlTrainer ours(c.config, weights, inputs);
+  std::vector<std::string> argv = {python,  script,     "--config", config,      "--weights",
+                                   weights, "--inputs", inputs,     "--threads", std::to_string(threads)};
+  if (tuned)
+    argv.insert(argv.begin(), {"/usr/bin/env", fmt::format("MALLOC_MMAP_THRESHOLD_={}", kMmapThreshold),
+                               fmt::format("MALLOC_TRIM_THRESHOLD_={}", kTrimThreshold)});
+  PythonPeer peer(argv);
+  if (peer.hello.at("params").to_number<int64_t>() != ours.params)
+    throw std::runtime_error("the two models have different parameter counts");
+  // Warm-up, then alternating rounds: both sides see the same background load.
+  Timing ours_t = ours.run(c.warmup), peer_t = peer.run(c.warmup);
+  const double first_gap = std::abs(ours_t.losses.front() - peer_t.losses.front()) / std::abs(peer_t.losses.front());
+  ours_t = {}, peer_t = {};
+  for (int r = 0; r < c.rounds; ++r) {
+    append(ours_t, ours.run(c.steps_per_round));
+    append(peer_t, peer.run(c.steps_per_round));
+  }
+  Row row{c.name,
+          tuned ? "tuned" : "default",
+          fmt::format("{} x ({} + {})", c.batch, c.frames * c.height * c.width, c.text_tokens),
+          threads,
+          ours.params / 1e6,
+          ours_t.step_seconds.size(),
+          median(ours_t.step_seconds) * 1e3,
+          median(peer_t.step_seconds) * 1e3,
+          *std::min_element(ours_t.step_seconds.begin(), ours_t.step_seconds.end()) * 1e3,
+          *std::min_element(peer_t.step_seconds.begin(), peer_t.step_seconds.end()) * 1e3,
+          median(ours_t.minor_faults),
+          median(peer_t.minor_faults),
+          first_gap,
+          std::abs(ours_t.losses.back() - peer_t.losses.back()) / std::abs(peer_t.losses.back())};
+  std::cerr << fmt::format("{} threads={} malloc={}: ditrl {:.2f} ms, python {:.2f} ms, speedup {:.2f}x\n", row.config,
+                           threads, row.malloc_mode, row.ours_ms, row.peer_ms, row.peer_ms / row.ours_ms);
+  return row;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Not __FILE__: ccache's CCACHE_BASEDIR makes that path relative to the build directory.
+  const fs::path source_dir = DITRL_BENCHMARKS_DIR;
+  std::vector<int> thread_counts = {1, static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))};
+  std::string python = "/usr/bin/python3";
+  std::string out = (source_dir / "results" / "peer_forward_ltx.md").string();
+  std::string work = (fs::temp_directory_path() / "ditrl_peer_forward_ltx").string();
+  int tiny_rounds = 10, big_rounds = 4;
+  bool skip_tuned = false;
+  CLI::App app{"ditrl vs Python PyTorch eager: LTX-2.3 video transformer forward+backward+AdamW step time"};
+  app.add_option("--threads", thread_counts, "intra-op thread counts (both sides use the same)");
+  app.add_option("--python", python, "Python interpreter with torch");
+  app.add_option("--out", out, "results markdown");
+  app.add_option("--work", work, "directory for the shared weights/inputs files");
+  app.add_option("--tiny-rounds", tiny_rounds, "alternating rounds (10 steps each side) of the tiny configs");
+  app.add_option("--big-rounds", big_rounds, "alternating rounds (1 step each side) of the ~100M config");
+  app.add_flag("--skip-tuned", skip_tuned, "only the default malloc settings");
+  CLI11_PARSE(app, argc, argv);
+  std::sort(thread_counts.begin(), thread_counts.end());
+  thread_counts.erase(std::unique(thread_counts.begin(), thread_counts.end()), thread_counts.end());
+
+  const models::LtxConfig tiny = models::LtxConfig::preset("tiny-video");
+  const std::vector<Case> cases = {{"tiny", tiny, 1, 2, 4, 4, 8, 10, tiny_rounds, 10},
+                                   {"tiny", tiny, 2, 3, 8, 8, 8, 10, tiny_rounds, 10},
+                                   {"ltx-100m", config_100m(), 2, 4, 8, 8, 128, 3, big_rounds, 1}};
+  const std::string script = (source_dir / "peer_ltx.py").string();
+  const std::string load_at_start = load_average();
+  std::vector<Row> rows;
+  // Default malloc first: mallopt() cannot be undone within the process.
+  for (const bool tuned : {false, true}) {
+    if (tuned && skip_tuned) break;
+    if (tuned) {
+      mallopt(M_MMAP_THRESHOLD, kMmapThreshold);
+      mallopt(M_TRIM_THRESHOLD, kTrimThreshold);
+    }
+    for (size_t i = 0; i < cases.size(); ++i) {
+      if (cases[i].rounds <= 0) continue;
+      const std::string dir = work + "/case" + std::to_string(i);
+      if (!tuned) prepare_case(cases[i], dir);
+      for (int threads : thread_counts) rows.push_back(measure(cases[i], dir, threads, tuned, python, script));
+    }
+  }
+
+  std::string command;
+  for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
+  const std::time_t now = std::time(nullptr);
+  char date[64];
+  std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
+  std::error_code ec;
+  const std::string blas = fs::read_symlink("/etc/alternatives/libblas.so.3-x86_64-linux-gnu", ec).string();
+  std::ofstream md(out);
+  md << "# peer_forward_ltx: ditrl vs Python PyTorch eager, LTX-2.3 video transformer training step\n\n"
+     << "Forward + backward + AdamW step (lr 1e-4, default betas/eps/weight decay on both sides) of the LTX-2.3\n"
+     << "video stream (ltx_core's LTXModel with audio = None), MSE loss of the velocity against a fixed target,\n"
+     << "the same weights read from one safetensors file by both sides, the same inputs (patchified latent\n"
+     << "tokens, sigma, one AdaLN row per sample, pixel/second RoPE positions, text features) and the same\n"
+     << "number of intra-op threads. Method as benchmarks/results/peer_forward.md: warm-up steps, then the two\n"
+     << "sides alternate rounds so both see the same background load; median and fastest step; speedup =\n"
+     << "median Python time / median ditrl time (> 1: ditrl is faster); the loss columns compare the two\n"
+     << "sides' losses at the first and the last step (the peer is the same model in the same op order).\n"
+     << "`malloc` = `default`: glibc's defaults; `tuned`: M_MMAP_THRESHOLD = 32 MiB and M_TRIM_THRESHOLD =\n"
+     << "1 GiB on both sides. `page faults/step`: median minor page faults per step in each process.\n\n"
+     << "| config | params | batch x (video + text tokens) | threads | malloc | timed steps | ditrl ms/step | "
+        "Python ms/step | speedup | min ditrl / Python ms | page faults/step ditrl / Python | "
+        "rel. loss gap first / last step |\n"
+     << "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  for (const Row& r : rows)
+    md << fmt::format(
+        "| {} | {:.1f} M | {} | {} | {} | {} | {:.2f} | {:.2f} | **{:.2f}x** | {:.2f} / {:.2f} | {:.0f} / {:.0f} | "
+        "{:.1e} / {:.1e} |\n",
+        r.config, r.params_m, r.tokens, r.threads, r.malloc_mode, r.steps, r.ours_ms, r.peer_ms, r.peer_ms / r.ours_ms,
+        r.ours_min_ms, r.peer_min_ms, r.ours_faults, r.peer_faults, r.first_gap, r.last_gap);
+  md << "\n- Command: `" << command << "`\n"
+     << "- Date: " << date << "\n"
+     << "- Machine: " << first_line_of("/proc/cpuinfo", "model name") << ", " << std::thread::hardware_concurrency()
+     << " hardware threads; 1-minute load average " << load_at_start << " at the start, " << load_average()
+     << " at the end (anything above 0 is other work sharing the cores); BLAS "
+     << (blas.empty() ? std::string("unknown") : blas) << "\n"
+     << "- ditrl: LibTorch " << TORCH_VERSION << " (C++), `math` attention, `torch::optim::AdamW`, "
+     << "models::LTX::forward (video only)\n"
+     << "- Python peer: " << python << ", torch " << python_torch_version(python)
+     << " (the same LibTorch build), benchmarks/peer_ltx.py: ltx_core's video stream written with plain\n"
+     << "  torch ops in ltx_core's op order (nn.Linear, ATen's composite rms_norm, gated attention, split RoPE\n"
+     << "  with the numpy float64 frequency grid, math attention since torch 1.13 has no SDPA), weights loaded\n"
+     << "  with load_state_dict(strict=True) through a small safetensors reader, `torch.optim.AdamW` with its\n"
+     << "  defaults, `zero_grad(set_to_none=True)`; it runs as a child process driven over a pipe\n"
+     << "- Configs: `tiny` = the ltx `tiny-video` preset (2 blocks, D = 64, 4 heads, 2.3 flags, 16 latent\n"
+     << "  channels); `ltx-100m` = the LTX-2.3 video stream at D = 768 (12 heads x 64), 10 blocks, 128 latent\n"
+     << "  channels, latent grid 4 x 8 x 8.\n";
+  std::cerr << "wrote " << out << "\n";
+  return 0;
+}
