@@ -89,3 +89,7 @@ TEST_CASE("recipes: Wan2.2 two-expert Flow-GRPO proxy reproduces its standard", 
 TEST_CASE("recipes: Wan2.2 two-expert LoRA SFT proxy reproduces its standard", "[e2e][standard][recipe]") {
   check_standard("proxy_wan22_sft");
 }
+
+TEST_CASE("recipes: LTX-2.3 CPS Flow-GRPO proxy (bf16 forward) reproduces its standard", "[e2e][standard][recipe]") {
+  check_standard("proxy_ltx23_grpo");
+}
