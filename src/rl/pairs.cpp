@@ -78,17 +78,28 @@ at::Tensor pair_noise(const char* tag, int64_t seed, int64_t rollout_id, const P
   return at::stack(rows).to(batch.latents.device());
 }
 
-std::vector<TrainPair> sft_pairs(const RolloutView& r, int64_t pairs_per_sample, int64_t seed, int64_t rollout_id) {
+std::vector<TrainPair> sft_pairs(const RolloutView& r, int64_t pairs_per_sample, int64_t seed, int64_t rollout_id,
+                                 const std::vector<size_t>& expert_of_step, int64_t micro_batch) {
   const int64_t steps = r.snapshot->steps();
+  const size_t experts =
+      expert_of_step.empty() ? 1 : *std::max_element(expert_of_step.begin(), expert_of_step.end()) + 1;
+  // Grid indices per expert; a single DiT draws from the whole grid.
+  std::vector<std::vector<int64_t>> pools(experts);
+  for (int64_t i = 0; i < steps; ++i) pools[experts == 1 ? 0 : expert_of_step.at(i)].push_back(i);
   std::vector<TrainPair> pairs;
   for (int64_t row = 0; row < samples_of(r); ++row) {
     const int64_t sample = r.sample_index[row].item<int64_t>();
     at::Generator gen = at::detail::createCPUGenerator(rl::stable_hash("sample", seed, rollout_id, sample));
-    const at::Tensor idx = at::randint(steps, {pairs_per_sample}, gen, at::TensorOptions().dtype(at::kLong));
     for (int64_t j = 0; j < pairs_per_sample; ++j) {
+      const int64_t micro = static_cast<int64_t>(pairs.size()) / micro_batch;
+      const std::vector<int64_t>& pool =
+          experts == 1 ? pools[0] : pools[rl::stable_hash("expert", seed, rollout_id, micro) % experts];
+      if (pool.empty()) fail("sft: the {}-step grid has no step for one of the {} experts", steps, experts);
+      const int64_t k = at::randint(static_cast<int64_t>(pool.size()), {1}, gen, at::TensorOptions().dtype(at::kLong))
+                            .item<int64_t>();
       TrainPair p = base_pair(r, row);
       p.latent = r.final_latents[row];
-      p.timestep = r.snapshot->timestep(idx[j].item<int64_t>());
+      p.timestep = r.snapshot->timestep(pool[k]);
       pairs.push_back(std::move(p));
     }
   }

@@ -48,8 +48,13 @@ at::Tensor pair_noise(const char* tag, int64_t seed, int64_t rollout_id, const P
                       const std::vector<int64_t>& latent_shape);
 
 // SFT: `pairs_per_sample` grid indices drawn uniformly per sample from
-// stable_hash("sample", seed, rollout_id, global sample id).
-std::vector<TrainPair> sft_pairs(const RolloutView& rollout, int64_t pairs_per_sample, int64_t seed,
-                                 int64_t rollout_id);
+// stable_hash("sample", seed, rollout_id, global sample id). With several
+// experts (`expert_of_step[i]` = the expert of grid step i) every micro-batch
+// of `micro_batch` pairs trains one expert, picked by stable_hash("expert",
+// seed, rollout_id, micro-batch index) and the same on every rank (their
+// gathers must match), and draws only that expert's grid indices
+// (algorithms.md §5).
+std::vector<TrainPair> sft_pairs(const RolloutView& rollout, int64_t pairs_per_sample, int64_t seed, int64_t rollout_id,
+                                 const std::vector<size_t>& expert_of_step = {}, int64_t micro_batch = 1);
 
 }  // namespace ditrl::rl

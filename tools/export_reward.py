@@ -1,0 +1,217 @@
+#!/usr/bin/env python3
+"""Export a PickScore reward on VAE-decoded latents as the TorchScript module ditrl loads.
+
+ditrl's `[reward] kind = "torchscript"` loads MODULE.pt and calls
+    forward(latents: Tensor, prompt_index: Tensor) -> Tensor          # [N] fp32 rewards
+with `latents` the final fp32 latents of the rollout in the family's layout
+    sd3         [N, 16, H, W]          qwen_image  [N, 16, H, W]      wan  [N, 16, F, H, W]
+and `prompt_index` [N] int64 the row of each sample's prompt in the deck's prompt dataset
+(`[data] prompts`, written by `ditrl encode-prompts` from the same prompt list).
+
+The exported module holds, as buffers:
+  * the family's VAE decoder with its latent de-normalisation (SD3: x / 1.5305 + 0.0609;
+    Qwen-Image and Wan: x * std + mean per channel; video: the frames are decoded and
+    `--frames` of them scored, the mean taken),
+  * the PickScore CLIP-H image tower and its preprocessing (resize to 224, centre crop,
+    CLIP mean/std) written in torch ops so that it traces,
+  * the prompts' PickScore text embeddings, precomputed here from the prompt list in the
+    order of the prompt dataset and indexed by prompt_index (no tokenizer in TorchScript).
+reward = logit_scale * <normalised image embedding, normalised text embedding>
+(PickScore_v1 scoring, as in flow_grpo's pickscore_scorer.py).
+
+Status: exporting the real reward needs `transformers`, `diffusers`, the PickScore_v1 and
+CLIP-ViT-H-14 processor checkpoints and the family's VAE. The ditrl development machine has
+none of them: the real export has NOT been run there. `--tiny` exports the same wrapper around
+a seeded tiny decoder and image tower (same buffers, indexing and normalisation); ditrl's tests
+load that module and score latents with it (tests/unit/test_export_tools.cpp).
+
+Usage:
+  export_reward.py --family sd3 --vae MODEL_DIR/vae --pickscore yuvalkirstain/PickScore_v1 \
+      --processor laion/CLIP-ViT-H-14-laion2B-s32B-b79K --prompts prompts.txt --out pickscore_sd3.pt
+  export_reward.py --family sd3 --tiny --prompts prompts.txt --out tiny_reward.pt
+prompts.txt: one prompt per line, the same list (same order) that was tokenized and encoded
+for `[data] prompts`. The number of prompts is stored in the module and checked per call.
+"""
+
+import argparse
+import sys
+from typing import List
+
+import torch
+import torch.nn.functional as F
+
+VERSION = "ditrl-export-reward 1"
+FAMILIES = ("sd3", "qwen_image", "wan")
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+
+def fail(message: str) -> None:
+    sys.exit(f"export_reward.py: {message}")
+
+
+class PickScoreReward(torch.nn.Module):
+    """latents -> decoded RGB in [0, 1] -> CLIP preprocessing -> image embedding -> score
+    against the precomputed text embedding of each sample's prompt."""
+    identity: str
+
+    def __init__(self, decode, image_tower, text_embeds: torch.Tensor, logit_scale: float, video: bool,
+                 frames: int, size: int, identity: str):
+        super().__init__()
+        self.decode = decode
+        self.image_tower = image_tower
+        self.register_buffer("text_embeds", F.normalize(text_embeds.float(), dim=-1))
+        self.register_buffer("mean", torch.tensor(CLIP_MEAN).view(1, 3, 1, 1))
+        self.register_buffer("std", torch.tensor(CLIP_STD).view(1, 3, 1, 1))
+        self.logit_scale = logit_scale
+        self.video = video
+        self.frames = frames
+        self.size = size
+        self.identity = identity
+
+    def preprocess(self, images: torch.Tensor) -> torch.Tensor:
+        # CLIPProcessor: shortest side to `size` (bicubic), centre crop, normalise.
+        h, w = images.shape[-2], images.shape[-1]
+        scale = float(self.size) / float(min(h, w))
+        nh, nw = max(self.size, int(round(h * scale))), max(self.size, int(round(w * scale)))
+        images = F.interpolate(images, size=[nh, nw], mode="bicubic", align_corners=False).clamp(0.0, 1.0)
+        top, left = (nh - self.size) // 2, (nw - self.size) // 2
+        images = images[:, :, top:top + self.size, left:left + self.size]
+        return (images - self.mean) / self.std
+
+    def forward(self, latents: torch.Tensor, prompt_index: torch.Tensor) -> torch.Tensor:
+        if prompt_index.numel() != latents.shape[0]:
+            raise ValueError("prompt_index must have one entry per latent")
+        if bool((prompt_index < 0).any()) or bool((prompt_index >= self.text_embeds.shape[0]).any()):
+            raise ValueError("prompt_index out of range of the exported prompt list")
+        pixels = (self.decode(latents) * 0.5 + 0.5).clamp(0.0, 1.0)  # [N, 3, (F,) H, W]
+        if self.video:
+            n, f = pixels.shape[0], pixels.shape[2]
+            picks = torch.linspace(0, f - 1, min(self.frames, f)).round().long()
+            pixels = pixels.index_select(2, picks).transpose(1, 2).reshape(-1, 3, pixels.shape[3], pixels.shape[4])
+        else:
+            n = pixels.shape[0]
+        image = F.normalize(self.image_tower(self.preprocess(pixels)).float(), dim=-1)
+        image = image.view(n, -1, image.shape[-1])  # [N, frames, D]
+        text = self.text_embeds.index_select(0, prompt_index.long())
+        return (self.logit_scale * (image * text[:, None, :]).sum(-1)).mean(1)
+
+
+class DiffusersDecode(torch.nn.Module):
+    """The family's VAE decoder with its latent de-normalisation, in fp32."""
+
+    def __init__(self, vae, family: str):
+        super().__init__()
+        self.vae = vae
+        self.family = family
+        cfg = vae.config
+        if family == "sd3":
+            self.register_buffer("scale", torch.tensor(1.0 / cfg.scaling_factor))
+            self.register_buffer("shift", torch.tensor(cfg.shift_factor))
+        else:
+            self.register_buffer("scale", torch.tensor(cfg.latents_std).view(1, -1, 1, 1, 1))
+            self.register_buffer("shift", torch.tensor(cfg.latents_mean).view(1, -1, 1, 1, 1))
+
+    def forward(self, latents: torch.Tensor) -> torch.Tensor:
+        if self.family == "qwen_image":
+            images = self.vae.decode(latents[:, :, None] * self.scale + self.shift, return_dict=False)[0]
+            return images[:, :, 0]
+        if self.family == "wan":
+            return self.vae.decode(latents * self.scale + self.shift, return_dict=False)[0]
+        return self.vae.decode(latents * self.scale + self.shift, return_dict=False)[0]
+
+
+def real_parts(args: argparse.Namespace, prompts: List[str]):
+    try:
+        import diffusers
+        from transformers import AutoModel, AutoProcessor
+    except ImportError:
+        fail("the real export needs `transformers` and `diffusers` (and the checkpoints)")
+    vae_class = {"sd3": diffusers.AutoencoderKL, "qwen_image": diffusers.AutoencoderKLQwenImage,
+                 "wan": diffusers.AutoencoderKLWan}[args.family]
+    decode = DiffusersDecode(vae_class.from_pretrained(args.vae, torch_dtype=torch.float32).eval(), args.family)
+    processor = AutoProcessor.from_pretrained(args.processor)
+    model = AutoModel.from_pretrained(args.pickscore).eval()
+    with torch.no_grad():
+        text = processor(text=prompts, padding=True, truncation=True, max_length=77, return_tensors="pt")
+        text_embeds = model.get_text_features(**text)
+
+    class Tower(torch.nn.Module):
+        def __init__(self, clip):
+            super().__init__()
+            self.clip = clip
+
+        def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+            return self.clip.get_image_features(pixel_values=pixels)
+
+    identity = f"PickScore {args.pickscore} on {args.family} VAE {args.vae}"
+    return decode, Tower(model), text_embeds, float(model.logit_scale.exp()), identity
+
+
+class TinyDecode(torch.nn.Module):
+    """Seeded stand-in for a VAE decoder: a 1x1 conv to RGB and x4 nearest upsampling."""
+
+    def __init__(self, video: bool):
+        super().__init__()
+        self.video = video
+        self.to_rgb = torch.nn.Conv3d(16, 3, 1) if video else torch.nn.Conv2d(16, 3, 1)
+
+    def forward(self, latents: torch.Tensor) -> torch.Tensor:
+        x = torch.tanh(self.to_rgb(latents))
+        scale = [1.0, 4.0, 4.0] if self.video else [4.0, 4.0]
+        return F.interpolate(x, scale_factor=scale, mode="nearest")
+
+
+def tiny_parts(args: argparse.Namespace, prompts: List[str]):
+    torch.manual_seed(0)
+    tower = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 4, stride=4), torch.nn.Flatten(),
+                                torch.nn.Linear(8 * (args.size // 4) ** 2, 16))
+    text_embeds = torch.randn(len(prompts), 16)
+    return TinyDecode(args.family == "wan"), tower, text_embeds, 100.0, f"tiny-pickscore-{args.family} seed 0"
+
+
+def example_latents(family: str, tiny: bool) -> torch.Tensor:
+    h = 8 if tiny else 64
+    return torch.randn(2, 16, 1, h, h) if family == "wan" else torch.randn(2, 16, h, h)
+
+
+def main(argv: List[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--family", required=True, choices=FAMILIES)
+    parser.add_argument("--prompts", required=True, help="prompt list, one per line, in dataset order")
+    parser.add_argument("--out", required=True, help="TorchScript module to write")
+    parser.add_argument("--tiny", action="store_true", help="seeded tiny decoder and image tower (tests)")
+    parser.add_argument("--vae", help="the family's diffusers VAE folder (MODEL_DIR/vae)")
+    parser.add_argument("--pickscore", default="yuvalkirstain/PickScore_v1")
+    parser.add_argument("--processor", default="laion/CLIP-ViT-H-14-laion2B-s32B-b79K")
+    parser.add_argument("--frames", type=int, default=3, help="video frames scored per sample (wan)")
+    parser.add_argument("--size", type=int, default=224, help="image tower input size")
+    args = parser.parse_args(argv)
+    if args.tiny == bool(args.vae):
+        fail("give exactly one of --vae MODEL_DIR/vae or --tiny")
+    if args.frames < 1 or args.size < 1:
+        fail("--frames and --size must be positive")
+    with open(args.prompts, encoding="utf-8") as f:
+        prompts = [line.rstrip("\n") for line in f if line.strip()]
+    if not prompts:
+        fail(f"{args.prompts}: no prompts (one per line)")
+
+    decode, tower, text_embeds, logit_scale, identity = (tiny_parts if args.tiny else real_parts)(args, prompts)
+    example = example_latents(args.family, args.tiny)
+    with torch.no_grad():
+        decode = torch.jit.trace(decode.eval(), (example,))
+        pixels = decode(example)
+        frame = pixels[:, :, 0] if pixels.dim() == 5 else pixels
+        tower = torch.jit.trace(tower.eval(), (torch.zeros(frame.shape[0], 3, args.size, args.size),))
+    reward = PickScoreReward(decode, tower, text_embeds, logit_scale, args.family == "wan", args.frames, args.size,
+                             f"{identity}; {len(prompts)} prompts; {VERSION}")
+    module = torch.jit.script(reward.eval())
+    module.save(args.out)
+    with torch.no_grad():
+        scores = module(example, torch.zeros(example.shape[0], dtype=torch.long))
+    print(f"wrote {args.out}: {len(prompts)} prompts, example rewards {scores.tolist()}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,267 @@
+#!/usr/bin/env python3
+"""Prepare prompt data for `ditrl encode-prompts`: tokenize prompts, export a text encoder.
+
+ditrl does not run Python or tokenizers at train time. A prompt dataset is made in two steps
+on a machine that has the models (Hugging Face `transformers`, the checkpoint folders):
+
+  1. tokenize: prompts.txt (one prompt per line) -> prompts.jsonl, each line
+       {"prompt": str, "tokens": {tokenizer_name: [ids...]}}   (+ one {"negative": true} line)
+     with the ids of every tokenizer the family's text encoder reads, padded to a fixed length:
+       sd3         clip_l [77], clip_g [77], t5 [256]      (CLIP-L, CLIP-G, T5-XXL tokenizers)
+       qwen_image  qwen [34 + 512]                          (Qwen2.5-VL tokenizer, chat template)
+       wan         umt5 [512]                               (UMT5-XXL tokenizer)
+  2. export: torch.jit.trace the family's text path into one TorchScript module
+       forward(tokens: Dict[str, Tensor]) -> Dict[str, Tensor]
+     whose outputs carry the family's conditioning names and shapes (ditrl checks them):
+       sd3         encoder_hidden_states [B, 333, 4096], pooled_projections [B, 2048]
+       qwen_image  encoder_hidden_states [B, 512, 3584], encoder_hidden_states_mask [B, 512] int64
+       wan         encoder_hidden_states [B, 512, 4096]  (zero-padded past each prompt, no mask)
+     and a string attribute `identity` (model ids + this script's version) that
+     `ditrl encode-prompts` writes into the dataset's attributes.
+
+Then:  ditrl encode-prompts --encoder encoder.pt --prompts prompts.jsonl --out prompts.h5 \
+           --family sd3 --preset sd3.5-medium
+
+Status: the tokenize and export subcommands for the real models need `transformers` and the
+checkpoints, which the ditrl development machine does not have: they have NOT been run there.
+`export --tiny` builds a seeded random encoder with the real output names and the tiny preset's
+shapes through the same wrapping and tracing code; that path is what ditrl's tests run
+(tests/unit/test_export_tools.cpp).
+
+Usage:
+  export_text_encoder.py tokenize --family sd3 --model MODEL_DIR prompts.txt prompts.jsonl \
+      [--negative ""]
+  export_text_encoder.py export --family sd3 --model MODEL_DIR --out encoder.pt [--dtype bf16]
+  export_text_encoder.py export --family sd3 --tiny --out tiny_encoder.pt
+MODEL_DIR is the diffusers pipeline folder (e.g. stable-diffusion-3.5-medium/, Qwen-Image/,
+Wan2.2-T2V-A14B-Diffusers/) with its tokenizer*/ and text_encoder*/ subfolders.
+"""
+
+import argparse
+import json
+import sys
+from typing import Dict, List
+
+import torch
+
+VERSION = "ditrl-export-text-encoder 1"
+FAMILIES = ("sd3", "qwen_image", "wan")
+
+# Qwen-Image pipeline prompt template; its first 34 tokens (the system part) are dropped
+# from the hidden states (diffusers pipeline_qwenimage.py).
+QWEN_TEMPLATE = ("<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, "
+                 "quantity, text, spatial relationships of the objects and background:<|im_end|>\n"
+                 "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n")
+QWEN_DROP = 34
+QWEN_MAX = 512
+SD3_T5_MAX = 256
+WAN_MAX = 512
+
+
+def fail(message: str) -> None:
+    sys.exit(f"export_text_encoder.py: {message}")
+
+
+# --------------------------------------------------------------------------- tokenize
+
+def tokenizers_for(family: str, model: str):
+    """(name, tokenizer, length) per tokenizer the family's encoder reads."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        fail("tokenize needs the `transformers` package (pip install transformers sentencepiece)")
+    load = lambda sub: AutoTokenizer.from_pretrained(f"{model}/{sub}")  # noqa: E731
+    if family == "sd3":
+        return [("clip_l", load("tokenizer"), 77), ("clip_g", load("tokenizer_2"), 77),
+                ("t5", load("tokenizer_3"), SD3_T5_MAX)]
+    if family == "qwen_image":
+        return [("qwen", load("tokenizer"), QWEN_DROP + QWEN_MAX)]
+    return [("umt5", load("tokenizer"), WAN_MAX)]
+
+
+def token_ids(family: str, tokenizer, length: int, text: str) -> List[int]:
+    if family == "qwen_image":
+        text = QWEN_TEMPLATE.format(text)
+    ids = tokenizer(text, padding="max_length", max_length=length, truncation=True)["input_ids"]
+    if len(ids) != length:
+        fail(f"tokenizer returned {len(ids)} ids, expected {length}")
+    return ids
+
+
+def tokenize(args: argparse.Namespace) -> None:
+    with open(args.prompts, encoding="utf-8") as f:
+        prompts = [line.rstrip("\n") for line in f if line.strip()]
+    if not prompts:
+        fail(f"{args.prompts}: no prompts (one per line)")
+    toks = tokenizers_for(args.family, args.model)
+    lines = [(p, False) for p in prompts] + ([(args.negative, True)] if args.negative is not None else [])
+    with open(args.out, "w", encoding="utf-8") as out:
+        for text, negative in lines:
+            row = {"prompt": text, "tokens": {n: token_ids(args.family, t, L, text) for n, t, L in toks}}
+            if negative:
+                row["negative"] = True
+            out.write(json.dumps(row) + "\n")
+    print(f"wrote {len(lines)} lines to {args.out}")
+
+
+# --------------------------------------------------------------------------- export
+
+class SD3Text(torch.nn.Module):
+    """SD3 pipeline text path: CLIP-L || CLIP-G penultimate states (zero-padded to the T5
+    width) followed by T5 states on the sequence axis; pooled = CLIP-L || CLIP-G pooled."""
+
+    def __init__(self, clip_l, clip_g, t5, t5_width: int):
+        super().__init__()
+        self.clip_l, self.clip_g, self.t5, self.t5_width = clip_l, clip_g, t5, t5_width
+
+    def forward(self, tokens: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        out_l = self.clip_l(tokens["clip_l"], output_hidden_states=True)
+        out_g = self.clip_g(tokens["clip_g"], output_hidden_states=True)
+        clip = torch.cat([out_l.hidden_states[-2], out_g.hidden_states[-2]], dim=-1)
+        clip = torch.nn.functional.pad(clip, (0, self.t5_width - clip.shape[-1]))
+        t5 = self.t5(tokens["t5"]).last_hidden_state
+        pooled = torch.cat([out_l.text_embeds, out_g.text_embeds], dim=-1)
+        return {"encoder_hidden_states": torch.cat([clip, t5], dim=1).float(),
+                "pooled_projections": pooled.float()}
+
+
+class QwenText(torch.nn.Module):
+    """Qwen-Image text path: last hidden state of Qwen2.5-VL's language model on the templated
+    prompt, template tokens dropped, left-aligned and zero-padded to 512 with its mask."""
+
+    def __init__(self, lm, pad_id: int):
+        super().__init__()
+        self.lm, self.pad_id = lm, pad_id
+
+    def forward(self, tokens: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        ids = tokens["qwen"]
+        mask = (ids != self.pad_id).long()
+        states = self.lm(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states[-1]
+        states = states[:, QWEN_DROP:] * mask[:, QWEN_DROP:, None].to(states.dtype)
+        return {"encoder_hidden_states": states.float(), "encoder_hidden_states_mask": mask[:, QWEN_DROP:]}
+
+
+class WanText(torch.nn.Module):
+    """Wan text path: UMT5-XXL encoder states, zeroed past each prompt's length (the pipeline
+    truncates to the real length, then zero-pads to 512)."""
+
+    def __init__(self, umt5, pad_id: int):
+        super().__init__()
+        self.umt5, self.pad_id = umt5, pad_id
+
+    def forward(self, tokens: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        ids = tokens["umt5"]
+        mask = (ids != self.pad_id).long()
+        states = self.umt5(input_ids=ids, attention_mask=mask).last_hidden_state
+        return {"encoder_hidden_states": (states * mask[:, :, None].to(states.dtype)).float()}
+
+
+def real_encoder(family: str, model: str, dtype: torch.dtype):
+    try:
+        import transformers as tf
+    except ImportError:
+        fail("export needs the `transformers` package and the model folder")
+    kw = {"torch_dtype": dtype}
+    if family == "sd3":
+        t5 = tf.T5EncoderModel.from_pretrained(f"{model}/text_encoder_3", **kw)
+        return SD3Text(tf.CLIPTextModelWithProjection.from_pretrained(f"{model}/text_encoder", **kw),
+                       tf.CLIPTextModelWithProjection.from_pretrained(f"{model}/text_encoder_2", **kw),
+                       t5, t5.config.d_model), f"{model} (CLIP-L, CLIP-G, T5-XXL)"
+    pad = tf.AutoTokenizer.from_pretrained(f"{model}/tokenizer").pad_token_id
+    if family == "qwen_image":
+        lm = tf.Qwen2_5_VLForConditionalGeneration.from_pretrained(f"{model}/text_encoder", **kw)
+        return QwenText(lm, pad), f"{model} (Qwen2.5-VL text path)"
+    return WanText(tf.UMT5EncoderModel.from_pretrained(f"{model}/text_encoder", **kw), pad), f"{model} (UMT5-XXL)"
+
+
+class TinyText(torch.nn.Module):
+    """Seeded stand-in with the family's output names and the tiny presets' shapes: an
+    embedding table per tokenizer, mean-pooled where the family has a pooled output."""
+
+    def __init__(self, family: str):
+        super().__init__()
+        torch.manual_seed(0)
+        self.family = family
+        self.embed = torch.nn.ModuleDict({n: torch.nn.Embedding(1000, w) for n, w in TINY[family]["embed"].items()})
+
+    def forward(self, tokens: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        spec = TINY[self.family]
+        states = torch.cat([self.embed[n](tokens[n] % 1000) for n in spec["embed"]], dim=1)
+        out = {"encoder_hidden_states": states[:, :spec["text_tokens"]]}
+        if self.family == "sd3":
+            out["pooled_projections"] = states.mean(dim=1)[:, :spec["pooled"]]
+        if self.family == "qwen_image":
+            out["encoder_hidden_states_mask"] = torch.ones_like(tokens["qwen"][:, :spec["text_tokens"]])
+        return out
+
+
+# Conditioning shapes of the tiny presets (src/models/{sd3,qwen_image,wan}.cpp).
+TINY = {
+    "sd3": {"embed": {"clip_l": 48, "t5": 48}, "lengths": {"clip_l": 4, "t5": 4}, "text_tokens": 8, "pooled": 32},
+    "qwen_image": {"embed": {"qwen": 32}, "lengths": {"qwen": 8}, "text_tokens": 8},
+    "wan": {"embed": {"umt5": 32}, "lengths": {"umt5": 8}, "text_tokens": 8},
+}
+
+
+def example_tokens(family: str, tiny: bool) -> Dict[str, torch.Tensor]:
+    if tiny:
+        return {n: torch.arange(L, dtype=torch.long).repeat(2, 1) for n, L in TINY[family]["lengths"].items()}
+    lengths = {"sd3": {"clip_l": 77, "clip_g": 77, "t5": SD3_T5_MAX}, "qwen_image": {"qwen": QWEN_DROP + QWEN_MAX},
+               "wan": {"umt5": WAN_MAX}}[family]
+    return {n: torch.ones(2, L, dtype=torch.long) for n, L in lengths.items()}
+
+
+class Exported(torch.nn.Module):
+    """The traced text path plus the `identity` attribute ditrl records."""
+    identity: str
+
+    def __init__(self, traced, identity: str):
+        super().__init__()
+        self.traced = traced
+        self.identity = identity
+
+    def forward(self, tokens: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        return self.traced(tokens)
+
+
+def export(args: argparse.Namespace) -> None:
+    if args.tiny == bool(args.model):
+        fail("export needs exactly one of --model MODEL_DIR or --tiny")
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    if args.tiny:
+        encoder, identity = TinyText(args.family), f"tiny-{args.family} seed 0"
+    else:
+        encoder, identity = real_encoder(args.family, args.model, dtype)
+    encoder.eval()
+    with torch.no_grad():
+        traced = torch.jit.trace(encoder, (example_tokens(args.family, args.tiny),), strict=False)
+    module = torch.jit.script(Exported(traced, f"{identity}; {args.dtype}; {VERSION}"))
+    module.save(args.out)
+    with torch.no_grad():
+        shapes = {k: list(v.shape) for k, v in module(example_tokens(args.family, args.tiny)).items()}
+    print(f"wrote {args.out}: {shapes}")
+
+
+def main(argv: List[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("tokenize", help="prompts.txt -> prompts.jsonl with token ids")
+    t.add_argument("--family", required=True, choices=FAMILIES)
+    t.add_argument("--model", required=True, help="diffusers pipeline folder (tokenizer*/ subfolders)")
+    t.add_argument("--negative", default=None, help="negative prompt for CFG runs (\"\" = empty prompt)")
+    t.add_argument("prompts", help="text file, one prompt per line")
+    t.add_argument("out", help="JSONL output for ditrl encode-prompts")
+    e = sub.add_parser("export", help="trace the family's text encoder into TorchScript")
+    e.add_argument("--family", required=True, choices=FAMILIES)
+    e.add_argument("--model", help="diffusers pipeline folder (text_encoder*/ subfolders)")
+    e.add_argument("--tiny", action="store_true", help="seeded tiny encoder for the tiny presets (tests)")
+    e.add_argument("--dtype", default="bf16", choices=("fp32", "bf16", "fp16"),
+                   help="encoder weights dtype (outputs are written as fp32)")
+    e.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    (tokenize if args.command == "tokenize" else export)(args)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
