@@ -102,11 +102,17 @@ void Handle::reset() {
   id_ = H5I_INVALID_HID;
 }
 
-PropList PropList::file_access(MPI_Comm comm) {
+PropList PropList::file_access(MPI_Comm comm, const FileOptions& options) {
   silence_default_printing();
   PropList fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
   if (comm != MPI_COMM_NULL)
     checked(H5Pset_fapl_mpio(fapl.id(), comm, MPI_INFO_NULL), "file access", "H5Pset_fapl_mpio");
+  if (options.many_objects) {
+    checked(H5Pset_libver_bounds(fapl.id(), H5F_LIBVER_LATEST, H5F_LIBVER_LATEST), "file access",
+            "H5Pset_libver_bounds");
+    if (comm != MPI_COMM_NULL)
+      checked(H5Pset_coll_metadata_write(fapl.id(), true), "file access", "H5Pset_coll_metadata_write");
+  }
   return fapl;
 }
 
@@ -477,7 +483,7 @@ void select_flat_range(Dataspace& space, const std::vector<hsize_t>& dims, hsize
 
 }  // namespace
 
-void Dataset::write_flat_range(int64_t flat_begin, const at::Tensor& values) {
+void Dataset::write_flat_range(int64_t flat_begin, const at::Tensor& values, bool collective) {
   const at::Tensor data = contiguous_cpu(values).flatten();
   const std::vector<hsize_t> dims = shape();
   hsize_t total = 1;
@@ -495,7 +501,7 @@ void Dataset::write_flat_range(int64_t flat_begin, const at::Tensor& values) {
   } else if (!dims.empty()) {
     select_flat_range(file_space, dims, static_cast<hsize_t>(flat_begin), static_cast<hsize_t>(flat_begin) + n);
   }
-  PropList dxpl = PropList::transfer(parallel());
+  PropList dxpl = PropList::transfer(parallel() && collective);
   checked(H5Dwrite(id(), type.id(), mem_space.id(), file_space.id(), dxpl.id(), data.data_ptr()), context(),
           "H5Dwrite(flat range)");
 }
@@ -568,6 +574,10 @@ Dataset Group::create_dataset(const std::string& path, c10::ScalarType dtype, co
             "H5Pset_chunk");
     if (options.fletcher32) checked(H5Pset_fletcher32(dcpl.id()), context(), "H5Pset_fletcher32");
   }
+  if (options.preallocate) {
+    checked(H5Pset_alloc_time(dcpl.id(), H5D_ALLOC_TIME_EARLY), context(), "H5Pset_alloc_time");
+    checked(H5Pset_fill_time(dcpl.id(), H5D_FILL_TIME_NEVER), context(), "H5Pset_fill_time");
+  }
   Handle lcpl = link_create_intermediate();
   const hid_t d = H5Dcreate2(id(), path.c_str(), type.id(), space.id(), lcpl.id(), dcpl.id(), H5P_DEFAULT);
   return Dataset(checked_id(d, context(), "H5Dcreate2(" + path + ")"), H5Dclose, file_name(), child_path(path), comm());
@@ -637,8 +647,8 @@ std::vector<std::string> Group::read_strings(const std::string& path) const {
 
 // ---------------------------------------------------------------- files
 
-File File::create(const std::string& path, MPI_Comm comm) {
-  PropList fapl = PropList::file_access(comm);
+File File::create(const std::string& path, MPI_Comm comm, const FileOptions& options) {
+  PropList fapl = PropList::file_access(comm, options);
   const hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.id());
   return File(checked_id(f, path, "cannot create file"), H5Fclose, path, "/", comm);
 }
