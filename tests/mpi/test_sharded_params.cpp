@@ -553,8 +553,6 @@ TEST_CASE("shard: run() passes undefined and integer inputs, undefined and pass-
                     Contains("unit index 3 outside the 3 wrap units"));
 }
 
-}  // namespace ditrl
-
 TEST_CASE("shard: keep_gathered holds every unit across no-grad calls and changes no result", "[shard]") {
   auto comm = dist::make_mpi_communicator();
   Spec spec;
@@ -592,3 +590,5 @@ TEST_CASE("shard: keep_gathered holds every unit across no-grad calls and change
   params.finish_backward();
   CHECK(std::isfinite(params.grad_norm()));
 }
+
+}  // namespace ditrl

@@ -137,9 +137,13 @@ class Dataset : public Object {
   // Elements [flat_begin, flat_begin + values.numel()) of the dataset in
   // row-major order, whatever its rank: how a rank writes and reads its
   // slice of a flattened parameter. Collective in a parallel file (a rank
-  // with an empty range still calls), unless not `collective` (contiguous
-  // preallocated datasets only: HDF5 needs collective writes to allocate).
-  void write_flat_range(int64_t flat_begin, const at::Tensor& values, bool collective = true);
+  // with an empty range still calls).
+  void write_flat_range(int64_t flat_begin, const at::Tensor& values);
+  // The same range of a contiguous preallocated dataset (stored in values'
+  // dtype) in a parallel file, written by this rank alone: one
+  // MPI_File_write_at at the dataset's file offset, as a flat range of a
+  // contiguous dataset is one byte range of the file. Not collective.
+  void write_flat_range_independent(int64_t flat_begin, const at::Tensor& values);
   at::Tensor read_flat_range(int64_t flat_begin, int64_t count, bool collective = true) const;
   // Resizes dimension 0 of an extendible dataset (grow or truncate).
   void extend(hsize_t rows);
