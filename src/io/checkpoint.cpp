@@ -1,6 +1,7 @@
 #include <ditrl/error.hpp>
 #include <ditrl/io/checkpoint.hpp>
 #include <ditrl/io/h5.hpp>
+#include <ditrl/io/sha256.hpp>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -14,7 +15,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <optional>
 #include <regex>
+#include <sstream>
 
 namespace ditrl::io {
 
@@ -22,8 +26,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr const char* kFormat = "ditrl-checkpoint-1";
-constexpr int64_t kChunkBytes = 4 << 20;
+constexpr const char* kFormat = "ditrl-checkpoint-2";
+constexpr const char* kChunkedFormat = "ditrl-checkpoint-1";  // Fletcher-32 chunks: still loads
+constexpr int kDigestChars = 64;
 
 int comm_rank(MPI_Comm comm) {
   int r = 0;
@@ -31,21 +36,17 @@ int comm_rank(MPI_Comm comm) {
   return r;
 }
 
-// Chunks of whole trailing rows up to ~4 MiB: Fletcher-32 needs a chunked layout.
-h5::DatasetOptions checksummed(const std::vector<int64_t>& shape, int64_t element_bytes) {
-  h5::DatasetOptions options;
-  options.fletcher32 = true;
-  if (shape.empty()) return options;  // scalars stay contiguous (and unchecked: no such parameters in the families)
-  int64_t row = element_bytes;
-  for (size_t d = 1; d < shape.size(); ++d) row *= shape[d];
-  const int64_t rows = std::clamp<int64_t>(kChunkBytes / std::max<int64_t>(row, 1), 1, std::max<int64_t>(shape[0], 1));
-  options.chunk.assign(shape.begin(), shape.end());
-  options.chunk[0] = static_cast<hsize_t>(rows);
-  for (hsize_t& c : options.chunk) c = std::max<hsize_t>(c, 1);
-  return options;
+std::vector<hsize_t> dims(const std::vector<int64_t>& shape) {
+  return {shape.begin(), shape.end()};
 }
 
-std::vector<hsize_t> dims(const std::vector<int64_t>& shape) { return {shape.begin(), shape.end()}; }
+// Space allocated when the dataset is created and no fill values written:
+// the ranks' slabs cover every element, and creation then does no data I/O.
+h5::DatasetOptions preallocated() {
+  h5::DatasetOptions options;
+  options.preallocate = true;
+  return options;
+}
 
 std::vector<shard::ShardPiece> trainable_pieces(shard::ShardedParams& params) {
   std::vector<shard::ShardPiece> pieces;
@@ -62,6 +63,38 @@ std::vector<const shard::Slot*> trainable_slots(const shard::Layout& layout) {
       if (group.trainable)
         for (const shard::Slot& slot : group.slots) slots.push_back(&slot);
   return slots;
+}
+
+// One dataset of the checkpoint and this rank's slab of it (values undefined
+// when the rank owns none of it). Every rank lists the same datasets in the
+// same order.
+struct Entry {
+  std::string path;
+  std::vector<int64_t> shape;
+  int64_t begin = 0;
+  at::Tensor values;  // fp32, flat
+};
+
+std::vector<Entry> entries(shard::ShardedParams& params, const ExtraState& extra) {
+  const std::vector<shard::ShardPiece> pieces = trainable_pieces(params);
+  std::map<std::string, size_t> mine;
+  for (size_t i = 0; i < pieces.size(); ++i) mine[pieces[i].name] = i;
+  std::vector<Entry> list;
+  for (const shard::Slot* slot : trainable_slots(params.layout())) {
+    auto it = mine.find(slot->name);
+    const shard::ShardPiece* piece = it == mine.end() ? nullptr : &pieces[it->second];
+    auto add = [&](const std::string& path, const at::Tensor& values) {
+      Entry e{path, slot->shape, piece ? piece->begin : 0, {}};
+      if (piece) e.values = values.to(at::kFloat).contiguous().flatten();
+      list.push_back(std::move(e));
+    };
+    add("/model/" + slot->name, piece ? piece->master : at::Tensor());
+    add("/optimizer/" + slot->name + "/exp_avg", piece ? piece->exp_avg : at::Tensor());
+    add("/optimizer/" + slot->name + "/exp_avg_sq", piece ? piece->exp_avg_sq : at::Tensor());
+    for (const auto& [set, tensors] : extra)
+      add("/extra/" + set + "/" + slot->name, piece ? tensors.at(it->second) : at::Tensor());
+  }
+  return list;
 }
 
 // Fault injection for the e2e suite: DITRL_TEST_KILL_IN_CHECKPOINT="rank:step"
@@ -108,31 +141,102 @@ std::vector<std::pair<int64_t, fs::path>> checkpoints_in(const fs::path& dir) {
   return found;
 }
 
-// One piece's range of a dataset (collective: every rank calls it per parameter).
-void write_piece(h5::Group& file, const std::string& path, const std::vector<int64_t>& shape,
-                 const shard::ShardPiece* piece, const at::Tensor& values) {
-  h5::Dataset d = file.create_dataset(path, at::kFloat, dims(shape), checksummed(shape, 4));
-  if (piece)
-    d.write_flat_range(piece->begin, values.to(at::kFloat));
-  else
-    d.write_flat_range(0, at::empty({0}, at::kFloat));
+std::string digest(const at::Tensor& flat) {
+  return sha256(flat.data_ptr(), static_cast<size_t>(flat.numel() * flat.element_size()));
 }
 
-void read_piece(const h5::File& file, const std::string& path, const std::vector<int64_t>& shape,
-                const shard::ShardPiece* piece, at::Tensor target) {
-  if (!file.exists(path)) fail("checkpoint {}: no dataset {} (was it written for another model?)", file.file_name(), path);
+// ---------------------------------------------------------------- manifest
+//
+// The root attribute `sha256_manifest` lists the SHA-256 of every writer's
+// slab, one line each: "<dataset> <begin> <end> <hex digest>" with [begin,
+// end) a flat element range and the digest over its stored bytes. It is
+// written after all data, before `complete`.
+
+struct Slab {
+  int64_t begin = 0, end = 0;
+  std::string digest;
+};
+using Manifest = std::map<std::string, std::vector<Slab>>;
+
+// Every rank's slabs, on every rank: the attribute is metadata, which all
+// ranks of a parallel file write alike.
+std::string gather_manifest(const std::vector<Entry>& list, const std::vector<std::string>& digests, MPI_Comm comm) {
+  std::string mine;
+  for (size_t i = 0; i < list.size(); ++i)
+    if (list[i].values.defined())
+      mine +=
+          fmt::format("{} {} {} {}\n", list[i].path, list[i].begin, list[i].begin + list[i].values.numel(), digests[i]);
+  int ranks = 1;
+  MPI_Comm_size(comm, &ranks);
+  const int my_bytes = static_cast<int>(mine.size());
+  std::vector<int> bytes(ranks), offsets(ranks, 0);
+  MPI_Allgather(&my_bytes, 1, MPI_INT, bytes.data(), 1, MPI_INT, comm);
+  for (int r = 1; r < ranks; ++r) offsets[r] = offsets[r - 1] + bytes[r - 1];
+  std::string all(static_cast<size_t>(offsets.back() + bytes.back()), '\0');
+  MPI_Allgatherv(mine.data(), my_bytes, MPI_CHAR, all.data(), bytes.data(), offsets.data(), MPI_CHAR, comm);
+  return all;
+}
+
+Manifest parse_manifest(const h5::File& file) {
+  if (!file.has_attr("sha256_manifest"))
+    fail("checkpoint {} is corrupted: no sha256_manifest attribute", file.file_name());
+  Manifest manifest;
+  std::istringstream lines(file.string_attr("sha256_manifest"));
+  std::string line;
+  while (std::getline(lines, line)) {
+    std::istringstream fields(line);
+    std::string path;
+    Slab s;
+    if (!(fields >> path >> s.begin >> s.end >> s.digest) || s.digest.size() != kDigestChars || s.end < s.begin)
+      fail("checkpoint {} is corrupted: bad sha256_manifest line \"{}\"", file.file_name(), line);
+    manifest[path].push_back(std::move(s));
+  }
+  for (auto& [path, slabs] : manifest)
+    std::sort(slabs.begin(), slabs.end(), [](const Slab& a, const Slab& b) { return a.begin < b.begin; });
+  return manifest;
+}
+
+// Elements [begin, end) of a dataset, read as the union of the written slabs
+// that overlap them so that each of those slabs is checked against its digest.
+at::Tensor read_verified(const h5::Dataset& dataset, const std::vector<Slab>& slabs, int64_t begin, int64_t end) {
+  int64_t span_begin = begin, span_end = end;
+  for (const Slab& s : slabs)
+    if (s.begin < end && s.end > begin)
+      span_begin = std::min(span_begin, s.begin), span_end = std::max(span_end, s.end);
+  const at::Tensor span = dataset.read_flat_range(span_begin, span_end - span_begin, /*collective=*/false);
+  int64_t covered = begin;
+  for (const Slab& s : slabs) {
+    if (s.end <= begin || s.begin >= end) continue;
+    if (s.begin > covered) break;  // a gap: reported below
+    if (digest(span.slice(0, s.begin - span_begin, s.end - span_begin)) != s.digest)
+      fail("elements [{}, {}) do not match their SHA-256", s.begin, s.end);
+    covered = std::max(covered, s.end);
+  }
+  if (covered < end) fail("elements [{}, {}) are covered by no SHA-256 slab", covered, end);
+  return span.slice(0, begin - span_begin, end - span_begin);
+}
+
+// A rank's range of one dataset, checked against the manifest, or (format 1,
+// no manifest) by HDF5's Fletcher-32 filter.
+at::Tensor read_range(const h5::File& file, const std::optional<Manifest>& manifest, const std::string& path,
+                      const std::vector<int64_t>& shape, int64_t begin, int64_t end) {
+  if (!file.exists(path))
+    fail("checkpoint {}: no dataset {} (was it written for another model?)", file.file_name(), path);
   h5::Dataset d = file.open_dataset(path);
   const std::vector<hsize_t> stored = d.shape();
   if (std::vector<int64_t>(stored.begin(), stored.end()) != shape)
     fail("checkpoint {}: {} has shape [{}], the model's parameter is [{}]", file.file_name(), path,
          fmt::join(stored, ", "), fmt::join(shape, ", "));
   try {
-    // Independent reads: a checksum failure then raises on the rank that hit
-    // it (which aborts the job) instead of stalling HDF5's collective path.
-    if (piece) target.copy_(d.read_flat_range(piece->begin, piece->end - piece->begin, /*collective=*/false)
-                                .view(target.sizes()));
-  } catch (const h5::Error& e) {
-    fail("checkpoint {} is corrupted: reading {} failed (checksum or truncation): {}", file.file_name(), path, e.what());
+    // Independent reads: a failure then raises on the rank that hit it
+    // (which aborts the job) instead of stalling a collective.
+    if (!manifest) return d.read_flat_range(begin, end - begin, /*collective=*/false);
+    auto slabs = manifest->find(path);
+    if (slabs == manifest->end()) fail("no slab of it in sha256_manifest");
+    return read_verified(d, slabs->second, begin, end);
+  } catch (const ditrl::Error& e) {
+    fail("checkpoint {} is corrupted: reading {} failed (checksum or truncation): {}", file.file_name(), path,
+         e.what());
   }
 }
 
@@ -145,29 +249,36 @@ std::string save_checkpoint(const std::string& out_dir, shard::ShardedParams& pa
   const fs::path final_path = dir / name;
   const fs::path tmp_path = dir / (name + ".tmp");
   const bool root = comm_rank(comm) == 0;
-  if (root) fs::create_directories(dir);
-  MPI_Barrier(comm);
+  fs::create_directories(dir);  // on every rank: no barrier before the collective create
 
-  const std::vector<shard::ShardPiece> pieces = trainable_pieces(params);
-  std::map<std::string, size_t> mine;
-  for (size_t i = 0; i < pieces.size(); ++i) mine[pieces[i].name] = i;
+  const std::vector<Entry> list = entries(params, extra);
   {
-    h5::File file = h5::File::create(tmp_path.string(), comm);
-    for (const shard::Slot* slot : trainable_slots(params.layout())) {
-      const shard::Slot& p = *slot;
-      auto it = mine.find(p.name);
-      const shard::ShardPiece* piece = it == mine.end() ? nullptr : &pieces[it->second];
-      write_piece(file, "/model/" + p.name, p.shape, piece, piece ? piece->master : at::Tensor());
-      write_piece(file, "/optimizer/" + p.name + "/exp_avg", p.shape, piece, piece ? piece->exp_avg : at::Tensor());
-      write_piece(file, "/optimizer/" + p.name + "/exp_avg_sq", p.shape, piece,
-                  piece ? piece->exp_avg_sq : at::Tensor());
-      for (const auto& [set, tensors] : extra)
-        write_piece(file, "/extra/" + set + "/" + p.name, p.shape, piece,
-                    piece ? tensors.at(it->second) : at::Tensor());
+    h5::File file = h5::File::create(tmp_path.string(), comm, {/*many_objects=*/true});
+    // Creation is metadata (every rank, no data I/O); each rank then writes
+    // its slabs with independent MPI-IO: no collective per dataset, and no
+    // HDF5 selection machinery per write.
+    std::vector<h5::Dataset> datasets;
+    datasets.reserve(list.size());
+    for (const Entry& e : list)
+      datasets.push_back(file.create_dataset(e.path, at::kFloat, dims(e.shape), preallocated()));
+    std::vector<std::string> digests(list.size());
+    for (size_t i = 0; i < list.size(); ++i) {
+      if (!list[i].values.defined()) continue;
+      datasets[i].write_flat_range_independent(list[i].begin, list[i].values);
+      digests[i] = digest(list[i].values);
     }
     kill_point(comm, meta.step);
-    const at::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
-    file.create_dataset("/rng/torch_cpu", at::kByte, {static_cast<hsize_t>(rng.numel())}).write(rng);
+    std::string manifest = gather_manifest(list, digests, comm);
+    datasets.clear();
+
+    // Rank 0's generator state lands (Dataset::write); its digest is shared.
+    at::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
+    MPI_Bcast(rng.data_ptr(), static_cast<int>(rng.numel()), MPI_BYTE, 0, comm);
+    h5::Dataset rng_set = file.create_dataset("/rng/torch_cpu", at::kByte, {static_cast<hsize_t>(rng.numel())});
+    rng_set.write(rng);
+    manifest += fmt::format("/rng/torch_cpu 0 {} {}\n", rng.numel(), digest(rng));
+    file.set_attr("sha256_manifest", manifest);
+
     file.set_attr("format", kFormat);
     file.set_attr("step", meta.step);
     file.set_attr("rollout_id", meta.rollout_id);
@@ -202,7 +313,8 @@ std::string resolve_checkpoint(const std::string& out_dir, const std::string& wh
   if (!in || !std::getline(in, target) || target.empty())
     fail("--resume latest: no checkpoint pointer {} (no checkpoint was completed in {})", pointer.string(), out_dir);
   const fs::path path = dir / target;
-  if (!fs::exists(path)) fail("--resume latest: {} points to {}, which does not exist", pointer.string(), path.string());
+  if (!fs::exists(path))
+    fail("--resume latest: {} points to {}, which does not exist", pointer.string(), path.string());
   return path.string();
 }
 
@@ -215,27 +327,35 @@ CheckpointMeta load_checkpoint(const std::string& path, shard::ShardedParams& pa
       fail("checkpoint {} cannot be opened (truncated or not HDF5): {}", path, e.what());
     }
   }();
-  if (!file.has_attr("format") || file.string_attr("format") != kFormat)
+  const std::string format = file.has_attr("format") ? file.string_attr("format") : "";
+  if (format != kFormat && format != kChunkedFormat)
     fail("checkpoint {}: not a ditrl checkpoint (format attribute missing or not {})", path, kFormat);
   if (!file.has_attr("complete") || file.int_attr("complete") != 1)
     fail("checkpoint {}: incomplete (its writer did not finish)", path);
+  const std::optional<Manifest> manifest =
+      format == kChunkedFormat ? std::nullopt : std::optional<Manifest>(parse_manifest(file));
 
   const std::vector<shard::ShardPiece> pieces = trainable_pieces(params);
   std::map<std::string, size_t> mine;
   for (size_t i = 0; i < pieces.size(); ++i) mine[pieces[i].name] = i;
   for (const shard::Slot* slot : trainable_slots(params.layout())) {
-    const shard::Slot& p = *slot;
-    auto it = mine.find(p.name);
-    const shard::ShardPiece* piece = it == mine.end() ? nullptr : &pieces[it->second];
-    read_piece(file, "/model/" + p.name, p.shape, piece, piece ? piece->master : at::Tensor());
-    read_piece(file, "/optimizer/" + p.name + "/exp_avg", p.shape, piece, piece ? piece->exp_avg : at::Tensor());
-    read_piece(file, "/optimizer/" + p.name + "/exp_avg_sq", p.shape, piece, piece ? piece->exp_avg_sq : at::Tensor());
-    for (auto& [set, tensors] : extra)
-      read_piece(file, "/extra/" + set + "/" + p.name, p.shape, piece, piece ? tensors.at(it->second) : at::Tensor());
+    auto it = mine.find(slot->name);
+    if (it == mine.end()) continue;  // this rank owns no element of it
+    const shard::ShardPiece& piece = pieces[it->second];
+    auto load = [&](const std::string& dataset, at::Tensor target) {
+      target.copy_(read_range(file, manifest, dataset, slot->shape, piece.begin, piece.end).view(target.sizes()));
+    };
+    load("/model/" + slot->name, piece.master);
+    load("/optimizer/" + slot->name + "/exp_avg", piece.exp_avg);
+    load("/optimizer/" + slot->name + "/exp_avg_sq", piece.exp_avg_sq);
+    for (auto& [set, tensors] : extra) load("/extra/" + set + "/" + slot->name, tensors.at(it->second));
   }
   params.refresh_compute();
+  const h5::Dataset rng = file.open_dataset("/rng/torch_cpu");
+  const std::vector<hsize_t> rng_shape = rng.shape();
   at::Generator generator = at::detail::getDefaultCPUGenerator();
-  generator.set_state(file.open_dataset("/rng/torch_cpu").read());
+  generator.set_state(read_range(file, manifest, "/rng/torch_cpu", {rng_shape.begin(), rng_shape.end()}, 0,
+                                 static_cast<int64_t>(rng_shape.at(0))));
 
   CheckpointMeta meta;
   meta.step = file.int_attr("step");
@@ -250,17 +370,20 @@ CheckpointMeta load_checkpoint(const std::string& path, shard::ShardedParams& pa
 
 std::map<std::string, at::Tensor> read_checkpoint_weights(const std::string& path) {
   h5::File file = h5::File::open(path);
-  if (!file.has_attr("format") || file.string_attr("format") != kFormat)
-    fail("checkpoint {}: not a ditrl checkpoint", path);
+  const std::string format = file.has_attr("format") ? file.string_attr("format") : "";
+  if (format != kFormat && format != kChunkedFormat) fail("checkpoint {}: not a ditrl checkpoint", path);
+  const std::optional<Manifest> manifest =
+      format == kChunkedFormat ? std::nullopt : std::optional<Manifest>(parse_manifest(file));
   std::map<std::string, at::Tensor> weights;
   const h5::Group model = file.open_group("/model");
   // Dataset names are the canonical parameter names (dots, no nesting).
   for (const std::string& name : model.children()) {
-    try {
-      weights[name] = model.open_dataset(name).read();
-    } catch (const h5::Error& e) {
-      fail("checkpoint {} is corrupted: reading /model/{} failed: {}", path, name, e.what());
-    }
+    const std::string dataset = "/model/" + name;
+    const std::vector<hsize_t> shape = file.open_dataset(dataset).shape();
+    int64_t numel = 1;
+    for (hsize_t d : shape) numel *= static_cast<int64_t>(d);
+    weights[name] = read_range(file, manifest, dataset, {shape.begin(), shape.end()}, 0, numel)
+                        .view(std::vector<int64_t>(shape.begin(), shape.end()));
   }
   return weights;
 }

@@ -102,11 +102,17 @@ void Handle::reset() {
   id_ = H5I_INVALID_HID;
 }
 
-PropList PropList::file_access(MPI_Comm comm) {
+PropList PropList::file_access(MPI_Comm comm, const FileOptions& options) {
   silence_default_printing();
   PropList fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
   if (comm != MPI_COMM_NULL)
     checked(H5Pset_fapl_mpio(fapl.id(), comm, MPI_INFO_NULL), "file access", "H5Pset_fapl_mpio");
+  if (options.many_objects) {
+    checked(H5Pset_libver_bounds(fapl.id(), H5F_LIBVER_LATEST, H5F_LIBVER_LATEST), "file access",
+            "H5Pset_libver_bounds");
+    if (comm != MPI_COMM_NULL)
+      checked(H5Pset_coll_metadata_write(fapl.id(), true), "file access", "H5Pset_coll_metadata_write");
+  }
   return fapl;
 }
 
@@ -500,6 +506,40 @@ void Dataset::write_flat_range(int64_t flat_begin, const at::Tensor& values) {
           "H5Dwrite(flat range)");
 }
 
+void Dataset::write_flat_range_independent(int64_t flat_begin, const at::Tensor& values) {
+  const at::Tensor data = contiguous_cpu(values).flatten();
+  if (!parallel()) throw Error(fmt::format("HDF5: {}: independent writes need a parallel file", context()));
+  if (data.scalar_type() != dtype())
+    throw Error(fmt::format("HDF5: {}: writing {} values into a dataset of another type", context(),
+                            c10::toString(data.scalar_type())));
+  hsize_t total = 1;
+  for (hsize_t d : shape()) total *= d;
+  const hsize_t n = static_cast<hsize_t>(data.numel());
+  if (flat_begin < 0 || static_cast<hsize_t>(flat_begin) + n > total)
+    throw Error(
+        fmt::format("HDF5: {}: flat range [{}, {}) outside [0, {})", context(), flat_begin, flat_begin + n, total));
+  const haddr_t address = H5Dget_offset(id());
+  if (address == HADDR_UNDEF)
+    throw Error(fmt::format("HDF5: {}: not a contiguous dataset with allocated storage", context()));
+  Handle file(checked_id(H5Iget_file_id(id()), context(), "H5Iget_file_id"), H5Fclose);
+  // A blank access list: the MPI-IO driver ignores it, and H5Fget_access_plist
+  // would duplicate the file's communicator, a collective call.
+  Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  void* handle = nullptr;
+  checked(H5Fget_vfd_handle(file.id(), fapl.id(), &handle), context(), "H5Fget_vfd_handle");
+  MPI_File mpi_file = *static_cast<MPI_File*>(handle);
+  const char* bytes = static_cast<const char*>(data.data_ptr());
+  const int64_t size = static_cast<int64_t>(n) * data.element_size();
+  constexpr int64_t kMaxWrite = int64_t{1} << 30;  // MPI counts are ints
+  for (int64_t done = 0; done < size; done += kMaxWrite) {
+    const int count = static_cast<int>(std::min(kMaxWrite, size - done));
+    const MPI_Offset at = static_cast<MPI_Offset>(address) + flat_begin * data.element_size() + done;
+    MPI_Status status;
+    if (MPI_File_write_at(mpi_file, at, bytes + done, count, MPI_BYTE, &status) != MPI_SUCCESS)
+      throw Error(fmt::format("HDF5: {}: MPI_File_write_at of {} bytes at {} failed", context(), count, at));
+  }
+}
+
 at::Tensor Dataset::read_flat_range(int64_t flat_begin, int64_t count, bool collective) const {
   const std::vector<hsize_t> dims = shape();
   hsize_t total = 1;
@@ -567,6 +607,10 @@ Dataset Group::create_dataset(const std::string& path, c10::ScalarType dtype, co
     checked(H5Pset_chunk(dcpl.id(), static_cast<int>(options.chunk.size()), options.chunk.data()), context(),
             "H5Pset_chunk");
     if (options.fletcher32) checked(H5Pset_fletcher32(dcpl.id()), context(), "H5Pset_fletcher32");
+  }
+  if (options.preallocate) {
+    checked(H5Pset_alloc_time(dcpl.id(), H5D_ALLOC_TIME_EARLY), context(), "H5Pset_alloc_time");
+    checked(H5Pset_fill_time(dcpl.id(), H5D_FILL_TIME_NEVER), context(), "H5Pset_fill_time");
   }
   Handle lcpl = link_create_intermediate();
   const hid_t d = H5Dcreate2(id(), path.c_str(), type.id(), space.id(), lcpl.id(), dcpl.id(), H5P_DEFAULT);
@@ -637,8 +681,8 @@ std::vector<std::string> Group::read_strings(const std::string& path) const {
 
 // ---------------------------------------------------------------- files
 
-File File::create(const std::string& path, MPI_Comm comm) {
-  PropList fapl = PropList::file_access(comm);
+File File::create(const std::string& path, MPI_Comm comm, const FileOptions& options) {
+  PropList fapl = PropList::file_access(comm, options);
   const hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.id());
   return File(checked_id(f, path, "cannot create file"), H5Fclose, path, "/", comm);
 }

@@ -74,6 +74,9 @@ TEST_CASE("sha256: FIPS 180-4 test vectors", "[sha256]") {
   CHECK(io::sha256("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq") ==
         "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
   CHECK(io::sha256(std::string(1000000, 'a')) == "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+  std::string pattern(100003, '\0');  // not a whole number of blocks; digest from Python's hashlib
+  for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<char>((i * 7 + 3) % 256);
+  CHECK(io::sha256(pattern) == "b4bec991fc613fcb4d2a26eb529e493ed4e3152cc00f0a49bd39b3e48b34824e");
 }
 
 TEST_CASE("encode-prompts: a TorchScript encoder over JSONL writes the dataset the trainer reads", "[app][prompts]") {

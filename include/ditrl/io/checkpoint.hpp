@@ -9,12 +9,20 @@
 //   /extra/<set>/<canonical name>               per-parameter state such as the NFT EMA shadow
 //   /rng/torch_cpu                              the default CPU generator's state
 //   root attributes: format, step, rollout_id (the next rollout), world_size,
-//   adam_step, data_position, deck, complete (written last)
-// Every dataset is chunked with a Fletcher-32 checksum, so a flipped byte is
-// reported naming its dataset. The file is written under a temporary name,
-// flushed and fsync'ed, renamed, and only then does the `latest` pointer move
-// to it; older checkpoints beyond `keep` are removed. A checkpoint loads at any
-// rank count: each rank reads the flat ranges its own layout owns.
+//   adam_step, data_position, deck, complete (written last) and
+//   sha256_manifest (written after all data): one line per
+//   writer's slab, "<dataset> <begin> <end> <sha256 hex>", the digest of the
+//   stored bytes of flat elements [begin, end)
+// Datasets are contiguous, allocated when created (no fill values): every
+// rank creates them all in one pass (metadata only), then writes its slabs
+// with independent MPI-IO, so no dataset costs a collective. On load each
+// rank reads, per dataset, the written slabs overlapping its range and checks
+// their digests, so a flipped byte is reported naming its dataset (format 1
+// checkpoints, chunked with Fletcher-32, still load). The file is written
+// under a temporary name, flushed and fsync'ed, renamed, and only then does
+// the `latest` pointer move to it; older checkpoints beyond `keep` are
+// removed. A checkpoint loads at any rank count: each rank reads the flat
+// ranges its own layout owns.
 // Frozen parameters (a LoRA run's base weights) are not saved: they come from
 // the model's weights (or seeded init) named in the deck.
 

@@ -44,11 +44,18 @@ class Handle {
   Closer close_ = nullptr;
 };
 
+// For files of thousands of objects written once (checkpoints): the latest
+// file format (compact object headers, indexed groups), metadata gathered in
+// large blocks apart from the raw data, and (parallel) written collectively.
+struct FileOptions {
+  bool many_objects = false;
+};
+
 class PropList : public Handle {
  public:
   using Handle::Handle;
   // File access: MPI-IO on `comm`, or the default serial driver for MPI_COMM_NULL.
-  static PropList file_access(MPI_Comm comm);
+  static PropList file_access(MPI_Comm comm, const FileOptions& options = {});
   // Dataset transfer: collective MPI-IO when `collective`.
   static PropList transfer(bool collective);
 };
@@ -73,6 +80,10 @@ struct DatasetOptions {
   std::vector<hsize_t> chunk;     // empty = contiguous layout
   std::vector<hsize_t> max_dims;  // H5S_UNLIMITED entries make it extendible (needs chunk)
   bool fletcher32 = false;        // checksum every chunk (needs chunk)
+  // Space allocated at creation and no fill values ever written: for
+  // datasets whose every element the caller writes. Creation then does no
+  // data I/O, and a parallel file's ranks may write their parts independently.
+  bool preallocate = false;
 };
 
 // Shared by files, groups and datasets: attributes and naming.
@@ -128,6 +139,11 @@ class Dataset : public Object {
   // slice of a flattened parameter. Collective in a parallel file (a rank
   // with an empty range still calls).
   void write_flat_range(int64_t flat_begin, const at::Tensor& values);
+  // The same range of a contiguous preallocated dataset (stored in values'
+  // dtype) in a parallel file, written by this rank alone: one
+  // MPI_File_write_at at the dataset's file offset, as a flat range of a
+  // contiguous dataset is one byte range of the file. Not collective.
+  void write_flat_range_independent(int64_t flat_begin, const at::Tensor& values);
   at::Tensor read_flat_range(int64_t flat_begin, int64_t count, bool collective = true) const;
   // Resizes dimension 0 of an extendible dataset (grow or truncate).
   void extend(hsize_t rows);
@@ -156,7 +172,7 @@ class File : public Group {
   enum class Mode { ReadOnly, ReadWrite };
   // Truncates an existing file. comm = MPI_COMM_NULL opens it serially;
   // otherwise the call is collective over comm.
-  static File create(const std::string& path, MPI_Comm comm = MPI_COMM_NULL);
+  static File create(const std::string& path, MPI_Comm comm = MPI_COMM_NULL, const FileOptions& options = {});
   static File open(const std::string& path, Mode mode = Mode::ReadOnly, MPI_Comm comm = MPI_COMM_NULL);
   void flush();
   void close() { reset(); }

@@ -1,0 +1,114 @@
+// Checkpoint write bandwidth against a plain sequential write of the same
+// bytes on the same disk, in the same run.
+//
+// Builds the deck's model sharded over the launch's ranks (as `ditrl train`
+// does), then alternates, `repeats` times:
+//   checkpoint: io::save_checkpoint (every rank its slab, tmp -> fsync ->
+//               rename -> latest), timed on rank 0 from a barrier to the return
+//   plain:      rank 0 write()s as many bytes as the checkpoint file holds to
+//               a file in the same directory in 4 MiB blocks, then fsync()s
+// and prints one markdown row with the medians and their ratio (plain
+// seconds / checkpoint seconds = checkpoint bandwidth / plain bandwidth).
+//
+//   mpiexec -n N bench_checkpoint DECK OUT_DIR LABEL [repeats] [k=v override ...]
+
+#include <ditrl/app/run.hpp>
+#include <ditrl/config/deck.hpp>
+#include <ditrl/dist/runtime.hpp>
+#include <ditrl/error.hpp>
+#include <ditrl/io/checkpoint.hpp>
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace ditrl;
+namespace fs = std::filesystem;
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double plain_write(const std::string& path, int64_t bytes) {
+  std::vector<char> block(4 << 20, 'x');
+  const double start = now();
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) fail("bench_checkpoint: cannot create {}", path);
+  for (int64_t left = bytes; left > 0;) {
+    const ssize_t n = ::write(fd, block.data(), static_cast<size_t>(std::min<int64_t>(left, block.size())));
+    if (n <= 0) fail("bench_checkpoint: write to {} failed", path);
+    left -= n;
+  }
+  if (::fsync(fd) != 0) fail("bench_checkpoint: fsync of {} failed", path);
+  ::close(fd);
+  const double seconds = now() - start;
+  fs::remove(path);
+  return seconds;
+}
+
+std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string a, b, c;
+  in >> a >> b >> c;
+  return a + " " + b + " " + c;
+}
+
+int run(int argc, char** argv, const dist::MpiRuntime& mpi) {
+  if (argc < 4) fail("usage: bench_checkpoint DECK OUT_DIR LABEL [repeats] [k=v ...]");
+  const std::string out_dir = argv[2], label = argv[3];
+  const int repeats = argc > 4 ? std::stoi(argv[4]) : 3;
+  std::vector<std::string> overrides{"run.out_dir=" + out_dir, "run.deterministic=false"};
+  for (int i = 5; i < argc; ++i) overrides.emplace_back(argv[i]);
+  app::Run run = app::open_run(config::load_deck(argv[1], overrides), mpi);
+  const bool root = mpi.world().rank == 0;
+  if (root) fs::remove_all(fs::path(out_dir) / "checkpoints");
+
+  std::vector<double> checkpoint_s, plain_s;
+  int64_t bytes = 0;
+  for (int r = 0; r < repeats; ++r) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double start = now();
+    const std::string path = io::save_checkpoint(
+        out_dir, *run.params, {r + 1, r + 1, mpi.world().size, 0, 0, run.deck_text}, {}, /*keep=*/1, MPI_COMM_WORLD);
+    checkpoint_s.push_back(now() - start);
+    if (root) {
+      bytes = static_cast<int64_t>(fs::file_size(path));
+      plain_s.push_back(plain_write((fs::path(out_dir) / "checkpoints" / "plain.bin").string(), bytes));
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+  if (!root) return 0;
+  const double mib = static_cast<double>(bytes) / (1 << 20);
+  const double c = median(checkpoint_s), p = median(plain_s);
+  std::cout << fmt::format("| {} | {} | {:.1f} | {:.3f} | {:.1f} | {:.3f} | {:.1f} | **{:.2f}x** | {} |\n", label,
+                           mpi.world().size, mib, c, mib / c, p, mib / p, p / c, load_average());
+  std::cerr << fmt::format("{}: checkpoint s {:.3f}; plain s {:.3f}\n", label, fmt::join(checkpoint_s, " "),
+                           fmt::join(plain_s, " "));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  dist::MpiRuntime mpi(&argc, &argv);
+  try {
+    return run(argc, argv, mpi);
+  } catch (const std::exception& e) {
+    return dist::report_fatal(e);
+  }
+}
