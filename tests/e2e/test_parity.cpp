@@ -108,6 +108,7 @@ struct FamilyParity {
   size_t keys_per_rank = 2;
   std::string attention = ".attn/out0";
   bool time_input_exact = true;
+  size_t time_inputs_per_key = 1;  // LTX records its video and prompt AdaLN inputs
 };
 
 void check_family_parity(const FamilyParity& p) {
@@ -146,7 +147,7 @@ void check_family_parity(const FamilyParity& p) {
       CHECK(io::compare_tensors(io::read_dumped_tensor(a, "rollout", e), io::read_dumped_tensor(b, "rollout", e))
                 .bit_exact);
   }
-  CHECK(time_inputs == static_cast<int64_t>(p.keys_per_rank));
+  CHECK(time_inputs == static_cast<int64_t>(p.keys_per_rank * p.time_inputs_per_key));
 
   const auto table = test::ditrl("align " + dump_file(bf16, 0) + " " + dump_file(fp32, 0) + " --sides rollout,rollout");
   CHECK(table.exit_code == 0);
@@ -165,6 +166,7 @@ void check_family_parity(const FamilyParity& p) {
 DITRL_PARITY_FAMILY("sd3", "tiny_grpo.toml", "pos_embed/out0")
 DITRL_PARITY_FAMILY("wan", "../../standards/proxy_wan22_grpo.toml", "transformer.patch_embedding/out0", 1,
                     ".attn1/out0")
+DITRL_PARITY_FAMILY("ltx", "../../standards/proxy_ltx23_grpo.toml", "patchify_proj/out0", 3, ".attn1/out0", true, 2)
 DITRL_PARITY_FAMILY("qwen_image", "../../standards/proxy_qwen_image_grpo.toml", "img_in/out0", 2, ".attn/out0", false)
 
 TEST_CASE("align: bad arguments and files are named", "[e2e][parity]") {
