@@ -40,4 +40,9 @@ std::vector<int64_t> to_int_list(const json::value& v, const std::string& key, c
   return out;
 }
 
+void require_positive(const char* family, const std::vector<std::pair<const char*, int64_t>>& fields) {
+  for (const auto& [name, value] : fields)
+    if (value <= 0) fail("{} config: {} must be positive, got {}", family, name, value);
+}
+
 }  // namespace ditrl::models::json_config

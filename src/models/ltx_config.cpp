@@ -1,4 +1,5 @@
 #include <ditrl/error.hpp>
+#include <ditrl/models/json_config.hpp>
 #include <ditrl/models/ltx.hpp>
 
 #include <spdlog/spdlog.h>
@@ -213,16 +214,14 @@ LtxConfig LtxConfig::from_json(const std::string& text_in, const std::string& so
 }
 
 void LtxConfig::validate() const {
-  for (const auto& [name, value] :
-       std::vector<std::pair<const char*, int64_t>>{{"num_attention_heads", num_attention_heads},
+  json_config::require_positive("ltx", {{"num_attention_heads", num_attention_heads},
                                                     {"attention_head_dim", attention_head_dim},
                                                     {"in_channels", in_channels},
                                                     {"out_channels", out_channels},
                                                     {"num_layers", num_layers},
                                                     {"cross_attention_dim", cross_attention_dim},
                                                     {"caption_channels", caption_channels},
-                                                    {"text_tokens", text_tokens}})
-    if (value <= 0) fail("ltx config: {} must be positive, got {}", name, value);
+                                                    {"text_tokens", text_tokens}});
   if (rope_type != "split")
     fail("ltx config: rope_type \"{}\" is not supported (every LTX-2.x checkpoint uses \"split\")", rope_type);
   if (use_keyframes_abs_pos_embedding)
@@ -240,12 +239,10 @@ void LtxConfig::validate() const {
   if (!(norm_eps > 0) || !(timestep_scale_multiplier > 0) || !(positional_embedding_theta > 1))
     fail("ltx config: norm_eps, timestep_scale_multiplier and positional_embedding_theta must be positive (theta > 1)");
   if (!audio) return;
-  for (const auto& [name, value] :
-       std::vector<std::pair<const char*, int64_t>>{{"audio_num_attention_heads", audio_num_attention_heads},
+  json_config::require_positive("ltx", {{"audio_num_attention_heads", audio_num_attention_heads},
                                                     {"audio_attention_head_dim", audio_attention_head_dim},
                                                     {"audio_in_channels", audio_in_channels},
-                                                    {"audio_out_channels", audio_out_channels}})
-    if (value <= 0) fail("ltx config: {} must be positive, got {}", name, value);
+                                                    {"audio_out_channels", audio_out_channels}});
   if (audio_num_attention_heads != num_attention_heads)
     fail("ltx config: audio_num_attention_heads {} must equal num_attention_heads {} (ltx_core's AudioVideo model)",
          audio_num_attention_heads, num_attention_heads);

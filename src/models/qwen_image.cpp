@@ -140,16 +140,14 @@ QwenImageConfig QwenImageConfig::from_json(const std::string& text, const std::s
 }
 
 void QwenImageConfig::validate() const {
-  for (const auto& [name, value] :
-       std::vector<std::pair<const char*, int64_t>>{{"patch_size", patch_size},
+  json_config::require_positive("qwen_image", {{"patch_size", patch_size},
                                                     {"in_channels", in_channels},
                                                     {"out_channels", out_channels},
                                                     {"num_layers", num_layers},
                                                     {"attention_head_dim", attention_head_dim},
                                                     {"num_attention_heads", num_attention_heads},
                                                     {"joint_attention_dim", joint_attention_dim},
-                                                    {"text_tokens", text_tokens}})
-    if (value <= 0) fail("qwen_image config: {} must be positive, got {}", name, value);
+                                                    {"text_tokens", text_tokens}});
   if (axes_dims_rope.size() != 3)
     fail("qwen_image config: axes_dims_rope must have 3 entries (frame, height, width), got {}", axes_dims_rope.size());
   const int64_t sum = std::accumulate(axes_dims_rope.begin(), axes_dims_rope.end(), int64_t{0});

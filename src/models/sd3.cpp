@@ -1,4 +1,5 @@
 #include <ditrl/error.hpp>
+#include <ditrl/models/json_config.hpp>
 #include <ditrl/models/norms.hpp>
 #include <ditrl/models/sd3.hpp>
 
@@ -128,8 +129,7 @@ SD3Config SD3Config::from_json(const std::string& text, const std::string& sourc
 }
 
 void SD3Config::validate() const {
-  for (const auto& [name, value] :
-       std::vector<std::pair<const char*, int64_t>>{{"sample_size", sample_size},
+  json_config::require_positive("sd3", {{"sample_size", sample_size},
                                                     {"patch_size", patch_size},
                                                     {"in_channels", in_channels},
                                                     {"num_layers", num_layers},
@@ -138,8 +138,7 @@ void SD3Config::validate() const {
                                                     {"joint_attention_dim", joint_attention_dim},
                                                     {"pooled_projection_dim", pooled_projection_dim},
                                                     {"out_channels", out_channels},
-                                                    {"pos_embed_max_size", pos_embed_max_size}})
-    if (value <= 0) fail("sd3 config: {} must be positive, got {}", name, value);
+                                                    {"pos_embed_max_size", pos_embed_max_size}});
   if (caption_projection_dim != inner_dim())
     fail("sd3 config: caption_projection_dim {} must equal num_attention_heads x attention_head_dim = {}",
          caption_projection_dim, inner_dim());

@@ -113,8 +113,7 @@ WanConfig WanConfig::from_json(const std::string& text, const std::string& sourc
 }
 
 void WanConfig::validate() const {
-  for (const auto& [name, value] :
-       std::vector<std::pair<const char*, int64_t>>{{"num_attention_heads", num_attention_heads},
+  json_config::require_positive("wan", {{"num_attention_heads", num_attention_heads},
                                                     {"attention_head_dim", attention_head_dim},
                                                     {"in_channels", in_channels},
                                                     {"out_channels", out_channels},
@@ -123,8 +122,7 @@ void WanConfig::validate() const {
                                                     {"ffn_dim", ffn_dim},
                                                     {"num_layers", num_layers},
                                                     {"rope_max_seq_len", rope_max_seq_len},
-                                                    {"text_tokens", text_tokens}})
-    if (value <= 0) fail("wan config: {} must be positive, got {}", name, value);
+                                                    {"text_tokens", text_tokens}});
   if (patch_size.size() != 3 || patch_size[0] <= 0 || patch_size[1] <= 0 || patch_size[2] <= 0)
     fail("wan config: patch_size must be three positive integers (t, h, w), got [{}]", fmt::join(patch_size, ", "));
   if (attention_head_dim % 2 != 0)

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ditrl::models::json_config {
@@ -22,5 +23,9 @@ int64_t to_int(const boost::json::value& v, const std::string& key, const std::s
 double to_number(const boost::json::value& v, const std::string& key, const std::string& source);
 bool to_bool(const boost::json::value& v, const std::string& key, const std::string& source);
 std::vector<int64_t> to_int_list(const boost::json::value& v, const std::string& key, const std::string& source);
+
+// Fails with "<family> config: <name> must be positive, got <value>" for the
+// first field that is not positive.
+void require_positive(const char* family, const std::vector<std::pair<const char*, int64_t>>& fields);
 
 }  // namespace ditrl::models::json_config
