@@ -2,13 +2,16 @@
 // bytes on the same disk, in the same run.
 //
 // Builds the deck's model sharded over the launch's ranks (as `ditrl train`
-// does), then alternates, `repeats` times:
+// does), writes one untimed checkpoint, then alternates, `repeats` times (in
+// reversed order on odd repeats, each timed write after a settle pause):
 //   checkpoint: io::save_checkpoint (every rank its slab, tmp -> fsync ->
 //               rename -> latest), timed on rank 0 from a barrier to the return
 //   plain:      rank 0 write()s as many bytes as the checkpoint file holds to
 //               a file in the same directory in 4 MiB blocks, then fsync()s
-// and prints one markdown row with the medians and their ratio (plain
-// seconds / checkpoint seconds = checkpoint bandwidth / plain bandwidth).
+// and prints one markdown row with the medians, their ratio (plain seconds /
+// checkpoint seconds = checkpoint bandwidth / plain bandwidth), the median of
+// the per-repeat ratios, and the time to delete the previous checkpoint
+// (outside both timings, as removing plain.bin is).
 //
 //   mpiexec -n N bench_checkpoint DECK OUT_DIR LABEL [repeats] [k=v override ...]
 
@@ -18,6 +21,7 @@
 #include <ditrl/error.hpp>
 #include <ditrl/io/checkpoint.hpp>
 
+#include <ATen/Parallel.h>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <unistd.h>
@@ -61,6 +65,18 @@ double plain_write(const std::string& path, int64_t bytes) {
   return seconds;
 }
 
+// Each timed write starts on an idle disk: this VM's disk absorbs a burst of
+// about a gigabyte fast and then slows down ~4x, so a write that follows
+// another within seconds measures the previous one's writeback.
+constexpr unsigned kSettleSeconds = 5;
+
+void settle() {
+  MPI_Barrier(MPI_COMM_WORLD);
+  ::sync();
+  ::sleep(kSettleSeconds);
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 std::string load_average() {
   std::ifstream in("/proc/loadavg");
   std::string a, b, c;
@@ -75,30 +91,54 @@ int run(int argc, char** argv, const dist::MpiRuntime& mpi) {
   std::vector<std::string> overrides{"run.out_dir=" + out_dir, "run.deterministic=false"};
   for (int i = 5; i < argc; ++i) overrides.emplace_back(argv[i]);
   app::Run run = app::open_run(config::load_deck(argv[1], overrides), mpi);
+  at::set_num_threads(mpi.default_threads());  // as `ditrl train` outside deterministic mode
   const bool root = mpi.world().rank == 0;
   if (root) fs::remove_all(fs::path(out_dir) / "checkpoints");
 
-  std::vector<double> checkpoint_s, plain_s;
-  int64_t bytes = 0;
+  // Untimed warm-up: the first checkpoint also pays first-touch page faults
+  // and HDF5/MPI-IO start-up, which a training run pays once.
+  std::string previous =
+      io::save_checkpoint(out_dir, *run.params, {0, 0, mpi.world().size, 0, 0, run.deck_text}, {}, 1, MPI_COMM_WORLD);
+  const int64_t bytes = static_cast<int64_t>(fs::file_size(previous));
+  std::vector<double> checkpoint_s, plain_s, prune_s;
+  const std::string plain_path = (fs::path(out_dir) / "checkpoints" / "plain.bin").string();
   for (int r = 0; r < repeats; ++r) {
-    MPI_Barrier(MPI_COMM_WORLD);
+    // The plain write goes first on odd repeats: neither side always follows
+    // the other's I/O.
+    const bool plain_first = r % 2 == 1;
+    if (plain_first) {
+      settle();
+      if (root) plain_s.push_back(plain_write(plain_path, bytes));
+    }
+    settle();
     const double start = now();
+    // keep = all: deleting the previous checkpoint is not writing this one;
+    // it is timed on its own below (a `discard` mount makes it costly).
     const std::string path = io::save_checkpoint(
-        out_dir, *run.params, {r + 1, r + 1, mpi.world().size, 0, 0, run.deck_text}, {}, /*keep=*/1, MPI_COMM_WORLD);
+        out_dir, *run.params, {r + 1, r + 1, mpi.world().size, 0, 0, run.deck_text}, {}, repeats, MPI_COMM_WORLD);
     checkpoint_s.push_back(now() - start);
     if (root) {
-      bytes = static_cast<int64_t>(fs::file_size(path));
-      plain_s.push_back(plain_write((fs::path(out_dir) / "checkpoints" / "plain.bin").string(), bytes));
+      const double prune_start = now();
+      fs::remove(previous);
+      prune_s.push_back(now() - prune_start);
+    }
+    previous = path;
+    if (!plain_first) {
+      settle();
+      if (root) plain_s.push_back(plain_write(plain_path, bytes));
     }
     MPI_Barrier(MPI_COMM_WORLD);
   }
   if (!root) return 0;
+  std::vector<double> ratios;
+  for (size_t i = 0; i < checkpoint_s.size(); ++i) ratios.push_back(plain_s[i] / checkpoint_s[i]);
   const double mib = static_cast<double>(bytes) / (1 << 20);
   const double c = median(checkpoint_s), p = median(plain_s);
-  std::cout << fmt::format("| {} | {} | {:.1f} | {:.3f} | {:.1f} | {:.3f} | {:.1f} | **{:.2f}x** | {} |\n", label,
-                           mpi.world().size, mib, c, mib / c, p, mib / p, p / c, load_average());
-  std::cerr << fmt::format("{}: checkpoint s {:.3f}; plain s {:.3f}\n", label, fmt::join(checkpoint_s, " "),
-                           fmt::join(plain_s, " "));
+  std::cout << fmt::format(
+      "| {} | {} | {:.1f} | {:.3f} | {:.1f} | {:.3f} | {:.1f} | **{:.2f}x** | {:.2f}x | {:.3f} | {} |\n", label,
+      mpi.world().size, mib, c, mib / c, p, mib / p, p / c, median(ratios), median(prune_s), load_average());
+  std::cerr << fmt::format("{}: checkpoint s {:.3f}; plain s {:.3f}; prune s {:.3f}\n", label,
+                           fmt::join(checkpoint_s, " "), fmt::join(plain_s, " "), fmt::join(prune_s, " "));
   return 0;
 }
 

@@ -11,8 +11,8 @@ SCRATCH=$(realpath -m "${2:-$BUILD/bench-checkpoint}")
 REPEATS=${3:-3}
 mkdir -p "$SCRATCH"
 MPI=(mpiexec --allow-run-as-root --oversubscribe --mca btl self,vader)
-echo "| model | ranks | checkpoint MiB | checkpoint s (median) | MiB/s | plain write+fsync s (median) | MiB/s | ratio | load avg after |"
-echo "|---|---|---|---|---|---|---|---|---|"
+echo "| model | ranks | checkpoint MiB | checkpoint s (median) | MiB/s | plain write+fsync s (median) | MiB/s | ratio of medians | median of ratios | delete previous s | load avg after |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
 for ranks in 1 2 4; do
   "${MPI[@]}" -n "$ranks" "$BUILD/benchmarks/bench_checkpoint" inputs/quickstart.toml "$SCRATCH/quickstart-np$ranks" \
     quickstart "$REPEATS" 2>"$SCRATCH-quickstart-np$ranks.log"

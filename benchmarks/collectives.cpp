@@ -6,9 +6,11 @@
 // Communicator calls use the same buffers. For reduce_scatter the table also
 // shows MPI_Alltoall of the same bytes, the transport the Communicator's
 // deterministic reduce-scatter runs on, so the local sum's cost shows. Each
-// size alternates short rounds (~32 MiB moved) of raw and Communicator calls
-// 21 times and reports each one's best round: on a shared machine the other
-// rounds measure the neighbours.
+// size alternates short rounds (~32 MiB moved, at least 4 calls) of raw and
+// Communicator calls 21 times, in reversed order every other round, and
+// reports each one's best round (on a shared machine the other rounds
+// measure the neighbours) and the median over rounds of raw / Communicator
+// time, paired within a round.
 //
 //   mpiexec -n 2 --mca btl self,vader bench_collectives [max_mib] > collectives-np2.md
 
@@ -23,6 +25,7 @@
 #include <cstdlib>
 #include <functional>
 #include <iostream>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -46,14 +49,25 @@ double best(const std::vector<double>& v) {
   return *std::min_element(v.begin(), v.end());
 }
 
+// Median over rounds of raw time / our time, each pair measured back to back:
+// the neighbours' load mostly cancels within a round.
+double median_paired_ratio(const std::vector<double>& raw, const std::vector<double>& ours) {
+  std::vector<double> ratios;
+  for (size_t i = 0; i < raw.size(); ++i) ratios.push_back(raw[i] / ours[i]);
+  std::nth_element(ratios.begin(), ratios.begin() + ratios.size() / 2, ratios.end());
+  return ratios[ratios.size() / 2];
+}
+
 struct Row {
-  double raw = 0, ours = 0, ours_bf16 = 0, transport = 0;  // seconds
+  double raw = 0, ours = 0, ours_bf16 = 0, transport = 0;  // seconds, best round
+  double paired_ratio = 0;
 };
 
 Row measure(MPI_Comm raw, Communicator& comm, int64_t bytes, bool gather) {
   const int n = comm.size();
   const int64_t elements = bytes / 4, chunk = elements / n;
-  const int iterations = static_cast<int>(std::clamp<int64_t>((int64_t{32} << 20) / bytes, 1, 400));
+  // At least 4 calls per round: a single 64 MiB call is one scheduler slice.
+  const int iterations = static_cast<int>(std::clamp<int64_t>((int64_t{32} << 20) / bytes, 4, 400));
   at::Tensor full = at::randn({chunk * n}), part = at::randn({chunk});
   at::Tensor full_bf16 = at::randn({2 * chunk * n}).to(at::kBFloat16),
              part_bf16 = at::randn({2 * chunk}).to(at::kBFloat16);
@@ -77,15 +91,18 @@ Row measure(MPI_Comm raw, Communicator& comm, int64_t bytes, bool gather) {
     our_call = [&] { comm.reduce_scatter(full, part, ditrl::dist::ReduceOp::Sum); };
     our_bf16_call = [&] { comm.reduce_scatter(full_bf16, part_bf16, ditrl::dist::ReduceOp::Sum); };
   }
-  std::vector<double> raw_t, our_t, bf16_t, transport_t{0.0};
+  std::vector<double> raw_t, our_t, bf16_t, transport_t;
+  std::vector<std::pair<std::function<void()>*, std::vector<double>*>> order{
+      {&raw_call, &raw_t}, {&our_call, &our_t}, {&our_bf16_call, &bf16_t}};
+  if (transport_call) order.emplace_back(&transport_call, &transport_t);
   for (int round = 0; round < kRounds; ++round) {
-    raw_t.push_back(time_calls(raw, iterations, raw_call));
-    our_t.push_back(time_calls(raw, iterations, our_call));
-    bf16_t.push_back(time_calls(raw, iterations, our_bf16_call));
-    if (transport_call) transport_t.push_back(time_calls(raw, iterations, transport_call));
+    // Reverse the order every other round: with oversubscribed ranks the
+    // first call of a round pays for the neighbours' wake-up.
+    for (auto& [call, times] : order) times->push_back(time_calls(raw, iterations, *call));
+    std::reverse(order.begin(), order.end());
   }
-  if (transport_t.size() > 1) transport_t.erase(transport_t.begin());
-  return {best(raw_t), best(our_t), best(bf16_t), best(transport_t)};
+  return {best(raw_t), best(our_t), best(bf16_t), transport_t.empty() ? 0.0 : best(transport_t),
+          median_paired_ratio(raw_t, our_t)};
 }
 
 std::string size_text(int64_t bytes) {
@@ -105,16 +122,16 @@ int main(int argc, char** argv) {
   const double bus = n > 1 ? static_cast<double>(n - 1) / n : 1.0;
 
   std::string out = fmt::format(
-      "| op | size | raw MPI fp32 GB/s | Communicator fp32 GB/s | ratio | Communicator bf16 GB/s | MPI_Alltoall GB/s "
-      "|\n"
-      "|---|---|---|---|---|---|---|\n");
+      "| op | size | raw MPI fp32 GB/s | Communicator fp32 GB/s | ratio of bests | median paired ratio | "
+      "Communicator bf16 GB/s | MPI_Alltoall GB/s |\n"
+      "|---|---|---|---|---|---|---|---|\n");
   for (const bool gather : {true, false}) {
     for (int64_t bytes = 4 << 10; bytes <= (max_mib << 20); bytes *= 4) {
       const Row row = measure(raw, *comm, bytes, gather);
       const auto gbps = [&](double seconds) { return bus * static_cast<double>(bytes) / seconds / 1e9; };
-      out += fmt::format("| {} | {} | {:.2f} | {:.2f} | {:.3f} | {:.2f} | {} |\n",
+      out += fmt::format("| {} | {} | {:.2f} | {:.2f} | {:.3f} | {:.3f} | {:.2f} | {} |\n",
                          gather ? "all_gather" : "reduce_scatter", size_text(bytes), gbps(row.raw), gbps(row.ours),
-                         row.raw / row.ours, gbps(row.ours_bf16),
+                         row.raw / row.ours, row.paired_ratio, gbps(row.ours_bf16),
                          gather ? std::string("-") : fmt::format("{:.2f}", gbps(row.transport)));
     }
   }

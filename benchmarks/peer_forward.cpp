@@ -16,6 +16,8 @@
 #include <ditrl/models/family.hpp>
 #include <ditrl/models/weights.hpp>
 
+#include "peer_harness.hpp"
+
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
@@ -25,14 +27,7 @@
 #include <boost/json.hpp>
 
 #include <malloc.h>
-#include <sys/resource.h>
-#include <sys/wait.h>
-#include <unistd.h>
 #include <algorithm>
-#include <chrono>
-#include <cstdio>
-#include <cstdlib>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -56,23 +51,6 @@ struct Case {
   int64_t image_tokens, text_tokens;
   int warmup, rounds, steps_per_round;
 };
-
-struct Timing {
-  std::vector<double> step_seconds;
-  std::vector<double> losses;
-  std::vector<double> minor_faults;  // page faults per step
-};
-
-long minor_faults() {
-  struct rusage usage {};
-  getrusage(RUSAGE_SELF, &usage);
-  return usage.ru_minflt;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
 
 json::object sd3_config(int64_t sample_size, int64_t layers, int64_t heads, int64_t head_dim, int64_t joint_dim,
                         int64_t pooled_dim, int64_t pos_embed_max_size, json::array dual) {
@@ -200,19 +178,16 @@ class DitrlTrainer {
     for (const auto& p : family_->parameters()) params += p.numel();
   }
 
-  Timing run(int steps) {
-    Timing timing;
-    for (int i = 0; i < steps; ++i) {
-      const long faults = minor_faults();
-      const auto start = std::chrono::steady_clock::now();
-      for (auto& p : family_->parameters()) p.mutable_grad() = at::Tensor();
-      const at::Tensor loss = at::mse_loss(family_->noise_pred(x_, t_, sigma_, cond_, {}), target_);
-      loss.backward();
-      optimizer_->step();
-      timing.losses.push_back(loss.item<double>());
-      timing.step_seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-      timing.minor_faults.push_back(static_cast<double>(minor_faults() - faults));
-    }
+  peer::Timing run(int steps) {
+    peer::Timing timing;
+    for (int i = 0; i < steps; ++i)
+      peer::time_step(timing, [&] {
+        for (auto& p : family_->parameters()) p.mutable_grad() = at::Tensor();
+        const at::Tensor loss = at::mse_loss(family_->noise_pred(x_, t_, sigma_, cond_, {}), target_);
+        loss.backward();
+        optimizer_->step();
+        return loss;
+      });
     return timing;
   }
 
@@ -224,106 +199,6 @@ class DitrlTrainer {
   at::Tensor x_, t_, sigma_, target_;
   models::Cond cond_;
 };
-
-// The Python peer as a child process answering "<n>" with n timed steps.
-class PythonPeer {
- public:
-  explicit PythonPeer(const std::vector<std::string>& argv) {
-    int to_child[2], from_child[2];
-    if (pipe(to_child) != 0 || pipe(from_child) != 0) throw std::runtime_error("pipe failed");
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(to_child[0], 0);
-      dup2(from_child[1], 1);
-      for (int fd : {to_child[0], to_child[1], from_child[0], from_child[1]}) close(fd);
-      std::vector<char*> args;
-      for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-      args.push_back(nullptr);
-      execv(args[0], args.data());
-      _exit(127);
-    }
-    close(to_child[0]);
-    close(from_child[1]);
-    to_ = fdopen(to_child[1], "w");
-    from_ = fdopen(from_child[0], "r");
-    hello = read();
-  }
-  ~PythonPeer() {
-    fclose(to_);  // EOF ends the peer's loop
-    fclose(from_);
-    int status = 0;
-    waitpid(pid_, &status, 0);
-  }
-  PythonPeer(const PythonPeer&) = delete;
-  PythonPeer& operator=(const PythonPeer&) = delete;
-
-  Timing run(int steps) {
-    fprintf(to_, "%d\n", steps);
-    fflush(to_);
-    const json::value doc = read();
-    Timing timing;
-    for (const json::value& v : doc.at("step_seconds").as_array()) timing.step_seconds.push_back(v.to_number<double>());
-    for (const json::value& v : doc.at("losses").as_array()) timing.losses.push_back(v.to_number<double>());
-    for (const json::value& v : doc.at("minor_faults").as_array()) timing.minor_faults.push_back(v.to_number<double>());
-    return timing;
-  }
-
-  json::value hello;
-
- private:
-  json::value read() {
-    char* line = nullptr;
-    size_t size = 0;
-    const ssize_t n = getline(&line, &size, from_);
-    const std::string text = n > 0 ? std::string(line, static_cast<size_t>(n)) : std::string();
-    free(line);
-    if (text.empty()) throw std::runtime_error("the python peer exited (see its stderr above)");
-    return json::parse(text);
-  }
-
-  pid_t pid_ = -1;
-  FILE* to_ = nullptr;
-  FILE* from_ = nullptr;
-};
-
-void append(Timing& all, const Timing& more) {
-  all.step_seconds.insert(all.step_seconds.end(), more.step_seconds.begin(), more.step_seconds.end());
-  all.losses.insert(all.losses.end(), more.losses.begin(), more.losses.end());
-  all.minor_faults.insert(all.minor_faults.end(), more.minor_faults.begin(), more.minor_faults.end());
-}
-
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown CPU";
-}
-
-// The 1-minute load average: how busy the (possibly shared) machine was.
-std::string load_average() {
-  std::ifstream in("/proc/loadavg");
-  std::string one;
-  in >> one;
-  return one.empty() ? "unknown" : one;
-}
-
-std::string python_torch_version(const std::string& python) {
-  FILE* pipe = popen((python + " -c 'import torch; print(torch.__version__)' 2>&1").c_str(), "r");
-  char buffer[256] = {0};
-  const size_t n = pipe ? fread(buffer, 1, sizeof buffer - 1, pipe) : 0;
-  if (pipe) pclose(pipe);
-  std::string v(buffer, n);
-  v.erase(v.find_last_not_of(" \n") + 1);
-  return v;
-}
-
-// glibc's malloc returns freed big blocks to the kernel (mmap threshold,
-// heap trimming), so a process whose big temporaries overlap in time pays
-// page faults on every allocation. Python keeps the previous step's tensors
-// alive longer than C++ does; the "tuned" mode raises both thresholds on
-// both sides to show how much of the gap is that rather than the framework.
-constexpr int kMmapThreshold = 32 << 20;  // glibc's maximum
-constexpr int kTrimThreshold = 1 << 30;
 
 struct Row {
   std::string family, config, malloc_mode;
@@ -367,37 +242,25 @@ Row measure(const Case& c, const std::string& dir, int threads, bool tuned, cons
   const std::string config = dir + "/config.json", weights = dir + "/weights.safetensors",
                     inputs = dir + "/inputs.safetensors";
   DitrlTrainer ours(c.family, config, weights, inputs);
-  std::vector<std::string> argv = {python,      script,  "--family", c.family, "--config",  config,
-                                   "--weights", weights, "--inputs", inputs,   "--threads", std::to_string(threads)};
-  if (tuned)
-    argv.insert(argv.begin(), {"/usr/bin/env", fmt::format("MALLOC_MMAP_THRESHOLD_={}", kMmapThreshold),
-                               fmt::format("MALLOC_TRIM_THRESHOLD_={}", kTrimThreshold)});
-  PythonPeer peer(argv);
-  if (peer.hello.at("params").to_number<int64_t>() != ours.params)
-    throw std::runtime_error("the two models have different parameter counts");
-  // Warm-up, then alternating rounds: both sides see the same background load.
-  Timing ours_t = ours.run(c.warmup), peer_t = peer.run(c.warmup);
-  const double first_gap = std::abs(ours_t.losses.front() - peer_t.losses.front()) / std::abs(peer_t.losses.front());
-  ours_t = {}, peer_t = {};
-  for (int r = 0; r < c.rounds; ++r) {
-    append(ours_t, ours.run(c.steps_per_round));
-    append(peer_t, peer.run(c.steps_per_round));
-  }
+  peer::PythonPeer python_side({python, script, "--family", c.family, "--config", config, "--weights", weights,
+                                "--inputs", inputs, "--threads", std::to_string(threads)},
+                               tuned);
+  const peer::Comparison cmp = peer::alternate(ours, python_side, c.warmup, c.rounds, c.steps_per_round);
   Row row{c.family,
           c.name,
           tuned ? "tuned" : "default",
           threads,
           ours.params / 1e6,
           fmt::format("{} x ({} + {})", c.batch, c.image_tokens, c.text_tokens),
-          ours_t.step_seconds.size(),
-          median(ours_t.step_seconds) * 1e3,
-          median(peer_t.step_seconds) * 1e3,
-          *std::min_element(ours_t.step_seconds.begin(), ours_t.step_seconds.end()) * 1e3,
-          *std::min_element(peer_t.step_seconds.begin(), peer_t.step_seconds.end()) * 1e3,
-          median(ours_t.minor_faults),
-          median(peer_t.minor_faults),
-          first_gap,
-          std::abs(ours_t.losses.back() - peer_t.losses.back()) / std::abs(peer_t.losses.back())};
+          cmp.ours.step_seconds.size(),
+          peer::median(cmp.ours.step_seconds) * 1e3,
+          peer::median(cmp.peer.step_seconds) * 1e3,
+          *std::min_element(cmp.ours.step_seconds.begin(), cmp.ours.step_seconds.end()) * 1e3,
+          *std::min_element(cmp.peer.step_seconds.begin(), cmp.peer.step_seconds.end()) * 1e3,
+          peer::median(cmp.ours.minor_faults),
+          peer::median(cmp.peer.minor_faults),
+          cmp.first_gap,
+          cmp.last_gap};
   std::cerr << fmt::format("{} {} threads={} malloc={}: ditrl {:.2f} ms, python {:.2f} ms, speedup {:.2f}x\n",
                            row.family, row.config, threads, row.malloc_mode, row.ours_ms, row.peer_ms,
                            row.peer_ms / row.ours_ms);
@@ -442,14 +305,14 @@ int main(int argc, char** argv) {
     for (const Case& c : it->second.cases(tiny_rounds, big_rounds)) cases.push_back(c);
   }
   const std::string script = (source_dir / "peer_forward.py").string();
-  const std::string load_at_start = load_average();
+  const std::string load_at_start = peer::load_average();
   std::vector<Row> rows;
   // Default malloc first: mallopt() cannot be undone within the process.
   for (const bool tuned : {false, true}) {
     if (tuned && skip_tuned) break;
     if (tuned) {
-      mallopt(M_MMAP_THRESHOLD, kMmapThreshold);
-      mallopt(M_TRIM_THRESHOLD, kTrimThreshold);
+      mallopt(M_MMAP_THRESHOLD, peer::kMmapThreshold);
+      mallopt(M_TRIM_THRESHOLD, peer::kTrimThreshold);
     }
     for (size_t i = 0; i < cases.size(); ++i) {
       if (cases[i].rounds <= 0) continue;
@@ -459,13 +322,6 @@ int main(int argc, char** argv) {
     }
   }
 
-  std::string command;
-  for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
-  const std::time_t now = std::time(nullptr);
-  char date[64];
-  std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
-  std::error_code ec;
-  const std::string blas = fs::read_symlink("/etc/alternatives/libblas.so.3-x86_64-linux-gnu", ec).string();
   std::ofstream md(out);
   md << "# peer_forward: ditrl vs Python PyTorch eager, training step per model family\n\n"
      << "Forward + backward + AdamW step (lr 1e-4, default betas/eps/weight decay on both sides) of a family's DiT\n"
@@ -491,14 +347,13 @@ int main(int argc, char** argv) {
         "| {:.1e} / {:.1e} |\n",
         r.family, r.config, r.params_m, r.tokens, r.threads, r.malloc_mode, r.steps, r.ours_ms, r.peer_ms,
         r.peer_ms / r.ours_ms, r.ours_min_ms, r.peer_min_ms, r.ours_faults, r.peer_faults, r.first_gap, r.last_gap);
-  md << "\n- Command: `" << command << "`\n"
-     << "- Date: " << date << "\n"
-     << "- Machine: " << cpu_model() << ", " << std::thread::hardware_concurrency()
-     << " hardware threads; 1-minute load average " << load_at_start << " at the start, " << load_average()
-     << " at the end (anything above 0 is other work sharing the cores); BLAS "
-     << (blas.empty() ? std::string("unknown") : blas) << "\n"
+  md << "\n- Command: `" << peer::command_line(argc, argv) << "`\n"
+     << "- Date: " << peer::utc_now() << "\n"
+     << "- Machine: " << peer::cpu_model() << ", " << std::thread::hardware_concurrency()
+     << " hardware threads; 1-minute load average " << load_at_start << " at the start, " << peer::load_average()
+     << " at the end (anything above 0 is other work sharing the cores); BLAS " << peer::blas_library() << "\n"
      << "- ditrl: LibTorch " << TORCH_VERSION << " (C++), `math` attention, `torch::optim::AdamW`\n"
-     << "- Python peer: " << python << ", torch " << python_torch_version(python)
+     << "- Python peer: " << python << ", torch " << peer::python_torch_version(python)
      << " (the same LibTorch build), benchmarks/peer_forward.py driving benchmarks/peer_<family>.py: plain\n"
      << "  nn.Module ports of the reference models (nn.Linear/nn.Conv*, F.layer_norm, the reference's RMSNorm "
         "flavour,\n"

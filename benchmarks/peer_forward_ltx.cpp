@@ -10,6 +10,8 @@
 #include <ditrl/models/ltx.hpp>
 #include <ditrl/models/weights.hpp>
 
+#include "peer_harness.hpp"
+
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
@@ -19,14 +21,7 @@
 #include <boost/json.hpp>
 
 #include <malloc.h>
-#include <sys/resource.h>
-#include <sys/wait.h>
-#include <unistd.h>
 #include <algorithm>
-#include <chrono>
-#include <cstdio>
-#include <cstdlib>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -44,21 +39,6 @@ struct Case {
   int64_t batch, frames, height, width, text_tokens;
   int warmup, rounds, steps_per_round;
 };
-
-struct Timing {
-  std::vector<double> step_seconds, losses, minor_faults;
-};
-
-long minor_faults() {
-  struct rusage usage {};
-  getrusage(RUSAGE_SELF, &usage);
-  return usage.ru_minflt;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
 
 // ~100M parameters: the LTX-2.3 video stream (gated attention, prompt AdaLN,
 // 9-row tables, 128 latent channels) at width 768 (12 heads x 64), 10 blocks.
@@ -113,19 +93,16 @@ class DitrlTrainer {
     for (const auto& p : model_->parameters()) params += p.numel();
   }
 
-  Timing run(int steps) {
-    Timing timing;
-    for (int i = 0; i < steps; ++i) {
-      const long faults = minor_faults();
-      const auto start = std::chrono::steady_clock::now();
-      for (auto& p : model_->parameters()) p.mutable_grad() = at::Tensor();
-      const at::Tensor loss = at::mse_loss(model_->forward(video_, nullptr, {}).first, target_);
-      loss.backward();
-      optimizer_->step();
-      timing.losses.push_back(loss.item<double>());
-      timing.step_seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-      timing.minor_faults.push_back(static_cast<double>(minor_faults() - faults));
-    }
+  peer::Timing run(int steps) {
+    peer::Timing timing;
+    for (int i = 0; i < steps; ++i)
+      peer::time_step(timing, [&] {
+        for (auto& p : model_->parameters()) p.mutable_grad() = at::Tensor();
+        const at::Tensor loss = at::mse_loss(model_->forward(video_, nullptr, {}).first, target_);
+        loss.backward();
+        optimizer_->step();
+        return loss;
+      });
     return timing;
   }
 
@@ -137,102 +114,6 @@ class DitrlTrainer {
   models::LtxModality video_;
   at::Tensor target_;
 };
-
-// The Python peer as a child process answering "<n>" with n timed steps.
-class PythonPeer {
- public:
-  explicit PythonPeer(const std::vector<std::string>& argv) {
-    int to_child[2], from_child[2];
-    if (pipe(to_child) != 0 || pipe(from_child) != 0) throw std::runtime_error("pipe failed");
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(to_child[0], 0);
-      dup2(from_child[1], 1);
-      for (int fd : {to_child[0], to_child[1], from_child[0], from_child[1]}) close(fd);
-      std::vector<char*> args;
-      for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-      args.push_back(nullptr);
-      execv(args[0], args.data());
-      _exit(127);
-    }
-    close(to_child[0]);
-    close(from_child[1]);
-    to_ = fdopen(to_child[1], "w");
-    from_ = fdopen(from_child[0], "r");
-    hello = read();
-  }
-  ~PythonPeer() {
-    fclose(to_);  // EOF ends the peer's loop
-    fclose(from_);
-    int status = 0;
-    waitpid(pid_, &status, 0);
-  }
-  PythonPeer(const PythonPeer&) = delete;
-  PythonPeer& operator=(const PythonPeer&) = delete;
-
-  Timing run(int steps) {
-    fprintf(to_, "%d\n", steps);
-    fflush(to_);
-    const json::value doc = read();
-    Timing timing;
-    for (const json::value& v : doc.at("step_seconds").as_array()) timing.step_seconds.push_back(v.to_number<double>());
-    for (const json::value& v : doc.at("losses").as_array()) timing.losses.push_back(v.to_number<double>());
-    for (const json::value& v : doc.at("minor_faults").as_array()) timing.minor_faults.push_back(v.to_number<double>());
-    return timing;
-  }
-
-  json::value hello;
-
- private:
-  json::value read() {
-    char* line = nullptr;
-    size_t size = 0;
-    const ssize_t n = getline(&line, &size, from_);
-    const std::string text = n > 0 ? std::string(line, static_cast<size_t>(n)) : std::string();
-    free(line);
-    if (text.empty()) throw std::runtime_error("the python peer exited (see its stderr above)");
-    return json::parse(text);
-  }
-
-  pid_t pid_ = -1;
-  FILE* to_ = nullptr;
-  FILE* from_ = nullptr;
-};
-
-void append(Timing& all, const Timing& more) {
-  all.step_seconds.insert(all.step_seconds.end(), more.step_seconds.begin(), more.step_seconds.end());
-  all.losses.insert(all.losses.end(), more.losses.begin(), more.losses.end());
-  all.minor_faults.insert(all.minor_faults.end(), more.minor_faults.begin(), more.minor_faults.end());
-}
-
-std::string first_line_of(const std::string& path, const std::string& key) {
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind(key, 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown";
-}
-
-std::string load_average() {
-  std::ifstream in("/proc/loadavg");
-  std::string one;
-  in >> one;
-  return one.empty() ? "unknown" : one;
-}
-
-std::string python_torch_version(const std::string& python) {
-  FILE* pipe = popen((python + " -c 'import torch; print(torch.__version__)' 2>&1").c_str(), "r");
-  char buffer[256] = {0};
-  const size_t n = pipe ? fread(buffer, 1, sizeof buffer - 1, pipe) : 0;
-  if (pipe) pclose(pipe);
-  std::string v(buffer, n);
-  v.erase(v.find_last_not_of(" \n") + 1);
-  return v;
-}
-
-// As in peer_forward.cpp: "tuned" raises glibc's mmap and trim thresholds on
-// both sides, removing the page-fault cost of returning freed blocks.
-constexpr int kMmapThreshold = 32 << 20;
-constexpr int kTrimThreshold = 1 << 30;
 
 struct Row {
   std::string config, malloc_mode, tokens;
@@ -266,36 +147,24 @@ Row measure(const Case& c, const std::string& dir, int threads, bool tuned, cons
   const std::string config = dir + "/config.json", weights = dir + "/weights.safetensors",
                     inputs = dir + "/inputs.safetensors";
   DitrlTrainer ours(c.config, weights, inputs);
-  std::vector<std::string> argv = {python,  script,     "--config", config,      "--weights",
-                                   weights, "--inputs", inputs,     "--threads", std::to_string(threads)};
-  if (tuned)
-    argv.insert(argv.begin(), {"/usr/bin/env", fmt::format("MALLOC_MMAP_THRESHOLD_={}", kMmapThreshold),
-                               fmt::format("MALLOC_TRIM_THRESHOLD_={}", kTrimThreshold)});
-  PythonPeer peer(argv);
-  if (peer.hello.at("params").to_number<int64_t>() != ours.params)
-    throw std::runtime_error("the two models have different parameter counts");
-  // Warm-up, then alternating rounds: both sides see the same background load.
-  Timing ours_t = ours.run(c.warmup), peer_t = peer.run(c.warmup);
-  const double first_gap = std::abs(ours_t.losses.front() - peer_t.losses.front()) / std::abs(peer_t.losses.front());
-  ours_t = {}, peer_t = {};
-  for (int r = 0; r < c.rounds; ++r) {
-    append(ours_t, ours.run(c.steps_per_round));
-    append(peer_t, peer.run(c.steps_per_round));
-  }
+  peer::PythonPeer python_side({python, script, "--config", config, "--weights", weights, "--inputs", inputs,
+                                "--threads", std::to_string(threads)},
+                               tuned);
+  const peer::Comparison cmp = peer::alternate(ours, python_side, c.warmup, c.rounds, c.steps_per_round);
   Row row{c.name,
           tuned ? "tuned" : "default",
           fmt::format("{} x ({} + {})", c.batch, c.frames * c.height * c.width, c.text_tokens),
           threads,
           ours.params / 1e6,
-          ours_t.step_seconds.size(),
-          median(ours_t.step_seconds) * 1e3,
-          median(peer_t.step_seconds) * 1e3,
-          *std::min_element(ours_t.step_seconds.begin(), ours_t.step_seconds.end()) * 1e3,
-          *std::min_element(peer_t.step_seconds.begin(), peer_t.step_seconds.end()) * 1e3,
-          median(ours_t.minor_faults),
-          median(peer_t.minor_faults),
-          first_gap,
-          std::abs(ours_t.losses.back() - peer_t.losses.back()) / std::abs(peer_t.losses.back())};
+          cmp.ours.step_seconds.size(),
+          peer::median(cmp.ours.step_seconds) * 1e3,
+          peer::median(cmp.peer.step_seconds) * 1e3,
+          *std::min_element(cmp.ours.step_seconds.begin(), cmp.ours.step_seconds.end()) * 1e3,
+          *std::min_element(cmp.peer.step_seconds.begin(), cmp.peer.step_seconds.end()) * 1e3,
+          peer::median(cmp.ours.minor_faults),
+          peer::median(cmp.peer.minor_faults),
+          cmp.first_gap,
+          cmp.last_gap};
   std::cerr << fmt::format("{} threads={} malloc={}: ditrl {:.2f} ms, python {:.2f} ms, speedup {:.2f}x\n", row.config,
                            threads, row.malloc_mode, row.ours_ms, row.peer_ms, row.peer_ms / row.ours_ms);
   return row;
@@ -329,14 +198,14 @@ int main(int argc, char** argv) {
                                    {"tiny", tiny, 2, 3, 8, 8, 8, 10, tiny_rounds, 10},
                                    {"ltx-100m", config_100m(), 2, 4, 8, 8, 128, 3, big_rounds, 1}};
   const std::string script = (source_dir / "peer_ltx.py").string();
-  const std::string load_at_start = load_average();
+  const std::string load_at_start = peer::load_average();
   std::vector<Row> rows;
   // Default malloc first: mallopt() cannot be undone within the process.
   for (const bool tuned : {false, true}) {
     if (tuned && skip_tuned) break;
     if (tuned) {
-      mallopt(M_MMAP_THRESHOLD, kMmapThreshold);
-      mallopt(M_TRIM_THRESHOLD, kTrimThreshold);
+      mallopt(M_MMAP_THRESHOLD, peer::kMmapThreshold);
+      mallopt(M_TRIM_THRESHOLD, peer::kTrimThreshold);
     }
     for (size_t i = 0; i < cases.size(); ++i) {
       if (cases[i].rounds <= 0) continue;
@@ -346,13 +215,6 @@ int main(int argc, char** argv) {
     }
   }
 
-  std::string command;
-  for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
-  const std::time_t now = std::time(nullptr);
-  char date[64];
-  std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
-  std::error_code ec;
-  const std::string blas = fs::read_symlink("/etc/alternatives/libblas.so.3-x86_64-linux-gnu", ec).string();
   std::ofstream md(out);
   md << "# peer_forward_ltx: ditrl vs Python PyTorch eager, LTX-2.3 video transformer training step\n\n"
      << "Forward + backward + AdamW step (lr 1e-4, default betas/eps/weight decay on both sides) of the LTX-2.3\n"
@@ -375,15 +237,14 @@ int main(int argc, char** argv) {
         "{:.1e} / {:.1e} |\n",
         r.config, r.params_m, r.tokens, r.threads, r.malloc_mode, r.steps, r.ours_ms, r.peer_ms, r.peer_ms / r.ours_ms,
         r.ours_min_ms, r.peer_min_ms, r.ours_faults, r.peer_faults, r.first_gap, r.last_gap);
-  md << "\n- Command: `" << command << "`\n"
-     << "- Date: " << date << "\n"
-     << "- Machine: " << first_line_of("/proc/cpuinfo", "model name") << ", " << std::thread::hardware_concurrency()
-     << " hardware threads; 1-minute load average " << load_at_start << " at the start, " << load_average()
-     << " at the end (anything above 0 is other work sharing the cores); BLAS "
-     << (blas.empty() ? std::string("unknown") : blas) << "\n"
+  md << "\n- Command: `" << peer::command_line(argc, argv) << "`\n"
+     << "- Date: " << peer::utc_now() << "\n"
+     << "- Machine: " << peer::cpu_model() << ", " << std::thread::hardware_concurrency()
+     << " hardware threads; 1-minute load average " << load_at_start << " at the start, " << peer::load_average()
+     << " at the end (anything above 0 is other work sharing the cores); BLAS " << peer::blas_library() << "\n"
      << "- ditrl: LibTorch " << TORCH_VERSION << " (C++), `math` attention, `torch::optim::AdamW`, "
      << "models::LTX::forward (video only)\n"
-     << "- Python peer: " << python << ", torch " << python_torch_version(python)
+     << "- Python peer: " << python << ", torch " << peer::python_torch_version(python)
      << " (the same LibTorch build), benchmarks/peer_ltx.py: ltx_core's video stream written with plain\n"
      << "  torch ops in ltx_core's op order (nn.Linear, ATen's composite rms_norm, gated attention, split RoPE\n"
      << "  with the numpy float64 frequency grid, math attention since torch 1.13 has no SDPA), weights loaded\n"

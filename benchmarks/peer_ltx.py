@@ -12,7 +12,7 @@ neither F.scaled_dot_product_attention nor F.rms_norm: attention is the math
 formula softmax(q k^T / sqrt(d) + mask) v and rms_norm is ATen's composite
 (x * rsqrt(mean(x^2) + eps), in fp32 for half types, then the weight).
 
-Self-contained so that a multi-family driver can import it:
+Importable (with peer_common.py beside it) by a multi-family driver:
     model = build_model(config)                 # {"transformer": {...}} or the inner dict
     load_weights(model, "weights.safetensors")  # native or model.diffusion_model. names
     loss = train_step(model, optimizer, inputs) # forward + backward + AdamW step
@@ -29,7 +29,6 @@ import argparse
 import json
 import math
 import resource
-import struct
 import sys
 import time
 
@@ -37,29 +36,9 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from peer_common import read_safetensors
 
-DTYPES = {"F32": np.float32, "F64": np.float64, "I64": np.int64, "I32": np.int32, "F16": np.float16}
 CHECKPOINT_PREFIX = "model.diffusion_model."
-
-
-def read_safetensors(path):
-    """Minimal safetensors reader (Debian ships no `safetensors` package)."""
-    with open(path, "rb") as f:
-        data = f.read()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8 : 8 + n])
-    header.pop("__metadata__", None)
-    out = {}
-    for name, info in header.items():
-        begin, end = info["data_offsets"]
-        raw = data[8 + n + begin : 8 + n + end]
-        if info["dtype"] == "BF16":
-            words = np.frombuffer(raw, dtype=np.uint16).astype(np.uint32) << 16
-            tensor = torch.from_numpy(words.view(np.float32).copy()).to(torch.bfloat16)
-        else:
-            tensor = torch.from_numpy(np.frombuffer(raw, dtype=DTYPES[info["dtype"]]).copy())
-        out[name] = tensor.reshape(info["shape"])
-    return out
 
 
 def rms_norm(x, weight=None, eps=1e-6):

@@ -19,8 +19,6 @@
 #include <ditrl/io/metrics.hpp>
 #include <ditrl/models/guided.hpp>
 #include <ditrl/models/linear.hpp>
-#include <ditrl/models/wan.hpp>
-#include <ditrl/models/wan.hpp>
 #include <ditrl/rl/ema.hpp>
 #include <ditrl/rl/grpo_loss.hpp>
 #include <ditrl/rl/loss_window.hpp>
@@ -239,9 +237,8 @@ class Trainer {
     } else {
       // Wan2.2 A14B routes each grid step to one of its two experts.
       std::vector<size_t> expert_of_step;
-      if (const auto* wan = dynamic_cast<const models::Wan*>(run_.family.get()))
-        for (int64_t i = 0; i < t.snapshot->steps(); ++i)
-          expert_of_step.push_back(wan->expert_for(t.snapshot->timestep(i)));
+      for (int64_t i = 0; i < t.snapshot->steps(); ++i)
+        expert_of_step.push_back(run_.family->expert_for(t.snapshot->timestep(i)));
       data.pairs =
           rl::sft_pairs(view, kSftPairsPerSample, c_.run.seed, batch.rollout_id, expert_of_step, c_.train.micro_batch);
       data.pairs_per_sample = kSftPairsPerSample;

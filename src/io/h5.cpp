@@ -603,6 +603,9 @@ Dataset Group::create_dataset(const std::string& path, c10::ScalarType dtype, co
   Handle type = datatype_for(dtype);
   Dataspace space = Dataspace::simple(dims, options.max_dims);
   Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  // No creation/modification times in the object headers: two runs of a
+  // deterministic job then write byte-identical files.
+  checked(H5Pset_obj_track_times(dcpl.id(), false), context(), "H5Pset_obj_track_times");
   if (!options.chunk.empty()) {
     checked(H5Pset_chunk(dcpl.id(), static_cast<int>(options.chunk.size()), options.chunk.data()), context(),
             "H5Pset_chunk");

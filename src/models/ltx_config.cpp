@@ -205,23 +205,18 @@ LtxConfig LtxConfig::from_json(const std::string& text_in, const std::string& so
     if (strict) fail("{}: unknown LTX transformer config key(s) {}", source, fmt::join(unknown, ", "));
     spdlog::warn("{}: LTX transformer config keys not read by ditrl: {}", source, fmt::join(unknown, ", "));
   }
-  try {
-    c.validate();
-  } catch (const Error& e) {
-    fail("{}: {}", source, e.what());
-  }
-  return c;
+  return json_config::validated(std::move(c), source);
 }
 
 void LtxConfig::validate() const {
   json_config::require_positive("ltx", {{"num_attention_heads", num_attention_heads},
-                                                    {"attention_head_dim", attention_head_dim},
-                                                    {"in_channels", in_channels},
-                                                    {"out_channels", out_channels},
-                                                    {"num_layers", num_layers},
-                                                    {"cross_attention_dim", cross_attention_dim},
-                                                    {"caption_channels", caption_channels},
-                                                    {"text_tokens", text_tokens}});
+                                        {"attention_head_dim", attention_head_dim},
+                                        {"in_channels", in_channels},
+                                        {"out_channels", out_channels},
+                                        {"num_layers", num_layers},
+                                        {"cross_attention_dim", cross_attention_dim},
+                                        {"caption_channels", caption_channels},
+                                        {"text_tokens", text_tokens}});
   if (rope_type != "split")
     fail("ltx config: rope_type \"{}\" is not supported (every LTX-2.x checkpoint uses \"split\")", rope_type);
   if (use_keyframes_abs_pos_embedding)
@@ -240,9 +235,9 @@ void LtxConfig::validate() const {
     fail("ltx config: norm_eps, timestep_scale_multiplier and positional_embedding_theta must be positive (theta > 1)");
   if (!audio) return;
   json_config::require_positive("ltx", {{"audio_num_attention_heads", audio_num_attention_heads},
-                                                    {"audio_attention_head_dim", audio_attention_head_dim},
-                                                    {"audio_in_channels", audio_in_channels},
-                                                    {"audio_out_channels", audio_out_channels}});
+                                        {"audio_attention_head_dim", audio_attention_head_dim},
+                                        {"audio_in_channels", audio_in_channels},
+                                        {"audio_out_channels", audio_out_channels}});
   if (audio_num_attention_heads != num_attention_heads)
     fail("ltx config: audio_num_attention_heads {} must equal num_attention_heads {} (ltx_core's AudioVideo model)",
          audio_num_attention_heads, num_attention_heads);

@@ -131,23 +131,18 @@ QwenImageConfig QwenImageConfig::from_json(const std::string& text, const std::s
     }
   });
   if (out_channels_null) c.out_channels = c.in_channels;  // `out_channels or in_channels`
-  try {
-    c.validate();
-  } catch (const Error& e) {
-    fail("{}: {}", source, e.what());
-  }
-  return c;
+  return json_config::validated(std::move(c), source);
 }
 
 void QwenImageConfig::validate() const {
   json_config::require_positive("qwen_image", {{"patch_size", patch_size},
-                                                    {"in_channels", in_channels},
-                                                    {"out_channels", out_channels},
-                                                    {"num_layers", num_layers},
-                                                    {"attention_head_dim", attention_head_dim},
-                                                    {"num_attention_heads", num_attention_heads},
-                                                    {"joint_attention_dim", joint_attention_dim},
-                                                    {"text_tokens", text_tokens}});
+                                               {"in_channels", in_channels},
+                                               {"out_channels", out_channels},
+                                               {"num_layers", num_layers},
+                                               {"attention_head_dim", attention_head_dim},
+                                               {"num_attention_heads", num_attention_heads},
+                                               {"joint_attention_dim", joint_attention_dim},
+                                               {"text_tokens", text_tokens}});
   if (axes_dims_rope.size() != 3)
     fail("qwen_image config: axes_dims_rope must have 3 entries (frame, height, width), got {}", axes_dims_rope.size());
   const int64_t sum = std::accumulate(axes_dims_rope.begin(), axes_dims_rope.end(), int64_t{0});

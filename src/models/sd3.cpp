@@ -120,25 +120,20 @@ SD3Config SD3Config::from_json(const std::string& text, const std::string& sourc
       fail("{}: unknown SD3Transformer2DModel config key '{}'", source, key);
     }
   }
-  try {
-    c.validate();
-  } catch (const Error& e) {
-    fail("{}: {}", source, e.what());
-  }
-  return c;
+  return json_config::validated(std::move(c), source);
 }
 
 void SD3Config::validate() const {
   json_config::require_positive("sd3", {{"sample_size", sample_size},
-                                                    {"patch_size", patch_size},
-                                                    {"in_channels", in_channels},
-                                                    {"num_layers", num_layers},
-                                                    {"attention_head_dim", attention_head_dim},
-                                                    {"num_attention_heads", num_attention_heads},
-                                                    {"joint_attention_dim", joint_attention_dim},
-                                                    {"pooled_projection_dim", pooled_projection_dim},
-                                                    {"out_channels", out_channels},
-                                                    {"pos_embed_max_size", pos_embed_max_size}});
+                                        {"patch_size", patch_size},
+                                        {"in_channels", in_channels},
+                                        {"num_layers", num_layers},
+                                        {"attention_head_dim", attention_head_dim},
+                                        {"num_attention_heads", num_attention_heads},
+                                        {"joint_attention_dim", joint_attention_dim},
+                                        {"pooled_projection_dim", pooled_projection_dim},
+                                        {"out_channels", out_channels},
+                                        {"pos_embed_max_size", pos_embed_max_size}});
   if (caption_projection_dim != inner_dim())
     fail("sd3 config: caption_projection_dim {} must equal num_attention_heads x attention_head_dim = {}",
          caption_projection_dim, inner_dim());

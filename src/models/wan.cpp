@@ -104,25 +104,20 @@ WanConfig WanConfig::from_json(const std::string& text, const std::string& sourc
       fail("{}: unknown WanTransformer3DModel config key '{}'", source, key);
     }
   });
-  try {
-    c.validate();
-  } catch (const Error& e) {
-    fail("{}: {}", source, e.what());
-  }
-  return c;
+  return json_config::validated(std::move(c), source);
 }
 
 void WanConfig::validate() const {
   json_config::require_positive("wan", {{"num_attention_heads", num_attention_heads},
-                                                    {"attention_head_dim", attention_head_dim},
-                                                    {"in_channels", in_channels},
-                                                    {"out_channels", out_channels},
-                                                    {"text_dim", text_dim},
-                                                    {"freq_dim", freq_dim},
-                                                    {"ffn_dim", ffn_dim},
-                                                    {"num_layers", num_layers},
-                                                    {"rope_max_seq_len", rope_max_seq_len},
-                                                    {"text_tokens", text_tokens}});
+                                        {"attention_head_dim", attention_head_dim},
+                                        {"in_channels", in_channels},
+                                        {"out_channels", out_channels},
+                                        {"text_dim", text_dim},
+                                        {"freq_dim", freq_dim},
+                                        {"ffn_dim", ffn_dim},
+                                        {"num_layers", num_layers},
+                                        {"rope_max_seq_len", rope_max_seq_len},
+                                        {"text_tokens", text_tokens}});
   if (patch_size.size() != 3 || patch_size[0] <= 0 || patch_size[1] <= 0 || patch_size[2] <= 0)
     fail("wan config: patch_size must be three positive integers (t, h, w), got [{}]", fmt::join(patch_size, ", "));
   if (attention_head_dim % 2 != 0)

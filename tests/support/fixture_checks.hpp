@@ -6,6 +6,7 @@
 // inputs each unit received.
 
 #include <ditrl/models/reference.hpp>
+#include <ditrl/models/weights.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -64,6 +65,31 @@ inline void check_fixture_case(models::Family& family, const std::string& family
     CHECK(out.at(key).sizes() == c.stored.at(key).sizes());
     CHECK(max_abs_diff(out.at(key), c.stored.at(key)) <= factor * gap);
   }
+}
+
+// Casts the family to bf16 with its default fp32 overrides, checks every
+// parameter's dtype against fixture `<family>/case_bf16`'s dtype map, runs
+// the case and checks its bf16 output: max error <= max_err and at least 95%
+// of the elements bit-identical (the callers say why those bounds).
+inline void check_bf16_fixture_case(models::Family& family, const std::string& family_dir, double max_err) {
+  models::cast_parameters(family, at::kBFloat16, family.default_overrides());
+  const auto sidecar = read_json(fixture_path(family_dir + "/case_bf16.json"));
+  const auto& dtypes = sidecar.at("weights_dtype_map").as_object();
+  for (const auto& p : family.named_parameters()) {
+    INFO(p.key());
+    const std::string want(dtypes.at(p.key()).as_string());
+    CHECK(p.value().scalar_type() == (want == "float32" ? at::kFloat : at::kBFloat16));
+  }
+  const models::ReferenceCase c = models::load_reference_case(fixture_path(family_dir + "/case_bf16.safetensors"));
+  const at::Tensor out = models::run_reference_case(family, c, false).at("output");
+  CHECK(out.scalar_type() == at::kBFloat16);
+  const at::Tensor ref = c.stored.at("output");
+  const double err = max_abs_diff(out, ref);
+  const double same = out.eq(ref).to(at::kDouble).mean().item<double>();
+  WARN(family_dir << " bf16 case: max |ditrl - reference| = " << err << " (|output| max "
+                  << ref.abs().max().item<double>() << "), identical elements " << same);
+  CHECK(err <= max_err);
+  CHECK(same >= 0.95);
 }
 
 // Counts and forwards unit calls; `repeat` runs each unit twice like a

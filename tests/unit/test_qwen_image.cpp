@@ -51,29 +51,14 @@ TEST_CASE("qwen_image: fp32 fixture cases and every intermediate match the refer
 }
 
 TEST_CASE("qwen_image: bf16 fixture case", "[models][qwen_image]") {
-  auto family = test::fixture_family("qwen_image");
-  cast_parameters(*family, at::kBFloat16, family->default_overrides());
-  const auto sidecar = test::read_json(fixture_path("qwen_image/case_bf16.json"));
-  for (const auto& p : family->named_parameters()) {
-    INFO(p.key());
-    CHECK(p.value().scalar_type() == at::kBFloat16);
-    CHECK(sidecar.at("weights_dtype_map").at(p.key()).as_string() == "bfloat16");
-  }
-  const ReferenceCase c = load_reference_case(fixture_path("qwen_image/case_bf16.safetensors"));
-  const at::Tensor out = run_reference_case(*family, c, false).at("output");
-  CHECK(out.scalar_type() == at::kBFloat16);
-  const at::Tensor ref = c.stored.at("output");
-  const double err = max_abs_diff(out, ref);
-  const double same = out.eq(ref).to(at::kDouble).mean().item<double>();
   // bf16 linears, LayerNorms and modulation, diffusers' RMSNorm rounding to
   // the bf16 weight before the multiply, the sigma cast to bf16 before the
   // fp32 sinusoid, complex64 RoPE rounded once, fp32 softmax in the math
   // attention: the reference's rounding points, so this LibTorch reproduces
   // the output bit for bit (measured: max error 0). Tolerance for other
   // BLAS/oneDNN builds: 2 bf16 ulps at |out| < 4 (2^-5) and 95% identical.
-  WARN("qwen_image bf16 case: max |ditrl - reference| = " << err << ", identical elements " << same);
-  CHECK(err <= 1.0 / 32);
-  CHECK(same >= 0.95);
+  auto family = test::fixture_family("qwen_image");
+  test::check_bf16_fixture_case(*family, "qwen_image", 1.0 / 32);
 }
 
 TEST_CASE("qwen_image: the preset has the released parameter count, built on the meta device", "[models][qwen_image]") {

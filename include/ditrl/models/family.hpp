@@ -10,6 +10,7 @@
 
 #include <torch/nn/module.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -72,12 +73,12 @@ struct LoraOptions {
 };
 
 struct FamilyOptions {
-  std::string family;        // "sd3" | "wan" | "ltx" | "qwen_image"
+  std::string family;  // "sd3" | "wan" | "ltx" | "qwen_image"
   std::string preset = "tiny";
-  std::string config_json;   // path of an optional config.json (reference format) replacing the preset
-  bool meta = false;         // shapes only: parameters on the meta device, nothing allocated
-  int64_t experts = 0;       // expert DiTs (Wan2.2 A14B: 2); 0 = what the preset or config.json says
-  int64_t init_seed = 0;     // seeded init when no weights are loaded
+  std::string config_json;  // path of an optional config.json (reference format) replacing the preset
+  bool meta = false;        // shapes only: parameters on the meta device, nothing allocated
+  int64_t experts = 0;      // expert DiTs (Wan2.2 A14B: 2); 0 = what the preset or config.json says
+  int64_t init_seed = 0;    // seeded init when no weights are loaded
   std::string attention = "math";
   LoraOptions lora;
   precision::InputPolicy inputs;  // boundary casts applied inside noise_pred
@@ -116,6 +117,9 @@ class Family : public torch::nn::Module {
   // The guided velocity from the positive and negative predictions.
   virtual at::Tensor cfg_combine(const at::Tensor& pos, const at::Tensor& neg, const GuidanceOptions& g,
                                  double timestep) const;
+  // The expert DiT that denoises at trajectory timestep t (Wan2.2 A14B: 0 or
+  // 1); 0 for a family with a single DiT.
+  virtual size_t expert_for(double /*timestep*/) const { return 0; }
   // The scale used at a step (Wan2.2 switches with the expert phase).
   virtual double guidance_scale(const GuidanceOptions& g, double /*timestep*/) const { return g.scale; }
 

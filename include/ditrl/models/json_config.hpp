@@ -4,6 +4,8 @@
 // file and the key. Keys starting with '_' (_class_name,
 // _diffusers_version) are metadata and skipped by for_each_key.
 
+#include <ditrl/error.hpp>
+
 #include <boost/json.hpp>
 
 #include <cstdint>
@@ -27,5 +29,17 @@ std::vector<int64_t> to_int_list(const boost::json::value& v, const std::string&
 // Fails with "<family> config: <name> must be positive, got <value>" for the
 // first field that is not positive.
 void require_positive(const char* family, const std::vector<std::pair<const char*, int64_t>>& fields);
+
+// `config` once config.validate() passed; its error is prefixed with the
+// file the config came from.
+template <class Config>
+Config validated(Config config, const std::string& source) {
+  try {
+    config.validate();
+  } catch (const Error& e) {
+    fail("{}: {}", source, e.what());
+  }
+  return config;
+}
 
 }  // namespace ditrl::models::json_config

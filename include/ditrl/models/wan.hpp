@@ -132,7 +132,7 @@ class Wan : public Family {
 
   // The expert that denoises at trajectory timestep t: 0 (high noise,
   // t >= boundary_ratio * 1000, or the only one) or 1.
-  size_t expert_for(double timestep) const;
+  size_t expert_for(double timestep) const override;
   const WanConfig& config() const { return config_; }
   const WanTransformer& expert(size_t i) const { return *experts_.at(i); }
 
