@@ -148,16 +148,6 @@ std::string digest(const at::Tensor& flat) {
   return sha256(flat.data_ptr(), static_cast<size_t>(flat.numel() * flat.element_size()));
 }
 
-// The SHA-256 of every slab this rank holds ("" where it holds none).
-std::vector<std::string> digests_of(const std::vector<Entry>& list) {
-  std::vector<std::string> digests(list.size());
-  at::parallel_for(0, static_cast<int64_t>(list.size()), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i)
-      if (list[i].values.defined()) digests[i] = digest(list[i].values);
-  });
-  return digests;
-}
-
 // ---------------------------------------------------------------- manifest
 //
 // The root attribute `sha256_manifest` lists the SHA-256 of every writer's
@@ -274,14 +264,20 @@ std::string save_checkpoint(const std::string& out_dir, shard::ShardedParams& pa
     datasets.reserve(list.size());
     for (const Entry& e : list)
       datasets.push_back(file.create_dataset(e.path, at::kFloat, dims(e.shape), preallocated()));
-    // The slabs are hashed (their in-memory bytes) while they are written
-    // and synced: writing is bound by the disk, so hashing costs no time.
-    std::future<std::vector<std::string>> digests = std::async(std::launch::async, [&] { return digests_of(list); });
     for (size_t i = 0; i < list.size(); ++i)
       if (list[i].values.defined()) datasets[i].write_flat_range_independent(list[i].begin, list[i].values);
     kill_point(comm, meta.step);
-    fsync_file(tmp_path.string(), /*data_only=*/true);
-    std::string manifest = gather_manifest(list, digests.get(), comm);
+    // The data goes to disk while the slabs are hashed (the digests are of
+    // the in-memory bytes): hashing costs no time beyond the disk's own.
+    std::future<void> data_on_disk =
+        std::async(std::launch::async, [&] { fsync_file(tmp_path.string(), /*data_only=*/true); });
+    std::vector<std::string> digests(list.size());
+    at::parallel_for(0, static_cast<int64_t>(list.size()), 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i)
+        if (list[i].values.defined()) digests[i] = digest(list[i].values);
+    });
+    data_on_disk.get();
+    std::string manifest = gather_manifest(list, digests, comm);
     datasets.clear();
 
     // Rank 0's generator state lands (Dataset::write); its digest is shared.
