@@ -6,8 +6,9 @@
 // reversed order on odd repeats, each timed write after a settle pause):
 //   checkpoint: io::save_checkpoint (every rank its slab, tmp -> fsync ->
 //               rename -> latest), timed on rank 0 from a barrier to the return
-//   plain:      rank 0 write()s as many bytes as the checkpoint file holds to
-//               a file in the same directory in 4 MiB blocks, then fsync()s
+//   plain:      rank 0 write()s the bytes of the warm-up checkpoint file (read
+//               into memory once) to a file in the same directory in 4 MiB
+//               blocks, then fsync()s
 // and prints one markdown row with the medians, their ratio (plain seconds /
 // checkpoint seconds = checkpoint bandwidth / plain bandwidth), the median of
 // the per-repeat ratios, and the time to delete the previous checkpoint
@@ -48,15 +49,26 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-double plain_write(const std::string& path, int64_t bytes) {
-  std::vector<char> block(4 << 20, 'x');
+// The bytes of `path` (the warm-up checkpoint): the plain write sends the
+// very bytes a checkpoint holds, from memory as a writer would, not one
+// cache-resident block over and over.
+std::vector<char> file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<char> bytes(static_cast<size_t>(fs::file_size(path)));
+  if (!in.read(bytes.data(), static_cast<std::streamsize>(bytes.size())))
+    fail("bench_checkpoint: cannot read {}", path);
+  return bytes;
+}
+
+double plain_write(const std::string& path, const std::vector<char>& bytes) {
+  constexpr size_t kBlock = 4 << 20;
   const double start = now();
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) fail("bench_checkpoint: cannot create {}", path);
-  for (int64_t left = bytes; left > 0;) {
-    const ssize_t n = ::write(fd, block.data(), static_cast<size_t>(std::min<int64_t>(left, block.size())));
+  for (size_t done = 0; done < bytes.size();) {
+    const ssize_t n = ::write(fd, bytes.data() + done, std::min(kBlock, bytes.size() - done));
     if (n <= 0) fail("bench_checkpoint: write to {} failed", path);
-    left -= n;
+    done += static_cast<size_t>(n);
   }
   if (::fsync(fd) != 0) fail("bench_checkpoint: fsync of {} failed", path);
   ::close(fd);
@@ -102,7 +114,7 @@ int run(int argc, char** argv, const dist::MpiRuntime& mpi) {
   std::string previous =
       io::save_checkpoint(out_dir, *run.params, {0, 0, mpi.world().size, 0, 0, run.deck_text}, {}, 1, MPI_COMM_WORLD);
   const double first_s = now() - first_start;
-  const int64_t bytes = static_cast<int64_t>(fs::file_size(previous));
+  const std::vector<char> bytes = root ? file_bytes(previous) : std::vector<char>();
   std::vector<double> checkpoint_s, plain_s, prune_s;
   const std::string plain_path = (fs::path(out_dir) / "checkpoints" / "plain.bin").string();
   for (int r = 0; r < repeats; ++r) {
@@ -135,7 +147,7 @@ int run(int argc, char** argv, const dist::MpiRuntime& mpi) {
   if (!root) return 0;
   std::vector<double> ratios;
   for (size_t i = 0; i < checkpoint_s.size(); ++i) ratios.push_back(plain_s[i] / checkpoint_s[i]);
-  const double mib = static_cast<double>(bytes) / (1 << 20);
+  const double mib = static_cast<double>(bytes.size()) / (1 << 20);
   const double c = median(checkpoint_s), p = median(plain_s);
   std::cout << fmt::format(
       "| {} | {} | {:.1f} | {:.3f} | {:.1f} | {:.3f} | {:.1f} | **{:.2f}x** | {:.2f}x | {:.3f} | {} |\n", label,
