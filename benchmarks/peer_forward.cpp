@@ -179,16 +179,8 @@ class DitrlTrainer {
   }
 
   peer::Timing run(int steps) {
-    peer::Timing timing;
-    for (int i = 0; i < steps; ++i)
-      peer::time_step(timing, [&] {
-        for (auto& p : family_->parameters()) p.mutable_grad() = at::Tensor();
-        const at::Tensor loss = at::mse_loss(family_->noise_pred(x_, t_, sigma_, cond_, {}), target_);
-        loss.backward();
-        optimizer_->step();
-        return loss;
-      });
-    return timing;
+    return peer::train_steps(*family_, *optimizer_, steps,
+                             [&] { return at::mse_loss(family_->noise_pred(x_, t_, sigma_, cond_, {}), target_); });
   }
 
   int64_t params = 0;
@@ -205,8 +197,7 @@ struct Row {
   int threads;
   double params_m;
   std::string tokens;
-  size_t steps;
-  double ours_ms, peer_ms, ours_min_ms, peer_min_ms, ours_faults, peer_faults, first_gap, last_gap;
+  peer::Summary s;
 };
 
 // Weights from ditrl's seeded init and inputs drawn in a fixed order:
@@ -252,18 +243,9 @@ Row measure(const Case& c, const std::string& dir, int threads, bool tuned, cons
           threads,
           ours.params / 1e6,
           fmt::format("{} x ({} + {})", c.batch, c.image_tokens, c.text_tokens),
-          cmp.ours.step_seconds.size(),
-          peer::median(cmp.ours.step_seconds) * 1e3,
-          peer::median(cmp.peer.step_seconds) * 1e3,
-          *std::min_element(cmp.ours.step_seconds.begin(), cmp.ours.step_seconds.end()) * 1e3,
-          *std::min_element(cmp.peer.step_seconds.begin(), cmp.peer.step_seconds.end()) * 1e3,
-          peer::median(cmp.ours.minor_faults),
-          peer::median(cmp.peer.minor_faults),
-          cmp.first_gap,
-          cmp.last_gap};
-  std::cerr << fmt::format("{} {} threads={} malloc={}: ditrl {:.2f} ms, python {:.2f} ms, speedup {:.2f}x\n",
-                           row.family, row.config, threads, row.malloc_mode, row.ours_ms, row.peer_ms,
-                           row.peer_ms / row.ours_ms);
+          peer::summarize(cmp)};
+  std::cerr << fmt::format("{} {} threads={} malloc={}: {}\n", row.family, row.config, threads, row.malloc_mode,
+                           peer::speed(row.s));
   return row;
 }
 
@@ -342,11 +324,8 @@ int main(int argc, char** argv) {
         "rel. loss gap first / last step |\n"
      << "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const Row& r : rows)
-    md << fmt::format(
-        "| {} | {} | {:.1f} M | {} | {} | {} | {} | {:.2f} | {:.2f} | **{:.2f}x** | {:.2f} / {:.2f} | {:.0f} / {:.0f} "
-        "| {:.1e} / {:.1e} |\n",
-        r.family, r.config, r.params_m, r.tokens, r.threads, r.malloc_mode, r.steps, r.ours_ms, r.peer_ms,
-        r.peer_ms / r.ours_ms, r.ours_min_ms, r.peer_min_ms, r.ours_faults, r.peer_faults, r.first_gap, r.last_gap);
+    md << fmt::format("| {} | {} | {:.1f} M | {} | {} | {} | {} |\n", r.family, r.config, r.params_m, r.tokens,
+                      r.threads, r.malloc_mode, peer::cells(r.s));
   md << "\n- Command: `" << peer::command_line(argc, argv) << "`\n"
      << "- Date: " << peer::utc_now() << "\n"
      << "- Machine: " << peer::cpu_model() << ", " << std::thread::hardware_concurrency()

@@ -6,6 +6,8 @@
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
 #include <boost/json.hpp>
 
 #include <sys/resource.h>
@@ -40,16 +42,24 @@ inline double median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
-// One timed training step: fn() runs forward + backward + optimizer step and
-// returns the loss.
-template <class Step>
-void time_step(Timing& timing, const Step& fn) {
-  const long faults = minor_faults();
-  const auto start = std::chrono::steady_clock::now();
-  const at::Tensor loss = fn();
-  timing.losses.push_back(loss.item<double>());
-  timing.step_seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  timing.minor_faults.push_back(static_cast<double>(minor_faults() - faults));
+// `steps` timed training steps of `model`: loss() runs the forward, then
+// backward and one optimizer step (gradients dropped first, as
+// zero_grad(set_to_none=True) does on the Python side).
+template <class Loss>
+Timing train_steps(torch::nn::Module& model, torch::optim::Optimizer& optimizer, int steps, const Loss& loss) {
+  Timing timing;
+  for (int i = 0; i < steps; ++i) {
+    const long faults = minor_faults();
+    const auto start = std::chrono::steady_clock::now();
+    for (auto& p : model.parameters()) p.mutable_grad() = at::Tensor();
+    const at::Tensor value = loss();
+    value.backward();
+    optimizer.step();
+    timing.losses.push_back(value.item<double>());
+    timing.step_seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    timing.minor_faults.push_back(static_cast<double>(minor_faults() - faults));
+  }
+  return timing;
 }
 
 // glibc's malloc returns freed big blocks to the kernel (mmap threshold,
@@ -152,6 +162,39 @@ Comparison alternate(Trainer& ours, PythonPeer& peer, int warmup, int rounds, in
   }
   c.last_gap = gap(c.ours.losses.back(), c.peer.losses.back());
   return c;
+}
+
+// What a results row reports of a Comparison.
+struct Summary {
+  size_t steps = 0;
+  double ours_ms = 0, peer_ms = 0, ours_min_ms = 0, peer_min_ms = 0, ours_faults = 0, peer_faults = 0;
+  double first_gap = 0, last_gap = 0;
+};
+
+inline Summary summarize(const Comparison& c) {
+  const auto min_ms = [](const Timing& t) {
+    return *std::min_element(t.step_seconds.begin(), t.step_seconds.end()) * 1e3;
+  };
+  return {c.ours.step_seconds.size(),
+          median(c.ours.step_seconds) * 1e3,
+          median(c.peer.step_seconds) * 1e3,
+          min_ms(c.ours),
+          min_ms(c.peer),
+          median(c.ours.minor_faults),
+          median(c.peer.minor_faults),
+          c.first_gap,
+          c.last_gap};
+}
+
+// The table cells from "timed steps" to "rel. loss gap first / last step".
+inline std::string cells(const Summary& s) {
+  return fmt::format("{} | {:.2f} | {:.2f} | **{:.2f}x** | {:.2f} / {:.2f} | {:.0f} / {:.0f} | {:.1e} / {:.1e}",
+                     s.steps, s.ours_ms, s.peer_ms, s.peer_ms / s.ours_ms, s.ours_min_ms, s.peer_min_ms, s.ours_faults,
+                     s.peer_faults, s.first_gap, s.last_gap);
+}
+
+inline std::string speed(const Summary& s) {
+  return fmt::format("ditrl {:.2f} ms, python {:.2f} ms, speedup {:.2f}x", s.ours_ms, s.peer_ms, s.peer_ms / s.ours_ms);
 }
 
 inline std::string cpu_model() {
