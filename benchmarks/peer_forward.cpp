@@ -26,7 +26,6 @@
 #include <CLI/CLI.hpp>
 #include <boost/json.hpp>
 
-#include <malloc.h>
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -254,27 +253,15 @@ Row measure(const Case& c, const std::string& dir, int threads, bool tuned, cons
 int main(int argc, char** argv) {
   // Not __FILE__: ccache's CCACHE_BASEDIR makes that path relative to the build directory.
   const fs::path source_dir = DITRL_BENCHMARKS_DIR;
-  std::vector<int> thread_counts = {1, static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))};
+  peer::Options o("peer_forward");
   std::vector<std::string> known;
   for (const auto& [name, bench] : kFamilies) known.push_back(name);
   std::vector<std::string> families = known;
-  std::string python = "/usr/bin/python3";
-  std::string out = (source_dir / "results" / "peer_forward.md").string();
-  std::string work = (fs::temp_directory_path() / "ditrl_peer_forward").string();
-  int tiny_rounds = 10, big_rounds = 4;
-  bool skip_tuned = false;
   CLI::App app{"ditrl vs Python PyTorch eager: forward+backward+AdamW step time per model family"};
   app.add_option("--families", families, "model families to measure (default: all)")->delimiter(',');
-  app.add_option("--threads", thread_counts, "intra-op thread counts (both sides use the same)");
-  app.add_option("--python", python, "Python interpreter with torch");
-  app.add_option("--out", out, "results markdown");
-  app.add_option("--work", work, "directory for the shared weights/inputs files");
-  app.add_option("--tiny-rounds", tiny_rounds, "alternating rounds (10 steps each side) of the tiny configs");
-  app.add_option("--big-rounds", big_rounds, "alternating rounds (1 step each side) of the ~100M configs");
-  app.add_flag("--skip-tuned", skip_tuned, "only the default malloc settings");
+  o.add_to(app);
   CLI11_PARSE(app, argc, argv);
-  std::sort(thread_counts.begin(), thread_counts.end());
-  thread_counts.erase(std::unique(thread_counts.begin(), thread_counts.end()), thread_counts.end());
+  o.sort_threads();
 
   std::vector<Case> cases;
   for (const std::string& family : families) {
@@ -284,27 +271,21 @@ int main(int argc, char** argv) {
                 << fmt::format("{}", fmt::join(known, ", ")) << "\n";
       return 2;
     }
-    for (const Case& c : it->second.cases(tiny_rounds, big_rounds)) cases.push_back(c);
+    for (const Case& c : it->second.cases(o.tiny_rounds, o.big_rounds)) cases.push_back(c);
   }
   const std::string script = (source_dir / "peer_forward.py").string();
   const std::string load_at_start = peer::load_average();
   std::vector<Row> rows;
-  // Default malloc first: mallopt() cannot be undone within the process.
-  for (const bool tuned : {false, true}) {
-    if (tuned && skip_tuned) break;
-    if (tuned) {
-      mallopt(M_MMAP_THRESHOLD, peer::kMmapThreshold);
-      mallopt(M_TRIM_THRESHOLD, peer::kTrimThreshold);
-    }
+  peer::for_each_malloc_mode(o.skip_tuned, [&](bool tuned) {
     for (size_t i = 0; i < cases.size(); ++i) {
       if (cases[i].rounds <= 0) continue;
-      const std::string dir = work + "/" + cases[i].family + std::to_string(i);
+      const std::string dir = o.work + "/" + cases[i].family + std::to_string(i);
       if (!tuned) prepare_case(cases[i], dir);
-      for (int threads : thread_counts) rows.push_back(measure(cases[i], dir, threads, tuned, python, script));
+      for (int threads : o.thread_counts) rows.push_back(measure(cases[i], dir, threads, tuned, o.python, script));
     }
-  }
+  });
 
-  std::ofstream md(out);
+  std::ofstream md(o.out);
   md << "# peer_forward: ditrl vs Python PyTorch eager, training step per model family\n\n"
      << "Forward + backward + AdamW step (lr 1e-4, default betas/eps/weight decay on both sides) of a family's DiT\n"
      << "(ditrl: `Family::noise_pred` on the family's latent layout; Python: the same model written the way the\n"
@@ -332,7 +313,7 @@ int main(int argc, char** argv) {
      << " hardware threads; 1-minute load average " << load_at_start << " at the start, " << peer::load_average()
      << " at the end (anything above 0 is other work sharing the cores); BLAS " << peer::blas_library() << "\n"
      << "- ditrl: LibTorch " << TORCH_VERSION << " (C++), `math` attention, `torch::optim::AdamW`\n"
-     << "- Python peer: " << python << ", torch " << peer::python_torch_version(python)
+     << "- Python peer: " << o.python << ", torch " << peer::python_torch_version(o.python)
      << " (the same LibTorch build), benchmarks/peer_forward.py driving benchmarks/peer_<family>.py: plain\n"
      << "  nn.Module ports of the reference models (nn.Linear/nn.Conv*, F.layer_norm, the reference's RMSNorm "
         "flavour,\n"
@@ -350,6 +331,6 @@ int main(int argc, char** argv) {
      << "  preset (2 blocks, 4 heads x 16, RoPE axes 4/6/6, text 32); `qwen-111m` = D = 768 (6 heads x 128, axes\n"
      << "  16/56/56), 5 blocks, text width 3584, latent 16 x 32 x 32 packed 2x2 (the peer packs/unpacks around the\n"
      << "  forward like ditrl's noise_pred); the all-ones text mask is dropped on both sides.\n";
-  std::cerr << "wrote " << out << "\n";
+  std::cerr << "wrote " << o.out << "\n";
   return 0;
 }

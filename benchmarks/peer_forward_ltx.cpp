@@ -20,7 +20,6 @@
 #include <CLI/CLI.hpp>
 #include <boost/json.hpp>
 
-#include <malloc.h>
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -157,47 +156,29 @@ Row measure(const Case& c, const std::string& dir, int threads, bool tuned, cons
 int main(int argc, char** argv) {
   // Not __FILE__: ccache's CCACHE_BASEDIR makes that path relative to the build directory.
   const fs::path source_dir = DITRL_BENCHMARKS_DIR;
-  std::vector<int> thread_counts = {1, static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))};
-  std::string python = "/usr/bin/python3";
-  std::string out = (source_dir / "results" / "peer_forward_ltx.md").string();
-  std::string work = (fs::temp_directory_path() / "ditrl_peer_forward_ltx").string();
-  int tiny_rounds = 10, big_rounds = 4;
-  bool skip_tuned = false;
+  peer::Options o("peer_forward_ltx");
   CLI::App app{"ditrl vs Python PyTorch eager: LTX-2.3 video transformer forward+backward+AdamW step time"};
-  app.add_option("--threads", thread_counts, "intra-op thread counts (both sides use the same)");
-  app.add_option("--python", python, "Python interpreter with torch");
-  app.add_option("--out", out, "results markdown");
-  app.add_option("--work", work, "directory for the shared weights/inputs files");
-  app.add_option("--tiny-rounds", tiny_rounds, "alternating rounds (10 steps each side) of the tiny configs");
-  app.add_option("--big-rounds", big_rounds, "alternating rounds (1 step each side) of the ~100M config");
-  app.add_flag("--skip-tuned", skip_tuned, "only the default malloc settings");
+  o.add_to(app);
   CLI11_PARSE(app, argc, argv);
-  std::sort(thread_counts.begin(), thread_counts.end());
-  thread_counts.erase(std::unique(thread_counts.begin(), thread_counts.end()), thread_counts.end());
+  o.sort_threads();
 
   const models::LtxConfig tiny = models::LtxConfig::preset("tiny-video");
-  const std::vector<Case> cases = {{"tiny", tiny, 1, 2, 4, 4, 8, 10, tiny_rounds, 10},
-                                   {"tiny", tiny, 2, 3, 8, 8, 8, 10, tiny_rounds, 10},
-                                   {"ltx-100m", config_100m(), 2, 4, 8, 8, 128, 3, big_rounds, 1}};
+  const std::vector<Case> cases = {{"tiny", tiny, 1, 2, 4, 4, 8, 10, o.tiny_rounds, 10},
+                                   {"tiny", tiny, 2, 3, 8, 8, 8, 10, o.tiny_rounds, 10},
+                                   {"ltx-100m", config_100m(), 2, 4, 8, 8, 128, 3, o.big_rounds, 1}};
   const std::string script = (source_dir / "peer_ltx.py").string();
   const std::string load_at_start = peer::load_average();
   std::vector<Row> rows;
-  // Default malloc first: mallopt() cannot be undone within the process.
-  for (const bool tuned : {false, true}) {
-    if (tuned && skip_tuned) break;
-    if (tuned) {
-      mallopt(M_MMAP_THRESHOLD, peer::kMmapThreshold);
-      mallopt(M_TRIM_THRESHOLD, peer::kTrimThreshold);
-    }
+  peer::for_each_malloc_mode(o.skip_tuned, [&](bool tuned) {
     for (size_t i = 0; i < cases.size(); ++i) {
       if (cases[i].rounds <= 0) continue;
-      const std::string dir = work + "/case" + std::to_string(i);
+      const std::string dir = o.work + "/case" + std::to_string(i);
       if (!tuned) prepare_case(cases[i], dir);
-      for (int threads : thread_counts) rows.push_back(measure(cases[i], dir, threads, tuned, python, script));
+      for (int threads : o.thread_counts) rows.push_back(measure(cases[i], dir, threads, tuned, o.python, script));
     }
-  }
+  });
 
-  std::ofstream md(out);
+  std::ofstream md(o.out);
   md << "# peer_forward_ltx: ditrl vs Python PyTorch eager, LTX-2.3 video transformer training step\n\n"
      << "Forward + backward + AdamW step (lr 1e-4, default betas/eps/weight decay on both sides) of the LTX-2.3\n"
      << "video stream (ltx_core's LTXModel with audio = None), MSE loss of the velocity against a fixed target,\n"
@@ -223,7 +204,7 @@ int main(int argc, char** argv) {
      << " at the end (anything above 0 is other work sharing the cores); BLAS " << peer::blas_library() << "\n"
      << "- ditrl: LibTorch " << TORCH_VERSION << " (C++), `math` attention, `torch::optim::AdamW`, "
      << "models::LTX::forward (video only)\n"
-     << "- Python peer: " << python << ", torch " << peer::python_torch_version(python)
+     << "- Python peer: " << o.python << ", torch " << peer::python_torch_version(o.python)
      << " (the same LibTorch build), benchmarks/peer_ltx.py: ltx_core's video stream written with plain\n"
      << "  torch ops in ltx_core's op order (nn.Linear, ATen's composite rms_norm, gated attention, split RoPE\n"
      << "  with the numpy float64 frequency grid, math attention since torch 1.13 has no SDPA), weights loaded\n"
@@ -232,6 +213,6 @@ int main(int argc, char** argv) {
      << "- Configs: `tiny` = the ltx `tiny-video` preset (2 blocks, D = 64, 4 heads, 2.3 flags, 16 latent\n"
      << "  channels); `ltx-100m` = the LTX-2.3 video stream at D = 768 (12 heads x 64), 10 blocks, 128 latent\n"
      << "  channels, latent grid 4 x 8 x 8.\n";
-  std::cerr << "wrote " << out << "\n";
+  std::cerr << "wrote " << o.out << "\n";
   return 0;
 }

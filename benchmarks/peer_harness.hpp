@@ -10,6 +10,9 @@
 #include <torch/optim/optimizer.h>
 #include <boost/json.hpp>
 
+#include <CLI/CLI.hpp>
+
+#include <malloc.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,6 +26,7 @@
 #include <fstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace peer {
@@ -195,6 +199,47 @@ inline std::string cells(const Summary& s) {
 
 inline std::string speed(const Summary& s) {
   return fmt::format("ditrl {:.2f} ms, python {:.2f} ms, speedup {:.2f}x", s.ours_ms, s.peer_ms, s.peer_ms / s.ours_ms);
+}
+
+// The command-line options both peer drivers take; `name` names the results
+// file (benchmarks/results/<name>.md) and the scratch directory.
+struct Options {
+  explicit Options(const std::string& name)
+      : out((std::filesystem::path(DITRL_BENCHMARKS_DIR) / "results" / (name + ".md")).string()),
+        work((std::filesystem::temp_directory_path() / ("ditrl_" + name)).string()) {}
+
+  void add_to(CLI::App& app) {
+    app.add_option("--threads", thread_counts, "intra-op thread counts (both sides use the same)");
+    app.add_option("--python", python, "Python interpreter with torch");
+    app.add_option("--out", out, "results markdown");
+    app.add_option("--work", work, "directory for the shared weights/inputs files");
+    app.add_option("--tiny-rounds", tiny_rounds, "alternating rounds (10 steps each side) of the tiny configs");
+    app.add_option("--big-rounds", big_rounds, "alternating rounds (1 step each side) of the ~100M configs");
+    app.add_flag("--skip-tuned", skip_tuned, "only the default malloc settings");
+  }
+
+  // Thread counts ascending, each once (call after parsing).
+  void sort_threads() {
+    std::sort(thread_counts.begin(), thread_counts.end());
+    thread_counts.erase(std::unique(thread_counts.begin(), thread_counts.end()), thread_counts.end());
+  }
+
+  std::vector<int> thread_counts = {1, static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))};
+  std::string python = "/usr/bin/python3";
+  std::string out, work;
+  int tiny_rounds = 10, big_rounds = 4;
+  bool skip_tuned = false;
+};
+
+// fn(tuned) under glibc's default malloc, then (unless skip_tuned) with the
+// tuned thresholds: default first, as mallopt() cannot be undone in a process.
+template <class Fn>
+void for_each_malloc_mode(bool skip_tuned, const Fn& fn) {
+  fn(false);
+  if (skip_tuned) return;
+  mallopt(M_MMAP_THRESHOLD, kMmapThreshold);
+  mallopt(M_TRIM_THRESHOLD, kTrimThreshold);
+  fn(true);
 }
 
 inline std::string cpu_model() {
