@@ -8,7 +8,10 @@ math formula softmax(q k^T / sqrt(d) + mask) v, as in ditrl's `math` backend.
 
 import json
 import math
+import resource
 import struct
+import sys
+import time
 
 import numpy as np
 import torch
@@ -37,6 +40,28 @@ def read_safetensors(path):
             tensor = torch.from_numpy(np.frombuffer(raw, dtype=DTYPES[info["dtype"]]).copy())
         out[name] = tensor.reshape(info["shape"])
     return out
+
+
+def serve(model, train_step):
+    """Answers the C++ driver (benchmarks/peer_harness.hpp) over stdin/stdout.
+
+    Prints {"ready", "threads", "torch", "params"} once, then for every input
+    line "<n>" runs train_step() (one step, returns the loss as a float) n
+    times and prints {"step_seconds", "losses", "minor_faults"}. The driver
+    alternates rounds of ditrl and Python steps so both see the same load.
+    """
+    def timed():
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        start = time.perf_counter()
+        value = train_step()
+        elapsed = time.perf_counter() - start
+        return elapsed, value, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+
+    print(json.dumps({"ready": True, "threads": torch.get_num_threads(), "torch": torch.__version__,
+                      "params": sum(p.numel() for p in model.parameters())}), flush=True)
+    for line in sys.stdin:
+        times, losses, faults = zip(*(timed() for _ in range(int(line))))
+        print(json.dumps({"step_seconds": times, "losses": losses, "minor_faults": faults}), flush=True)
 
 
 def timestep_embedding(t, dim=256, scale=1.0, max_period=10000):

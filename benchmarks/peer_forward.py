@@ -22,15 +22,13 @@ import argparse
 import importlib
 import json
 import os
-import resource
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from peer_common import read_safetensors  # noqa: E402
+from peer_common import read_safetensors, serve  # noqa: E402
 
 
 def main():
@@ -54,25 +52,13 @@ def main():
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
 
     def step():
-        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         loss = F.mse_loss(family.velocity(model, inputs), target)
         loss.backward()
         optimizer.step()
-        value = loss.item()
-        elapsed = time.perf_counter() - start
-        return elapsed, value, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+        return loss.item()
 
-    # Driven by the C++ side, which alternates rounds of ditrl and Python
-    # steps so that both see the same background load: each input line
-    # "<n>" runs n steps and answers one JSON line.
-    print(json.dumps({"ready": True, "threads": torch.get_num_threads(), "torch": torch.__version__,
-                      "params": sum(p.numel() for p in model.parameters())}), flush=True)
-    for line in sys.stdin:
-        times, losses, faults = zip(*(step() for _ in range(int(line))))
-        print(json.dumps({"step_seconds": times, "losses": losses, "minor_faults": faults}), flush=True)
-
+    serve(model, step)
 
 if __name__ == "__main__":
     main()

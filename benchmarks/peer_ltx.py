@@ -28,15 +28,12 @@ prints {"ready", "params", "torch", "threads"} once loaded, then for every line
 import argparse
 import json
 import math
-import resource
-import sys
-import time
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from peer_common import read_safetensors
+from peer_common import read_safetensors, serve
 
 CHECKPOINT_PREFIX = "model.diffusion_model."
 
@@ -302,19 +299,7 @@ def main():
     inputs = read_safetensors(args.inputs)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
 
-    def step():
-        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        start = time.perf_counter()
-        value = train_step(model, optimizer, inputs)
-        elapsed = time.perf_counter() - start
-        return elapsed, value, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
-
-    print(json.dumps({"ready": True, "threads": torch.get_num_threads(), "torch": torch.__version__,
-                      "params": sum(p.numel() for p in model.parameters())}), flush=True)
-    for line in sys.stdin:
-        times, losses, faults = zip(*(step() for _ in range(int(line))))
-        print(json.dumps({"step_seconds": times, "losses": losses, "minor_faults": faults}), flush=True)
-
+    serve(model, lambda: train_step(model, optimizer, inputs))
 
 if __name__ == "__main__":
     main()
