@@ -13,6 +13,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace ditrl::test {
 
@@ -34,6 +35,12 @@ inline boost::json::value read_json(const std::string& path) {
   std::ostringstream text;
   text << in.rdbuf();
   return boost::json::parse(text.str());
+}
+
+inline int64_t parameter_count(const std::vector<at::Tensor>& params) {
+  int64_t n = 0;
+  for (const at::Tensor& p : params) n += p.numel();
+  return n;
 }
 
 inline double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {

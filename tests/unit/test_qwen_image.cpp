@@ -36,12 +36,6 @@ Cond qwen_cond(const ReferenceCase& c) {
                {"encoder_hidden_states_mask", c.inputs.at("encoder_hidden_states_mask")}}};
 }
 
-int64_t count(const std::vector<at::Tensor>& params) {
-  int64_t n = 0;
-  for (const at::Tensor& p : params) n += p.numel();
-  return n;
-}
-
 }  // namespace
 
 TEST_CASE("qwen_image: fp32 fixture cases and every intermediate match the reference", "[models][qwen_image]") {
@@ -68,10 +62,10 @@ TEST_CASE("qwen_image: the preset has the released parameter count, built on the
   o.meta = true;
   auto family = create_family(o);
   for (const auto& p : family->parameters()) CHECK(p.is_meta());
-  CHECK(count(family->parameters()) == 20430401088);  // families.md §4.2
+  CHECK(test::parameter_count(family->parameters()) == 20430401088);  // families.md §4.2
   const auto units = family->wrap_units();
   REQUIRE(units.size() == 60);
-  CHECK(count(units[17].module->parameters()) == 339831296);
+  CHECK(test::parameter_count(units[17].module->parameters()) == 339831296);
   const auto names = family->named_parameters();
   CHECK(names["transformer_blocks.59.attn.to_add_out.weight"].sizes() == at::IntArrayRef{3072, 3072});
   CHECK(names["transformer_blocks.0.img_mod.1.weight"].sizes() == at::IntArrayRef{6 * 3072, 3072});

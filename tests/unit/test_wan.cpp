@@ -34,12 +34,6 @@ Cond wan_cond(const at::Tensor& text) {
   return Cond{{{"encoder_hidden_states", text}}};
 }
 
-int64_t count(const std::vector<at::Tensor>& params) {
-  int64_t n = 0;
-  for (const at::Tensor& p : params) n += p.numel();
-  return n;
-}
-
 // The fixture architecture with two experts: expert 0 holds the fixture
 // weights, expert 1 the same weights scaled (a different model).
 std::shared_ptr<Family> two_fixture_experts() {
@@ -95,11 +89,11 @@ TEST_CASE("wan: presets have the released parameter counts, built on the meta de
     o.meta = true;
     auto family = create_family(o);
     for (const auto& p : family->parameters()) CHECK(p.is_meta());
-    CHECK(count(family->parameters()) == e.per_expert * static_cast<int64_t>(e.experts));
+    CHECK(test::parameter_count(family->parameters()) == e.per_expert * static_cast<int64_t>(e.experts));
     CHECK(family->wrap_units().size() == e.blocks * e.experts);
     const auto experts = family->expert_modules();
     CHECK(experts.size() == (e.experts == 2 ? 2u : 0u));
-    for (const auto& expert : experts) CHECK(count(expert->parameters()) == e.per_expert);
+    for (const auto& expert : experts) CHECK(test::parameter_count(expert->parameters()) == e.per_expert);
   }
   FamilyOptions o;
   o.family = "wan";
