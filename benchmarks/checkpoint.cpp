@@ -1,18 +1,21 @@
-// Checkpoint write bandwidth against a plain sequential write of the same
+// Checkpoint write bandwidth against plain sequential writes of the same
 // bytes on the same disk, in the same run.
 //
 // Builds the deck's model sharded over the launch's ranks (as `ditrl train`
-// does), writes one untimed checkpoint, then alternates, `repeats` times (in
-// reversed order on odd repeats, each timed write after a settle pause):
-//   checkpoint: io::save_checkpoint (every rank its slab, tmp -> fsync ->
+// does), writes one untimed checkpoint, then `repeats` times (each timed
+// write after a settle pause, the order reversed on odd repeats):
+//   checkpoint: io::save_checkpoint (every rank its slabs, fsync, tmp ->
 //               rename -> latest), timed on rank 0 from a barrier to the return
 //   plain:      rank 0 write()s the bytes of the warm-up checkpoint file (read
 //               into memory once) to a file in the same directory in 4 MiB
-//               blocks, then fsync()s
-// and prints one markdown row with the medians, their ratio (plain seconds /
-// checkpoint seconds = checkpoint bandwidth / plain bandwidth), the median of
-// the per-repeat ratios, and the time to delete the previous checkpoint
-// (outside both timings, as removing plain.bin is).
+//               blocks, then fsync()s: the page-cache write every tool does
+//   direct:     the same with O_DIRECT (the tail below 4 KiB buffered): the
+//               disk's own speed, which the checkpoint's bulk is written at
+// and prints one markdown row with the medians, the ratios plain seconds /
+// checkpoint seconds (= checkpoint bandwidth / plain bandwidth) as ratio of
+// medians and median of per-repeat ratios, the same against direct, and the
+// time to delete the previous checkpoint (outside all timings, as removing
+// the plain files is).
 //
 //   mpiexec -n N bench_checkpoint DECK OUT_DIR LABEL [repeats] [k=v override ...]
 
@@ -29,9 +32,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -49,26 +54,55 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// The bytes of `path` (the warm-up checkpoint): the plain write sends the
-// very bytes a checkpoint holds, from memory as a writer would, not one
-// cache-resident block over and over.
-std::vector<char> file_bytes(const std::string& path) {
+constexpr int64_t kBlock = 4 << 20;
+constexpr int64_t kDirectAlign = 4096;
+
+struct AlignedFree {
+  void operator()(char* p) const { std::free(p); }
+};
+
+// The bytes of `path` (the warm-up checkpoint), in memory aligned for
+// O_DIRECT: the plain writes send the very bytes a checkpoint holds, from
+// memory as a writer would, not one cache-resident block over and over.
+struct Payload {
+  std::unique_ptr<char, AlignedFree> data;
+  int64_t size = 0;
+};
+
+Payload file_bytes(const std::string& path) {
+  Payload bytes;
+  bytes.size = static_cast<int64_t>(fs::file_size(path));
+  bytes.data.reset(
+      static_cast<char*>(std::aligned_alloc(kDirectAlign, (bytes.size / kDirectAlign + 1) * kDirectAlign)));
   std::ifstream in(path, std::ios::binary);
-  std::vector<char> bytes(static_cast<size_t>(fs::file_size(path)));
-  if (!in.read(bytes.data(), static_cast<std::streamsize>(bytes.size())))
-    fail("bench_checkpoint: cannot read {}", path);
+  if (!bytes.data || !in.read(bytes.data.get(), bytes.size)) fail("bench_checkpoint: cannot read {}", path);
   return bytes;
 }
 
-double plain_write(const std::string& path, const std::vector<char>& bytes) {
-  constexpr size_t kBlock = 4 << 20;
-  const double start = now();
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) fail("bench_checkpoint: cannot create {}", path);
-  for (size_t done = 0; done < bytes.size();) {
-    const ssize_t n = ::write(fd, bytes.data() + done, std::min(kBlock, bytes.size() - done));
+void write_all(int fd, const char* data, int64_t size, int64_t offset, const std::string& path) {
+  for (int64_t done = 0; done < size;) {
+    const ssize_t n = ::pwrite(fd, data + done, static_cast<size_t>(std::min(kBlock, size - done)), offset + done);
     if (n <= 0) fail("bench_checkpoint: write to {} failed", path);
-    done += static_cast<size_t>(n);
+    done += n;
+  }
+}
+
+int open_for_writing(const std::string& path, int extra_flags) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | extra_flags, 0644);
+  if (fd < 0) fail("bench_checkpoint: cannot create {}", path);
+  return fd;
+}
+
+// direct: the whole 4 KiB blocks with O_DIRECT, the rest through the page cache.
+double plain_write(const std::string& path, const Payload& bytes, bool direct) {
+  const double start = now();
+  const int fd = open_for_writing(path, O_TRUNC | (direct ? O_DIRECT : 0));
+  const int64_t bulk = direct ? bytes.size / kDirectAlign * kDirectAlign : bytes.size;
+  write_all(fd, bytes.data.get(), bulk, 0, path);
+  if (bulk < bytes.size) {
+    const int tail = open_for_writing(path, 0);
+    write_all(tail, bytes.data.get() + bulk, bytes.size - bulk, bulk, path);
+    ::close(tail);
   }
   if (::fsync(fd) != 0) fail("bench_checkpoint: fsync of {} failed", path);
   ::close(fd);
@@ -114,17 +148,10 @@ int run(int argc, char** argv, const dist::MpiRuntime& mpi) {
   std::string previous =
       io::save_checkpoint(out_dir, *run.params, {0, 0, mpi.world().size, 0, 0, run.deck_text}, {}, 1, MPI_COMM_WORLD);
   const double first_s = now() - first_start;
-  const std::vector<char> bytes = root ? file_bytes(previous) : std::vector<char>();
-  std::vector<double> checkpoint_s, plain_s, prune_s;
+  const Payload bytes = root ? file_bytes(previous) : Payload();
+  std::vector<double> checkpoint_s, plain_s, direct_s, prune_s;
   const std::string plain_path = (fs::path(out_dir) / "checkpoints" / "plain.bin").string();
-  for (int r = 0; r < repeats; ++r) {
-    // The plain write goes first on odd repeats: neither side always follows
-    // the other's I/O.
-    const bool plain_first = r % 2 == 1;
-    if (plain_first) {
-      settle();
-      if (root) plain_s.push_back(plain_write(plain_path, bytes));
-    }
+  auto time_checkpoint = [&](int r) {
     settle();
     const double start = now();
     // keep = all: deleting the previous checkpoint is not writing this one;
@@ -138,23 +165,37 @@ int run(int argc, char** argv, const dist::MpiRuntime& mpi) {
       prune_s.push_back(now() - prune_start);
     }
     previous = path;
-    if (!plain_first) {
-      settle();
-      if (root) plain_s.push_back(plain_write(plain_path, bytes));
+  };
+  auto time_plain = [&](bool direct) {
+    settle();
+    if (root) (direct ? direct_s : plain_s).push_back(plain_write(plain_path, bytes, direct));
+  };
+  for (int r = 0; r < repeats; ++r) {
+    // Reversed on odd repeats: no kind always follows another's I/O.
+    if (r % 2 == 0) {
+      time_checkpoint(r), time_plain(false), time_plain(true);
+    } else {
+      time_plain(true), time_plain(false), time_checkpoint(r);
     }
     MPI_Barrier(MPI_COMM_WORLD);
   }
   if (!root) return 0;
-  std::vector<double> ratios;
-  for (size_t i = 0; i < checkpoint_s.size(); ++i) ratios.push_back(plain_s[i] / checkpoint_s[i]);
-  const double mib = static_cast<double>(bytes.size()) / (1 << 20);
-  const double c = median(checkpoint_s), p = median(plain_s);
+  auto paired = [&](const std::vector<double>& plain) {
+    std::vector<double> ratios;
+    for (size_t i = 0; i < checkpoint_s.size(); ++i) ratios.push_back(plain[i] / checkpoint_s[i]);
+    return median(ratios);
+  };
+  const double mib = static_cast<double>(bytes.size) / (1 << 20);
+  const double c = median(checkpoint_s), p = median(plain_s), d = median(direct_s);
   std::cout << fmt::format(
-      "| {} | {} | {:.1f} | {:.3f} | {:.1f} | {:.3f} | {:.1f} | **{:.2f}x** | {:.2f}x | {:.3f} | {} |\n", label,
-      mpi.world().size, mib, c, mib / c, p, mib / p, p / c, median(ratios), median(prune_s), load_average());
+      "| {} | {} | {:.1f} | {:.3f} | {:.1f} | {:.3f} | {:.1f} | **{:.2f}x** | {:.2f}x | {:.3f} | {:.1f} | {:.2f}x | "
+      "{:.2f}x | {:.3f} | {} |\n",
+      label, mpi.world().size, mib, c, mib / c, p, mib / p, p / c, paired(plain_s), d, mib / d, d / c, paired(direct_s),
+      median(prune_s), load_average());
   std::cerr << fmt::format(
-      "{}: first (warm-up) checkpoint s {:.3f}; checkpoint s {:.3f}; plain s {:.3f}; prune s {:.3f}\n", label, first_s,
-      fmt::join(checkpoint_s, " "), fmt::join(plain_s, " "), fmt::join(prune_s, " "));
+      "{}: first (warm-up) checkpoint s {:.3f}; checkpoint s {:.3f}; plain s {:.3f}; direct s {:.3f}; prune s {:.3f}\n",
+      label, first_s, fmt::join(checkpoint_s, " "), fmt::join(plain_s, " "), fmt::join(direct_s, " "),
+      fmt::join(prune_s, " "));
   return 0;
 }
 

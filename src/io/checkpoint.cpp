@@ -1,6 +1,7 @@
 #include <ditrl/error.hpp>
 #include <ditrl/io/checkpoint.hpp>
 #include <ditrl/io/h5.hpp>
+#include <ditrl/io/hashed_write.hpp>
 #include <ditrl/io/sha256.hpp>
 
 #include <ATen/ATen.h>
@@ -16,7 +17,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <future>
 #include <map>
 #include <optional>
 #include <regex>
@@ -31,6 +31,8 @@ namespace {
 constexpr const char* kFormat = "ditrl-checkpoint-2";
 constexpr const char* kChunkedFormat = "ditrl-checkpoint-1";  // Fletcher-32 chunks: still loads
 constexpr int kDigestChars = 64;
+// Large datasets start on block boundaries: their slabs go out with O_DIRECT.
+constexpr int64_t kDirectAlignment = 4096;
 
 int comm_rank(MPI_Comm comm) {
   int r = 0;
@@ -111,13 +113,12 @@ void kill_point(MPI_Comm comm, int64_t step) {
     std::raise(SIGKILL);
 }
 
-// data_only: fdatasync, the file's bytes without its inode's times.
-void fsync_file(const std::string& path, bool data_only = false) {
+void fsync_file(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY);
   if (fd < 0) fail("checkpoint {}: cannot reopen to sync it", path);
-  const int rc = data_only ? ::fdatasync(fd) : ::fsync(fd);
+  const int rc = ::fsync(fd);
   ::close(fd);
-  if (rc != 0) fail("checkpoint {}: {} failed", path, data_only ? "fdatasync" : "fsync");
+  if (rc != 0) fail("checkpoint {}: fsync failed", path);
 }
 
 void write_pointer(const fs::path& dir, const std::string& target) {
@@ -256,29 +257,24 @@ std::string save_checkpoint(const std::string& out_dir, shard::ShardedParams& pa
 
   const std::vector<Entry> list = entries(params, extra);
   {
-    h5::File file = h5::File::create(tmp_path.string(), comm, {/*many_objects=*/true});
+    h5::File file =
+        h5::File::create(tmp_path.string(), comm, {/*many_objects=*/true, /*data_alignment=*/kDirectAlignment});
     // Creation is metadata (every rank, no data I/O); each rank then writes
-    // its slabs with independent MPI-IO: no collective per dataset, and no
-    // HDF5 selection machinery per write.
-    std::vector<h5::Dataset> datasets;
-    datasets.reserve(list.size());
-    for (const Entry& e : list)
-      datasets.push_back(file.create_dataset(e.path, at::kFloat, dims(e.shape), preallocated()));
-    for (size_t i = 0; i < list.size(); ++i)
-      if (list[i].values.defined()) datasets[i].write_flat_range_independent(list[i].begin, list[i].values);
+    // its slabs itself, hashing them on the way: no collective per dataset,
+    // no HDF5 selection per write, no page cache for the bulk.
+    std::vector<ByteRange> slabs(list.size());
+    for (size_t i = 0; i < list.size(); ++i) {
+      const Entry& e = list[i];
+      const int64_t offset = file.create_dataset(e.path, at::kFloat, dims(e.shape), preallocated()).file_offset();
+      if (e.values.defined())
+        slabs[i] = {offset + e.begin * e.values.element_size(), e.values.data_ptr(),
+                    e.values.numel() * e.values.element_size()};
+    }
+    // One worker more than compute threads: the disk is kept busy while the
+    // others copy and hash.
+    const std::vector<std::string> digests = write_hashed(tmp_path.string(), slabs, {at::get_num_threads() + 1});
     kill_point(comm, meta.step);
-    // The data goes to disk while the slabs are hashed (the digests are of
-    // the in-memory bytes): hashing costs no time beyond the disk's own.
-    std::future<void> data_on_disk =
-        std::async(std::launch::async, [&] { fsync_file(tmp_path.string(), /*data_only=*/true); });
-    std::vector<std::string> digests(list.size());
-    at::parallel_for(0, static_cast<int64_t>(list.size()), 1, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i)
-        if (list[i].values.defined()) digests[i] = digest(list[i].values);
-    });
-    data_on_disk.get();
     std::string manifest = gather_manifest(list, digests, comm);
-    datasets.clear();
 
     // Rank 0's generator state lands (Dataset::write); its digest is shared.
     at::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
@@ -296,10 +292,12 @@ std::string save_checkpoint(const std::string& out_dir, shard::ShardedParams& pa
     file.set_attr("data_position", meta.data_position);
     file.set_attr("deck", meta.deck);
     file.set_attr("complete", int64_t{1});
-  }  // closing writes the metadata; the data is already on disk
+  }  // closing writes the metadata
+  // Every rank: what it wrote through its node's page cache (slab edges, its
+  // share of the metadata) and the disk cache its direct writes sit in.
+  fsync_file(tmp_path.string());
   MPI_Barrier(comm);
   if (root) {
-    fsync_file(tmp_path.string());
     fs::rename(tmp_path, final_path);
     write_pointer(dir, name);
     const auto all = checkpoints_in(dir);

@@ -113,6 +113,9 @@ PropList PropList::file_access(MPI_Comm comm, const FileOptions& options) {
     if (comm != MPI_COMM_NULL)
       checked(H5Pset_coll_metadata_write(fapl.id(), true), "file access", "H5Pset_coll_metadata_write");
   }
+  if (options.data_alignment > 0)
+    checked(H5Pset_alignment(fapl.id(), hsize_t{64} << 10, static_cast<hsize_t>(options.data_alignment)), "file access",
+            "H5Pset_alignment");
   return fapl;
 }
 
@@ -506,38 +509,11 @@ void Dataset::write_flat_range(int64_t flat_begin, const at::Tensor& values) {
           "H5Dwrite(flat range)");
 }
 
-void Dataset::write_flat_range_independent(int64_t flat_begin, const at::Tensor& values) {
-  const at::Tensor data = contiguous_cpu(values).flatten();
-  if (!parallel()) throw Error(fmt::format("HDF5: {}: independent writes need a parallel file", context()));
-  if (data.scalar_type() != dtype())
-    throw Error(fmt::format("HDF5: {}: writing {} values into a dataset of another type", context(),
-                            c10::toString(data.scalar_type())));
-  hsize_t total = 1;
-  for (hsize_t d : shape()) total *= d;
-  const hsize_t n = static_cast<hsize_t>(data.numel());
-  if (flat_begin < 0 || static_cast<hsize_t>(flat_begin) + n > total)
-    throw Error(
-        fmt::format("HDF5: {}: flat range [{}, {}) outside [0, {})", context(), flat_begin, flat_begin + n, total));
+int64_t Dataset::file_offset() const {
   const haddr_t address = H5Dget_offset(id());
   if (address == HADDR_UNDEF)
     throw Error(fmt::format("HDF5: {}: not a contiguous dataset with allocated storage", context()));
-  Handle file(checked_id(H5Iget_file_id(id()), context(), "H5Iget_file_id"), H5Fclose);
-  // A blank access list: the MPI-IO driver ignores it, and H5Fget_access_plist
-  // would duplicate the file's communicator, a collective call.
-  Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
-  void* handle = nullptr;
-  checked(H5Fget_vfd_handle(file.id(), fapl.id(), &handle), context(), "H5Fget_vfd_handle");
-  MPI_File mpi_file = *static_cast<MPI_File*>(handle);
-  const char* bytes = static_cast<const char*>(data.data_ptr());
-  const int64_t size = static_cast<int64_t>(n) * data.element_size();
-  constexpr int64_t kMaxWrite = int64_t{1} << 30;  // MPI counts are ints
-  for (int64_t done = 0; done < size; done += kMaxWrite) {
-    const int count = static_cast<int>(std::min(kMaxWrite, size - done));
-    const MPI_Offset at = static_cast<MPI_Offset>(address) + flat_begin * data.element_size() + done;
-    MPI_Status status;
-    if (MPI_File_write_at(mpi_file, at, bytes + done, count, MPI_BYTE, &status) != MPI_SUCCESS)
-      throw Error(fmt::format("HDF5: {}: MPI_File_write_at of {} bytes at {} failed", context(), count, at));
-  }
+  return static_cast<int64_t>(address);
 }
 
 at::Tensor Dataset::read_flat_range(int64_t flat_begin, int64_t count, bool collective) const {

@@ -54,6 +54,8 @@ __attribute__((target("sha,sse4.1,ssse3"))) void compress_sha_ni(uint32_t* state
   for (size_t b = 0; b < count; ++b, data += 64) {
     const __m128i abef = state0, cdgh = state1;
     __m128i w[4];
+    // Unrolled, w[] lives in registers: 1.6 GB/s instead of 1.0 GB/s.
+#pragma GCC unroll 16
     for (int g = 0; g < 16; ++g) {
       __m128i& current = w[g % 4];
       if (g < 4) {
@@ -85,80 +87,71 @@ __attribute__((target("sha,sse4.1,ssse3"))) void compress_sha_ni(uint32_t* state
 }
 #endif
 
-class Sha256 {
- public:
-  void update(const unsigned char* data, size_t size) {
-    bits_ += 8 * static_cast<uint64_t>(size);
-    if (filled_ > 0) {
-      const size_t take = std::min(size, 64 - filled_);
-      std::memcpy(block_ + filled_, data, take);
-      filled_ += take, data += take, size -= take;
-      if (filled_ < 64) return;
-      compress(block_, 1);
-      filled_ = 0;
-    }
-    compress(data, size / 64);
-    filled_ = size % 64;
-    std::memcpy(block_, data + size - filled_, filled_);
-  }
-
-  std::string hex() {
-    const uint64_t bits = bits_;
-    const unsigned char one = 0x80, zero = 0;
-    update(&one, 1);
-    while (filled_ != 56) update(&zero, 1);
-    unsigned char length[8];
-    for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(bits >> (56 - 8 * i));
-    update(length, 8);
-    std::string out;
-    char byte[3];
-    for (uint32_t word : state_)
-      for (int shift = 24; shift >= 0; shift -= 8) {
-        std::snprintf(byte, sizeof byte, "%02x", (word >> shift) & 0xff);
-        out += byte;
-      }
-    return out;
-  }
-
- private:
-  void compress(const unsigned char* blocks, size_t count) {
-#if DITRL_SHA_NI
-    static const bool sha_ni = cpu_has_sha_extensions();
-    if (sha_ni) return compress_sha_ni(state_.data(), blocks, count);
-#endif
-    for (size_t b = 0; b < count; ++b) compress_portable(blocks + 64 * b);
-  }
-
-  void compress_portable(const unsigned char* block) {
-    uint32_t w[64];
-    for (int i = 0; i < 16; ++i)
-      w[i] = uint32_t(block[4 * i]) << 24 | uint32_t(block[4 * i + 1]) << 16 | uint32_t(block[4 * i + 2]) << 8 |
-             uint32_t(block[4 * i + 3]);
-    for (int i = 16; i < 64; ++i) {
-      const uint32_t s0 = rotr(w[i - 15], 7) ^ rotr(w[i - 15], 18) ^ (w[i - 15] >> 3);
-      const uint32_t s1 = rotr(w[i - 2], 17) ^ rotr(w[i - 2], 19) ^ (w[i - 2] >> 10);
-      w[i] = w[i - 16] + s0 + w[i - 7] + s1;
-    }
-    std::array<uint32_t, 8> v = state_;
-    for (int i = 0; i < 64; ++i) {
-      const uint32_t s1 = rotr(v[4], 6) ^ rotr(v[4], 11) ^ rotr(v[4], 25);
-      const uint32_t choose = (v[4] & v[5]) ^ (~v[4] & v[6]);
-      const uint32_t t1 = v[7] + s1 + choose + kRound[i] + w[i];
-      const uint32_t s0 = rotr(v[0], 2) ^ rotr(v[0], 13) ^ rotr(v[0], 22);
-      const uint32_t majority = (v[0] & v[1]) ^ (v[0] & v[2]) ^ (v[1] & v[2]);
-      v = {t1 + s0 + majority, v[0], v[1], v[2], v[3] + t1, v[4], v[5], v[6]};
-    }
-    for (int i = 0; i < 8; ++i) state_[i] += v[i];
-  }
-
-  std::array<uint32_t, 8> state_ = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
-                                    0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
-  unsigned char block_[64] = {};
-  size_t filled_ = 0;
-  uint64_t bits_ = 0;
-};
-
 }  // namespace
+
+void Sha256::update(const void* bytes, size_t size) {
+  const auto* data = static_cast<const unsigned char*>(bytes);
+  bits_ += 8 * static_cast<uint64_t>(size);
+  if (filled_ > 0) {
+    const size_t take = std::min(size, 64 - filled_);
+    std::memcpy(block_ + filled_, data, take);
+    filled_ += take, data += take, size -= take;
+    if (filled_ < 64) return;
+    compress(block_, 1);
+    filled_ = 0;
+  }
+  compress(data, size / 64);
+  filled_ = size % 64;
+  std::memcpy(block_, data + size - filled_, filled_);
+}
+
+std::string Sha256::hex() {
+  const uint64_t bits = bits_;
+  const unsigned char one = 0x80, zero = 0;
+  update(&one, 1);
+  while (filled_ != 56) update(&zero, 1);
+  unsigned char length[8];
+  for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(bits >> (56 - 8 * i));
+  update(length, 8);
+  std::string out;
+  char byte[3];
+  for (uint32_t word : state_)
+    for (int shift = 24; shift >= 0; shift -= 8) {
+      std::snprintf(byte, sizeof byte, "%02x", (word >> shift) & 0xff);
+      out += byte;
+    }
+  return out;
+}
+
+void Sha256::compress(const unsigned char* blocks, size_t count) {
+#if DITRL_SHA_NI
+  static const bool sha_ni = cpu_has_sha_extensions();
+  if (sha_ni) return compress_sha_ni(state_.data(), blocks, count);
+#endif
+  for (size_t b = 0; b < count; ++b) compress_portable(blocks + 64 * b);
+}
+
+void Sha256::compress_portable(const unsigned char* block) {
+  uint32_t w[64];
+  for (int i = 0; i < 16; ++i)
+    w[i] = uint32_t(block[4 * i]) << 24 | uint32_t(block[4 * i + 1]) << 16 | uint32_t(block[4 * i + 2]) << 8 |
+           uint32_t(block[4 * i + 3]);
+  for (int i = 16; i < 64; ++i) {
+    const uint32_t s0 = rotr(w[i - 15], 7) ^ rotr(w[i - 15], 18) ^ (w[i - 15] >> 3);
+    const uint32_t s1 = rotr(w[i - 2], 17) ^ rotr(w[i - 2], 19) ^ (w[i - 2] >> 10);
+    w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+  }
+  std::array<uint32_t, 8> v = state_;
+  for (int i = 0; i < 64; ++i) {
+    const uint32_t s1 = rotr(v[4], 6) ^ rotr(v[4], 11) ^ rotr(v[4], 25);
+    const uint32_t choose = (v[4] & v[5]) ^ (~v[4] & v[6]);
+    const uint32_t t1 = v[7] + s1 + choose + kRound[i] + w[i];
+    const uint32_t s0 = rotr(v[0], 2) ^ rotr(v[0], 13) ^ rotr(v[0], 22);
+    const uint32_t majority = (v[0] & v[1]) ^ (v[0] & v[2]) ^ (v[1] & v[2]);
+    v = {t1 + s0 + majority, v[0], v[1], v[2], v[3] + t1, v[4], v[5], v[6]};
+  }
+  for (int i = 0; i < 8; ++i) state_[i] += v[i];
+}
 
 std::string sha256(const std::string& bytes) {
   return sha256(bytes.data(), bytes.size());
@@ -166,7 +159,7 @@ std::string sha256(const std::string& bytes) {
 
 std::string sha256(const void* data, size_t size) {
   Sha256 h;
-  h.update(static_cast<const unsigned char*>(data), size);
+  h.update(data, size);
   return h.hex();
 }
 
@@ -177,7 +170,7 @@ std::string sha256_file(const std::string& path) {
   std::vector<char> buffer(1 << 20);
   while (in) {
     in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
-    h.update(reinterpret_cast<const unsigned char*>(buffer.data()), static_cast<size_t>(in.gcount()));
+    h.update(buffer.data(), static_cast<size_t>(in.gcount()));
   }
   if (in.bad()) fail("{}: read error", path);
   return h.hex();

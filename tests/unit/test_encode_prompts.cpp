@@ -68,17 +68,6 @@ std::string encode_command(const std::string& dir, const std::string& encoder, c
 
 }  // namespace
 
-TEST_CASE("sha256: FIPS 180-4 test vectors", "[sha256]") {
-  CHECK(io::sha256("") == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
-  CHECK(io::sha256("abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-  CHECK(io::sha256("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq") ==
-        "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
-  CHECK(io::sha256(std::string(1000000, 'a')) == "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
-  std::string pattern(100003, '\0');  // not a whole number of blocks; digest from Python's hashlib
-  for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<char>((i * 7 + 3) % 256);
-  CHECK(io::sha256(pattern) == "b4bec991fc613fcb4d2a26eb529e493ed4e3152cc00f0a49bd39b3e48b34824e");
-}
-
 TEST_CASE("encode-prompts: a TorchScript encoder over JSONL writes the dataset the trainer reads", "[app][prompts]") {
   const std::string dir = test::fresh_output_dir("encode_prompts");
   const std::string script = dir + "/make.py";

@@ -49,6 +49,9 @@ class Handle {
 // large blocks apart from the raw data, and (parallel) written collectively.
 struct FileOptions {
   bool many_objects = false;
+  // Datasets of at least 64 KiB start at a multiple of this many bytes
+  // (0: packed), so that whole blocks of them can be written with O_DIRECT.
+  int64_t data_alignment = 0;
 };
 
 class PropList : public Handle {
@@ -139,11 +142,10 @@ class Dataset : public Object {
   // slice of a flattened parameter. Collective in a parallel file (a rank
   // with an empty range still calls).
   void write_flat_range(int64_t flat_begin, const at::Tensor& values);
-  // The same range of a contiguous preallocated dataset (stored in values'
-  // dtype) in a parallel file, written by this rank alone: one
-  // MPI_File_write_at at the dataset's file offset, as a flat range of a
-  // contiguous dataset is one byte range of the file. Not collective.
-  void write_flat_range_independent(int64_t flat_begin, const at::Tensor& values);
+  // Where a contiguous dataset with allocated storage keeps its data in the
+  // file: a flat range of it is one byte range there, which a writer can fill
+  // without HDF5 (no collective, no selection per write).
+  int64_t file_offset() const;
   at::Tensor read_flat_range(int64_t flat_begin, int64_t count, bool collective = true) const;
   // Resizes dimension 0 of an extendible dataset (grow or truncate).
   void extend(hsize_t rows);

@@ -1,0 +1,39 @@
+#pragma once
+
+// Writing many byte ranges of one existing file (a checkpoint's slabs) at
+// disk speed, with the SHA-256 of each range computed on the way.
+//
+// The 4 KiB-aligned interior of every range goes through O_DIRECT from a
+// reused aligned staging buffer: the page cache is bypassed, so a
+// multi-gigabyte checkpoint neither pays for allocating gigabytes of cache
+// pages (on VMs whose free memory is handed back to the host, that costs more
+// than the disk) nor evicts what the run keeps cached. The unaligned edges,
+// which neighbouring writers may share, are written through the page cache.
+// Where the file system refuses O_DIRECT, everything is written buffered.
+// Nothing is synced: the caller fsyncs the file before publishing it.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ditrl::io {
+
+// `size` bytes at `data`, for file offset `offset`.
+struct ByteRange {
+  int64_t offset = 0;
+  const void* data = nullptr;
+  int64_t size = 0;
+};
+
+struct HashedWriteOptions {
+  int threads = 2;     // workers; each copies, hashes and writes whole ranges
+  bool direct = true;  // false: buffered writes only
+};
+
+// Writes every range into `path` and returns the SHA-256 (lower-case hex) of
+// each range's bytes, in the order of `ranges`. Errors name the file, offset
+// and size.
+std::vector<std::string> write_hashed(const std::string& path, const std::vector<ByteRange>& ranges,
+                                      const HashedWriteOptions& options = {});
+
+}  // namespace ditrl::io

@@ -1,0 +1,158 @@
+#include <ditrl/error.hpp>
+#include <ditrl/io/hashed_write.hpp>
+#include <ditrl/io/sha256.hpp>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <numeric>
+#include <thread>
+
+namespace ditrl::io {
+
+namespace {
+
+// O_DIRECT's alignment of file offset, length and memory: 4 KiB satisfies
+// 512-byte and 4 KiB block devices and page-granular parallel file systems.
+constexpr int64_t kAlign = 4096;
+// One staging buffer per worker: large enough for few system calls, small
+// enough to stay in cache between the copy, the hash and the write.
+constexpr int64_t kStage = int64_t{8} << 20;
+
+class FileDescriptor {
+ public:
+  explicit FileDescriptor(int fd) : fd_(fd) {}
+  FileDescriptor(const FileDescriptor&) = delete;
+  FileDescriptor& operator=(const FileDescriptor&) = delete;
+  ~FileDescriptor() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+struct AlignedFree {
+  void operator()(char* p) const { std::free(p); }
+};
+
+class Target {
+ public:
+  Target(const std::string& path, bool direct)
+      : path_(path),
+        buffered_(::open(path.c_str(), O_WRONLY)),
+        direct_(direct ? ::open(path.c_str(), O_WRONLY | O_DIRECT) : -1) {
+    if (buffered_.get() < 0) fail("{}: cannot open for writing: {}", path, std::strerror(errno));
+    direct_ok_ = direct_.get() >= 0;
+  }
+
+  bool direct_ok() const { return direct_ok_; }
+
+  void write_buffered(const char* data, int64_t size, int64_t offset) {
+    while (size > 0) {
+      const ssize_t n = ::pwrite(buffered_.get(), data, static_cast<size_t>(size), offset);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) fail("{}: writing {} bytes at offset {} failed: {}", path_, size, offset, std::strerror(errno));
+      data += n, size -= n, offset += n;
+    }
+  }
+
+  // Aligned data, offset and size. What O_DIRECT does not take (the file
+  // system refuses it, or a short write leaves an unaligned rest) is written
+  // buffered.
+  void write_direct(const char* data, int64_t size, int64_t offset) {
+    while (size > 0 && direct_ok_) {
+      const ssize_t n = ::pwrite(direct_.get(), data, static_cast<size_t>(size), offset);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && errno == EINVAL) {
+        direct_ok_ = false;
+        break;
+      }
+      if (n <= 0) fail("{}: writing {} bytes at offset {} failed: {}", path_, size, offset, std::strerror(errno));
+      data += n, size -= n, offset += n;
+      if (n % kAlign != 0) break;
+    }
+    write_buffered(data, size, offset);
+  }
+
+ private:
+  std::string path_;
+  FileDescriptor buffered_;
+  FileDescriptor direct_;
+  std::atomic<bool> direct_ok_{false};
+};
+
+// Copies, hashes and writes one range: the hash reads the staged bytes while
+// they are in cache, and is of exactly what was written.
+std::string write_range(const ByteRange& range, Target& target, char* stage) {
+  Sha256 hash;
+  const char* data = static_cast<const char*>(range.data);
+  int64_t offset = range.offset, left = range.size;
+  auto buffered = [&](int64_t n) {
+    for (int64_t done = 0; done < n;) {
+      const int64_t piece = std::min(kStage, n - done);
+      hash.update(data + done, static_cast<size_t>(piece));
+      target.write_buffered(data + done, piece, offset + done);
+      done += piece;
+    }
+    data += n, offset += n, left -= n;
+  };
+  if (target.direct_ok()) {
+    buffered(std::min(left, (kAlign - offset % kAlign) % kAlign));
+    while (left >= kAlign && target.direct_ok()) {
+      const int64_t n = std::min(kStage, left / kAlign * kAlign);
+      std::memcpy(stage, data, static_cast<size_t>(n));
+      hash.update(stage, static_cast<size_t>(n));
+      target.write_direct(stage, n, offset);
+      data += n, offset += n, left -= n;
+    }
+  }
+  buffered(left);
+  return hash.hex();
+}
+
+}  // namespace
+
+std::vector<std::string> write_hashed(const std::string& path, const std::vector<ByteRange>& ranges,
+                                      const HashedWriteOptions& options) {
+  Target target(path, options.direct);
+  // In file order: the workers' writes advance through the file together.
+  std::vector<size_t> order(ranges.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ranges[a].offset < ranges[b].offset; });
+
+  std::vector<std::string> digests(ranges.size());
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::exception_ptr error;
+  std::mutex error_mutex;
+  auto work = [&] {
+    try {
+      std::unique_ptr<char, AlignedFree> stage(static_cast<char*>(std::aligned_alloc(kAlign, kStage)));
+      if (!stage) fail("{}: cannot allocate a {}-byte staging buffer", path, kStage);
+      for (size_t i = next++; i < order.size() && !failed; i = next++)
+        digests[order[i]] = write_range(ranges[order[i]], target, stage.get());
+    } catch (...) {
+      failed = true;
+      std::lock_guard<std::mutex> lock(error_mutex);
+      if (!error) error = std::current_exception();
+    }
+  };
+  std::vector<std::thread> workers;
+  for (int t = 1; t < std::max(1, options.threads); ++t) workers.emplace_back(work);
+  work();
+  for (std::thread& w : workers) w.join();
+  if (error) std::rethrow_exception(error);
+  return digests;
+}
+
+}  // namespace ditrl::io
