@@ -23,6 +23,9 @@ namespace {
 // O_DIRECT's alignment of file offset, length and memory: 4 KiB satisfies
 // 512-byte and 4 KiB block devices and page-granular parallel file systems.
 constexpr int64_t kAlign = 4096;
+// Smaller ranges go through the page cache: an O_DIRECT write waits for the
+// device, which costs more than copying a few hundred KiB into the cache.
+constexpr int64_t kDirectMinimum = int64_t{1} << 20;
 // One staging buffer per worker: large enough for few system calls, small
 // enough to stay in cache between the copy, the hash and the write.
 constexpr int64_t kStage = int64_t{8} << 20;
@@ -106,7 +109,7 @@ std::string write_range(const ByteRange& range, Target& target, char* stage) {
     }
     data += n, offset += n, left -= n;
   };
-  if (target.direct_ok()) {
+  if (target.direct_ok() && range.size >= kDirectMinimum) {
     buffered(std::min(left, (kAlign - offset % kAlign) % kAlign));
     while (left >= kAlign && target.direct_ok()) {
       const int64_t n = std::min(kStage, left / kAlign * kAlign);
