@@ -1,8 +1,8 @@
 #!/bin/bash
 # Drives the train-step and scaling benchmarks: short `ditrl train` runs
 # (quickstart shapes: 2 rollouts, the second measured; 50M-300M: one) under mpiexec at
-# 1, 2 and 4 ranks, then a plain sequential write of each checkpoint's bytes
-# on the same disk right after it. tools/train_step_report.py turns the runs
+# 1, 2 and 4 ranks, then plain sequential writes of each checkpoint's bytes
+# (page cache, O_DIRECT) on the same disk right after it. tools/train_step_report.py turns the runs
 # into benchmarks/results/{train_step,scaling}.md and the PNG plots.
 #   benchmarks/train_step.sh [build/ditrl] [RUNS_DIR]
 set -euo pipefail
@@ -29,18 +29,34 @@ run() {  # run NAME RANKS ditrl-args...
   "${MPI[@]}" -n "$ranks" "$DITRL" train "$@" --set "run.out_dir=$out" >"$RUNS/$name.log" 2>&1 ||
     { echo "$name failed (see $RUNS/$name.log)"; tail -n 5 "$RUNS/$name.log"; return 0; }
   cut -d' ' -f1-3 /proc/loadavg >"$RUNS/$name.load"
-  # The baseline: the same number of bytes written sequentially and fsynced
-  # (what the checkpoint's fsync + rename make durable), on the same disk.
+  # The baselines: the checkpoint's own bytes (read into memory first), written
+  # sequentially and fsynced on the same disk, once through the page cache
+  # (plain) and once with O_DIRECT (the disk's speed), each after `sync` and a
+  # 5 s pause (this VM's disk slows down after a burst).
   local ckpt; ckpt=$(ls "$out"/checkpoints/step-*.h5 | tail -1)
   /usr/bin/python3 - "$ckpt" "$out/plain.bin" >"$RUNS/$name.plain" <<'PY'
-import os, sys, time
-n = os.path.getsize(sys.argv[1]); block = os.urandom(4 << 20); start = time.perf_counter()
-with open(sys.argv[2], "wb") as f:
-    left = n
-    while left > 0:
-        left -= f.write(block[:min(left, len(block))])
-    f.flush(); os.fsync(f.fileno())
-print(n, time.perf_counter() - start)
+import mmap, os, sys, time
+n = os.path.getsize(sys.argv[1])
+data = mmap.mmap(-1, n)  # page-aligned, as O_DIRECT needs
+with open(sys.argv[1], "rb") as f:
+    f.readinto(data)
+block, view, times = 4 << 20, memoryview(data), []
+for direct in (False, True):
+    os.sync(); time.sleep(5)
+    start = time.perf_counter()
+    fd = os.open(sys.argv[2], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if direct else 0))
+    bulk = n // 4096 * 4096 if direct else n
+    for at in range(0, bulk, block):
+        os.write(fd, view[at:min(at + block, bulk)])
+    if bulk < n:  # the tail under one block, through the page cache
+        tail = os.open(sys.argv[2], os.O_WRONLY)
+        os.pwrite(tail, view[bulk:], bulk)
+        os.close(tail)
+    os.fsync(fd)
+    os.close(fd)
+    times.append(time.perf_counter() - start)
+    os.remove(sys.argv[2])
+print(n, *times)
 PY
   rm -f "$out/plain.bin"
 }
