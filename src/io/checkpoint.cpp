@@ -293,8 +293,9 @@ std::string save_checkpoint(const std::string& out_dir, shard::ShardedParams& pa
     file.set_attr("deck", meta.deck);
     file.set_attr("complete", int64_t{1});
   }  // closing writes the metadata
-  // Every rank: what it wrote through its node's page cache (slab edges, its
-  // share of the metadata) and the disk cache its direct writes sit in.
+  // Every rank fsyncs: what it wrote through its own node's page cache (slab
+  // edges, its share of the metadata) is not durable before, nor are direct
+  // writes still in a disk's write cache.
   fsync_file(tmp_path.string());
   MPI_Barrier(comm);
   if (root) {

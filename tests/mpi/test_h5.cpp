@@ -4,23 +4,16 @@
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
 
+#include "mpi_world.hpp"
 #include "process.hpp"
 
 namespace h5 = ditrl::io::h5;
 using Catch::Matchers::Contains;
 
-namespace {
+using ditrl::test::rank;
+using ditrl::test::world;
 
-int rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
+namespace {
 
 // A directory every rank sees, made fresh by rank 0.
 std::string shared_dir(const std::string& name) {

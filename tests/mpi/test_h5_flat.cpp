@@ -4,24 +4,13 @@
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
 
+#include "mpi_world.hpp"
 #include "process.hpp"
 
 namespace h5 = ditrl::io::h5;
 
-namespace {
-
-int rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-
-}  // namespace
+using ditrl::test::rank;
+using ditrl::test::world;
 
 TEST_CASE("h5 flat ranges: ranks write arbitrary flat slices of N-D datasets, any split reads them back",
           "[h5][flat]") {

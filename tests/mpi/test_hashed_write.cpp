@@ -7,6 +7,7 @@
 #include <mpi.h>
 #include <catch2/catch.hpp>
 
+#include "mpi_world.hpp"
 #include "process.hpp"
 
 #include <fstream>
@@ -16,18 +17,10 @@
 
 namespace io = ditrl::io;
 
-namespace {
+using ditrl::test::rank;
+using ditrl::test::world;
 
-int rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
+namespace {
 
 // Back-to-back ranges of the sizes a checkpoint's slabs have around the 4 KiB
 // direct-I/O block and the 8 MiB staging buffer, starting at odd and aligned
