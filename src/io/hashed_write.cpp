@@ -76,7 +76,7 @@ class Target {
     while (size > 0 && direct_ok_) {
       const ssize_t n = ::pwrite(direct_.get(), data, static_cast<size_t>(size), offset);
       if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && errno == EINVAL) {
+      if (n < 0 && (errno == EINVAL || errno == EOPNOTSUPP)) {
         direct_ok_ = false;
         break;
       }
