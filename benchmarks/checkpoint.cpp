@@ -24,6 +24,7 @@
 #include <ditrl/dist/runtime.hpp>
 #include <ditrl/error.hpp>
 #include <ditrl/io/checkpoint.hpp>
+#include <ditrl/io/hashed_write.hpp>
 
 #include <ATen/Parallel.h>
 #include <fcntl.h>
@@ -55,7 +56,6 @@ double median(std::vector<double> v) {
 }
 
 constexpr int64_t kBlock = 4 << 20;
-constexpr int64_t kDirectAlign = 4096;
 
 struct AlignedFree {
   void operator()(char* p) const { std::free(p); }
@@ -72,8 +72,8 @@ struct Payload {
 Payload file_bytes(const std::string& path) {
   Payload bytes;
   bytes.size = static_cast<int64_t>(fs::file_size(path));
-  bytes.data.reset(
-      static_cast<char*>(std::aligned_alloc(kDirectAlign, (bytes.size / kDirectAlign + 1) * kDirectAlign)));
+  bytes.data.reset(static_cast<char*>(
+      std::aligned_alloc(io::kDirectAlignment, (bytes.size / io::kDirectAlignment + 1) * io::kDirectAlignment)));
   std::ifstream in(path, std::ios::binary);
   if (!bytes.data || !in.read(bytes.data.get(), bytes.size)) fail("bench_checkpoint: cannot read {}", path);
   return bytes;
@@ -97,7 +97,7 @@ int open_for_writing(const std::string& path, int extra_flags) {
 double plain_write(const std::string& path, const Payload& bytes, bool direct) {
   const double start = now();
   const int fd = open_for_writing(path, O_TRUNC | (direct ? O_DIRECT : 0));
-  const int64_t bulk = direct ? bytes.size / kDirectAlign * kDirectAlign : bytes.size;
+  const int64_t bulk = direct ? bytes.size / io::kDirectAlignment * io::kDirectAlignment : bytes.size;
   write_all(fd, bytes.data.get(), bulk, 0, path);
   if (bulk < bytes.size) {
     const int tail = open_for_writing(path, 0);

@@ -31,8 +31,6 @@ namespace {
 constexpr const char* kFormat = "ditrl-checkpoint-2";
 constexpr const char* kChunkedFormat = "ditrl-checkpoint-1";  // Fletcher-32 chunks: still loads
 constexpr int kDigestChars = 64;
-// Large datasets start on block boundaries: their slabs go out with O_DIRECT.
-constexpr int64_t kDirectAlignment = 4096;
 
 int comm_rank(MPI_Comm comm) {
   int r = 0;
@@ -257,6 +255,7 @@ std::string save_checkpoint(const std::string& out_dir, shard::ShardedParams& pa
 
   const std::vector<Entry> list = entries(params, extra);
   {
+    // Large datasets start on O_DIRECT block boundaries, so whole slabs go out directly.
     h5::File file =
         h5::File::create(tmp_path.string(), comm, {/*many_objects=*/true, /*data_alignment=*/kDirectAlignment});
     // Creation is metadata (every rank, no data I/O); each rank then writes

@@ -20,9 +20,6 @@ namespace ditrl::io {
 
 namespace {
 
-// O_DIRECT's alignment of file offset, length and memory: 4 KiB satisfies
-// 512-byte and 4 KiB block devices and page-granular parallel file systems.
-constexpr int64_t kAlign = 4096;
 // Smaller ranges go through the page cache: an O_DIRECT write waits for the
 // device, which costs more than copying a few hundred KiB into the cache.
 constexpr int64_t kDirectMinimum = int64_t{1} << 20;
@@ -82,7 +79,7 @@ class Target {
       }
       if (n <= 0) fail("{}: writing {} bytes at offset {} failed: {}", path_, size, offset, std::strerror(errno));
       data += n, size -= n, offset += n;
-      if (n % kAlign != 0) break;
+      if (n % kDirectAlignment != 0) break;
     }
     write_buffered(data, size, offset);
   }
@@ -110,9 +107,9 @@ std::string write_range(const ByteRange& range, Target& target, char* stage) {
     data += n, offset += n, left -= n;
   };
   if (target.direct_ok() && range.size >= kDirectMinimum) {
-    buffered(std::min(left, (kAlign - offset % kAlign) % kAlign));
-    while (left >= kAlign && target.direct_ok()) {
-      const int64_t n = std::min(kStage, left / kAlign * kAlign);
+    buffered(std::min(left, (kDirectAlignment - offset % kDirectAlignment) % kDirectAlignment));
+    while (left >= kDirectAlignment && target.direct_ok()) {
+      const int64_t n = std::min(kStage, left / kDirectAlignment * kDirectAlignment);
       std::memcpy(stage, data, static_cast<size_t>(n));
       hash.update(stage, static_cast<size_t>(n));
       target.write_direct(stage, n, offset);
@@ -140,7 +137,7 @@ std::vector<std::string> write_hashed(const std::string& path, const std::vector
   std::mutex error_mutex;
   auto work = [&] {
     try {
-      std::unique_ptr<char, AlignedFree> stage(static_cast<char*>(std::aligned_alloc(kAlign, kStage)));
+      std::unique_ptr<char, AlignedFree> stage(static_cast<char*>(std::aligned_alloc(kDirectAlignment, kStage)));
       if (!stage) fail("{}: cannot allocate a {}-byte staging buffer", path, kStage);
       for (size_t i = next++; i < order.size() && !failed; i = next++)
         digests[order[i]] = write_range(ranges[order[i]], target, stage.get());

@@ -18,6 +18,11 @@
 
 namespace ditrl::io {
 
+// O_DIRECT's alignment of file offset, length and memory: 4 KiB satisfies
+// 512-byte and 4 KiB block devices and page-granular parallel file systems.
+// A range's bytes from the first multiple of it on go out directly.
+constexpr int64_t kDirectAlignment = 4096;
+
 // `size` bytes at `data`, for file offset `offset`.
 struct ByteRange {
   int64_t offset = 0;
