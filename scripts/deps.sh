@@ -9,7 +9,7 @@ PACKAGES=(
   libopenmpi-dev openmpi-bin
   libhdf5-openmpi-dev hdf5-tools
   libboost-json1.81-dev libtomlplusplus-dev catch2 libcli11-dev libspdlog-dev
-  python3-h5py python3-matplotlib python3-numpy python3-torch
+  python3-h5py python3-matplotlib python3-numpy python3-torch python3-venv
 )
 
 missing=()
@@ -20,12 +20,26 @@ for package in "${PACKAGES[@]}"; do
 done
 
 if ((${#missing[@]} == 0)); then
-  echo "deps: all ${#PACKAGES[@]} packages present"
-  exit 0
+  echo "deps: all ${#PACKAGES[@]} Debian packages present"
+else
+  SUDO=""
+  if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+  echo "deps: installing ${missing[*]}"
+  $SUDO apt-get update
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y --no-install-recommends "${missing[@]}"
 fi
 
-SUDO=""
-if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
-echo "deps: installing ${missing[*]}"
-$SUDO apt-get update
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y --no-install-recommends "${missing[@]}"
+# The pinned PyPI packages (scripts/requirements.txt) in one venv; pip runs
+# only when the pinned set changed since the last install.
+VENV=${DITRL_VENV:-$HOME/.cache/ditrl/venv}
+REQUIREMENTS="$(dirname "$0")/requirements.txt"
+if [[ ! -x "$VENV/bin/python" ]]; then
+  /usr/bin/python3 -m venv --system-site-packages "$VENV"
+fi
+want=$(sha256sum "$REQUIREMENTS" | cut -d' ' -f1)
+if [[ "$(cat "$VENV/.requirements.sha256" 2>/dev/null)" != "$want" ]]; then
+  echo "deps: pip install -r $REQUIREMENTS into $VENV"
+  "$VENV/bin/pip" install --disable-pip-version-check -r "$REQUIREMENTS"
+  echo "$want" > "$VENV/.requirements.sha256"
+fi
+echo "deps: Python packages in $VENV"
