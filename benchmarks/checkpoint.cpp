@@ -130,13 +130,14 @@ std::string load_average() {
   return a + " " + b + " " + c;
 }
 
-int run(int argc, char** argv, const dist::MpiRuntime& mpi) {
+int run(int argc, char** argv, dist::Runtime& mpi) {
   if (argc < 4) fail("usage: bench_checkpoint DECK OUT_DIR LABEL [repeats] [k=v ...]");
   const std::string out_dir = argv[2], label = argv[3];
   const int repeats = argc > 4 ? std::stoi(argv[4]) : 3;
   std::vector<std::string> overrides{"run.out_dir=" + out_dir, "run.deterministic=false"};
   for (int i = 5; i < argc; ++i) overrides.emplace_back(argv[i]);
   app::Run run = app::open_run(config::load_deck(argv[1], overrides), mpi);
+  const io::TrainingState state = app::training_state(run);
   at::set_num_threads(mpi.default_threads());  // as `ditrl train` outside deterministic mode
   const bool root = mpi.world().rank == 0;
   if (root) fs::remove_all(fs::path(out_dir) / "checkpoints");
@@ -146,7 +147,7 @@ int run(int argc, char** argv, const dist::MpiRuntime& mpi) {
   MPI_Barrier(MPI_COMM_WORLD);
   const double first_start = now();
   std::string previous =
-      io::save_checkpoint(out_dir, *run.params, {0, 0, mpi.world().size, 0, 0, run.deck_text}, {}, 1, MPI_COMM_WORLD);
+      io::save_checkpoint(out_dir, state, {0, 0, mpi.world().size, 0, 0, run.deck_text}, 1, MPI_COMM_WORLD);
   const double first_s = now() - first_start;
   const Payload bytes = root ? file_bytes(previous) : Payload();
   std::vector<double> checkpoint_s, plain_s, direct_s, prune_s;
@@ -157,7 +158,7 @@ int run(int argc, char** argv, const dist::MpiRuntime& mpi) {
     // keep = all: deleting the previous checkpoint is not writing this one;
     // it is timed on its own below (a `discard` mount makes it costly).
     const std::string path = io::save_checkpoint(
-        out_dir, *run.params, {r + 1, r + 1, mpi.world().size, 0, 0, run.deck_text}, {}, repeats, MPI_COMM_WORLD);
+        out_dir, state, {r + 1, r + 1, mpi.world().size, 0, 0, run.deck_text}, repeats, MPI_COMM_WORLD);
     checkpoint_s.push_back(now() - start);
     if (root) {
       const double prune_start = now();
@@ -202,9 +203,9 @@ int run(int argc, char** argv, const dist::MpiRuntime& mpi) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  dist::MpiRuntime mpi(&argc, &argv);
   try {
-    return run(argc, argv, mpi);
+    const std::unique_ptr<dist::Runtime> runtime = dist::Runtime::create({});
+    return run(argc, argv, *runtime);
   } catch (const std::exception& e) {
     return dist::report_fatal(e);
   }

@@ -178,7 +178,7 @@ std::vector<models::CondSpec> family_cond_spec(const EncodeCli& o) {
   options.family = o.family;
   options.preset = o.preset;
   options.config_json = o.config;
-  options.meta = true;
+  options.device = c10::kMeta;
   return models::create_family(options)->cond_spec();
 }
 

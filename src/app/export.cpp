@@ -9,6 +9,7 @@
 //    every parameter and persistent buffer, fp32 or --dtype.
 
 #include <ditrl/app/commands.hpp>
+#include <ditrl/app/options.hpp>
 #include <ditrl/config/deck.hpp>
 #include <ditrl/error.hpp>
 #include <ditrl/io/checkpoint.hpp>
@@ -39,19 +40,8 @@ struct ExportCli {
 };
 
 std::shared_ptr<models::Family> rebuild(const config::Config& c) {
-  models::FamilyOptions o;
-  o.family = c.model.family;
-  o.preset = c.model.preset;
-  o.config_json = c.model.config;
-  o.init_seed = c.model.init_seed;
-  o.lora.enabled = c.model.lora.enabled;
-  o.lora.rank = c.model.lora.rank;
-  o.lora.alpha = c.model.lora.alpha;
-  o.lora.targets = c.model.lora.targets;
-  o.lora.init = c.model.lora.init;
-  o.lora.seed = c.model.init_seed;
-  std::shared_ptr<models::Family> family = models::create_family(o);
-  if (!c.model.weights.empty()) models::load_weights(*family, io::Checkpoint(c.model.weights));
+  std::shared_ptr<models::Family> family = models::create_family(family_options(c, c10::kCPU));
+  load_deck_weights(*family, c);
   return family;
 }
 

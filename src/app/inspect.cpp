@@ -36,7 +36,7 @@ int inspect(const InspectOptions& o) {
   options.family = o.family;
   options.preset = o.preset;
   options.config_json = o.config;
-  options.meta = true;  // shapes only: real-size presets allocate nothing
+  options.device = c10::kMeta;  // shapes only: real-size presets allocate nothing
   const auto family = models::create_family(options);
   models::validate_checkpoint(*family, checkpoint);
   int64_t params = 0;

@@ -2,9 +2,7 @@
 // without loading weights (the family is built on the meta device).
 
 #include <ditrl/app/commands.hpp>
-#include <ditrl/config/deck.hpp>
-#include <ditrl/models/family.hpp>
-#include <ditrl/precision/plan.hpp>
+#include <ditrl/app/options.hpp>
 #include <ditrl/shard/plan_report.hpp>
 
 #include <iostream>
@@ -28,28 +26,8 @@ void add_plan_command(CLI::App& app, Command& selected) {
   sub->callback([options, &selected] {
     selected = [options] {
       const config::Config config = config::load_deck(options->deck, options->overrides);
-      models::FamilyOptions family_options;
-      family_options.family = config.model.family;
-      family_options.preset = config.model.preset;
-      family_options.config_json = config.model.config;
-      family_options.experts = config.model.weights_2.empty() ? 0 : 2;
-      family_options.meta = true;
-      family_options.attention = config.precision.attention;
-      family_options.lora.enabled = config.model.lora.enabled;
-      family_options.lora.rank = config.model.lora.rank;
-      family_options.lora.alpha = config.model.lora.alpha;
-      family_options.lora.targets = config.model.lora.targets;
-      family_options.lora.init = config.model.lora.init;
-      const std::shared_ptr<models::Family> family = models::create_family(family_options);
-
-      std::vector<precision::DtypeRule> family_rules;
-      for (const models::DtypeOverride& rule : family->default_overrides())
-        family_rules.push_back({rule.pattern, precision::parse_dtype(rule.dtype),
-                                "family default \"" + rule.pattern + "\"", /*must_match=*/false});
-      std::vector<std::string> names;
-      for (const auto& item : family->named_parameters()) names.push_back(item.key());
-      const precision::CompiledPlan plan =
-          precision::PrecisionPlan::from_section(config.precision, std::move(family_rules)).compile(names);
+      const std::shared_ptr<models::Family> family = models::create_family(family_options(config, c10::kMeta));
+      const precision::CompiledPlan plan = compiled_plan(config, *family);
       const shard::PlanReport report =
           shard::plan_report(*family, family->wrap_units(), plan, options->ranks, options->rank,
                              config.parallel.prefetch, config.parallel.reshard_after_forward);

@@ -5,10 +5,9 @@
 
 #include <ditrl/app/commands.hpp>
 #include <ditrl/app/run.hpp>
-#include <ditrl/dist/log.hpp>
 #include <ditrl/io/checkpoint.hpp>
 
-#include <ATen/Parallel.h>
+#include <ATen/ATen.h>
 #include <spdlog/spdlog.h>
 
 namespace ditrl::app {
@@ -25,20 +24,23 @@ struct RolloutCli {
 
 int rollout_command(const RolloutCli& cli) {
   const config::Config config = config::load_deck(cli.deck, cli.overrides);
-  dist::MpiRuntime mpi(nullptr, nullptr);
-  dist::setup_logging(mpi.world(), "", config.run.log_level);
-  at::set_num_threads(config.run.threads > 0 ? static_cast<int>(config.run.threads) : mpi.default_threads());
-  Run run = open_run(config, mpi);
+  const std::unique_ptr<dist::Runtime> runtime = start_runtime(config, "");
+  Run run = open_run(config, *runtime);
   if (!cli.checkpoint.empty()) {
-    io::ExtraState none;
-    io::load_checkpoint(io::resolve_checkpoint(config.run.out_dir, cli.checkpoint), *run.params, none,
-                        MPI_COMM_WORLD);
+    const io::CheckpointMeta meta =
+        io::load_checkpoint(io::resolve_checkpoint(config.run.out_dir, cli.checkpoint),
+                            training_state(run, /*with_extra=*/false), runtime->io_comm());
+    run.params->refresh_compute();
+    run.params->set_step_count(meta.adam_step);
   }
-  const RolloutBatch batch = collect_rollout(run, cli.rollout_id);
-  save_rollout(run, batch, cli.out);
-  if (mpi.world().rank == 0)
+  const rollout::RolloutBatch batch = run.collector->collect(cli.rollout_id);
+  run.collector->save(batch, cli.out, {{"family", config.model.family}, {"sde", config.rollout.sde}, {"deck", run.deck_text}},
+                      {{"noise_level", config.rollout.noise_level},
+                       {"guidance_scale", config.rollout.guidance_scale},
+                       {"rollout_id", static_cast<double>(batch.rollout_id)}});
+  if (runtime->world().rank == 0)
     spdlog::info("rollout {}: {} samples, reward mean {:.6g}, written to {}", cli.rollout_id,
-                 run.samples_per_rollout, batch.all_rewards.mean().item<double>(), cli.out);
+                 run.collector->samples_per_rollout(), batch.all_rewards.mean().item<double>(), cli.out);
   return 0;
 }
 

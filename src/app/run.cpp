@@ -1,279 +1,192 @@
+#include <ditrl/app/determinism.hpp>
+#include <ditrl/app/options.hpp>
 #include <ditrl/app/run.hpp>
 #include <ditrl/diffusion/schedule_preset.hpp>
+#include <ditrl/dist/log.hpp>
 #include <ditrl/error.hpp>
 #include <ditrl/io/safetensors.hpp>
 #include <ditrl/models/guided.hpp>
 #include <ditrl/models/weights.hpp>
-#include <ditrl/precision/plan.hpp>
-#include <ditrl/rl/advantages.hpp>
-#include <ditrl/rl/stable_hash.hpp>
-#include <ditrl/rollout/trajectory_file.hpp>
 
-#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include <chrono>
 #include <filesystem>
 
 namespace ditrl::app {
 
 namespace {
 
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
 // The batch knobs against the world size (algorithms.md §8).
-void check_batching(const Run& run) {
-  const config::Config& c = run.config;
-  const int world = run.world.size;
+void check_batching(const config::Config& c, const rl::AlgorithmTraits& traits, int world) {
   if (c.train.global_batch % world != 0)
     fail("{}: train.global_batch = {} is not divisible by the {} ranks", c.source, c.train.global_batch, world);
-  if (c.train.loss == "grpo" && run.window_samples % c.train.micro_batch != 0)
+  const int64_t window_samples = c.train.global_batch / world;
+  if (traits.microgroup_batches && window_samples % c.train.micro_batch != 0)
     fail("{}: a rank's optimizer window holds {} samples (train.global_batch / ranks), which do not split into "
          "micro-batches of train.micro_batch = {} (GRPO micro-batches are rollout micro-groups)",
-         c.source, run.window_samples, c.train.micro_batch);
+         c.source, window_samples, c.train.micro_batch);
+  const int64_t samples_per_rank = c.rollout.batch * c.rollout.samples_per_prompt / world;
+  const int64_t microgroup = sampler_options(c).microgroup;
+  if (samples_per_rank % microgroup != 0)
+    fail("{}: a rank's {} rollout samples do not split into micro-groups of {}", c.source, samples_per_rank,
+         microgroup);
 }
 
-models::FamilyOptions family_options(const config::Config& c, bool meta) {
-  models::FamilyOptions o;
-  o.family = c.model.family;
-  o.preset = c.model.preset;
-  o.config_json = c.model.config;
-  o.experts = c.model.weights_2.empty() ? 0 : 2;  // a second expert checkpoint makes two experts
-  o.meta = meta;
-  o.init_seed = c.model.init_seed;
-  o.attention = c.precision.attention;
-  o.lora.enabled = c.model.lora.enabled;
-  o.lora.rank = c.model.lora.rank;
-  o.lora.alpha = c.model.lora.alpha;
-  o.lora.targets = c.model.lora.targets;
-  o.lora.init = c.model.lora.init;
-  o.lora.seed = c.model.init_seed;
-  o.inputs = precision::InputPolicy::resolve(c.precision.inputs.latents, c.precision.inputs.cond,
-                                             c.precision.inputs.timestep, precision::parse_dtype(c.precision.forward));
-  o.latent_grid = {c.rollout.frames, c.rollout.height, c.rollout.width, c.rollout.fps};
-  return o;
-}
-
-// model.weights into the whole family, or with model.weights_2 the two
-// expert checkpoints into their experts (Wan2.2 A14B: the diffusers folders
-// transformer/ and transformer_2/, names without the expert prefix).
-void load_family_weights(models::Family& family, const config::Config& c) {
-  if (c.model.weights_2.empty()) {
-    if (!c.model.weights.empty()) models::load_weights(family, io::Checkpoint(c.model.weights));
-    return;
-  }
-  if (c.model.weights.empty())
-    fail("{}: model.weights_2 (the low-noise expert) needs model.weights (the high-noise expert)", c.source);
-  const std::vector<std::shared_ptr<torch::nn::Module>> experts = family.expert_modules();
-  if (experts.size() != 2)
-    fail("{}: model.weights_2 needs a family with two experts; {} has {}", c.source, family.family_name(),
-         experts.size());
-  models::load_weights(*experts[0], io::Checkpoint(c.model.weights));
-  models::load_weights(*experts[1], io::Checkpoint(c.model.weights_2));
-}
-
-std::unique_ptr<shard::ShardedParams> shard_family(models::Family& family, const config::Config& c,
-                                                   dist::Communicator& comm) {
-  std::vector<precision::DtypeRule> family_rules;
-  for (const models::DtypeOverride& rule : family.default_overrides())
-    family_rules.push_back({rule.pattern, precision::parse_dtype(rule.dtype),
-                            "family default \"" + rule.pattern + "\"", /*must_match=*/false});
-  std::vector<std::string> names;
-  for (const auto& item : family.named_parameters()) names.push_back(item.key());
-  const precision::CompiledPlan plan =
-      precision::PrecisionPlan::from_section(c.precision, std::move(family_rules)).compile(names);
-  shard::ShardOptions options;
-  options.reshard_after_forward = c.parallel.reshard_after_forward;
-  options.prefetch = c.parallel.prefetch;
-  options.adamw = {c.train.betas.at(0), c.train.betas.at(1), c.train.eps, c.train.weight_decay};
-  return std::make_unique<shard::ShardedParams>(family, family.wrap_units(), plan, comm, options);
-}
-
-// Each rank writes its own samples' forwards to its own serial file.
-void open_parity_dump(Run& run) {
-  const config::Config& c = run.config;
-  const std::filesystem::path dir = std::filesystem::path(c.run.out_dir) / "debug";
-  std::filesystem::create_directories(dir);
-  const std::string path = (dir / fmt::format("dump-rank{}.h5", run.world.rank)).string();
-  run.dump =
-      std::make_unique<rl::ParityDump>(path, rl::ParityDumpOptions{c.debug.rollouts, c.debug.samples, c.debug.steps});
-  run.sampler.dump = run.dump.get();
-  spdlog::info("[debug] dump: rollouts [{}], samples [{}], steps [{}] -> {}{}", fmt::join(c.debug.rollouts, ", "),
-               fmt::join(c.debug.samples, ", "),
-               c.debug.steps.empty() ? std::string("trained") : fmt::format("{}", fmt::join(c.debug.steps, ", ")), path,
-               c.train.loss == "grpo" ? ""
-                                      : " (rollout side only: the " + c.train.loss +
-                                            " training forward runs on corrupted latents, not the rollout's)");
-}
-
-}  // namespace
-
-Run open_run(const config::Config& config, const dist::MpiRuntime& mpi) {
-  Run run;
-  run.config = config;
-  run.deck_text = config::to_toml(config);
-  run.world = mpi.world();
-  const config::Config& c = run.config;
-
-  run.samples_per_rollout = c.rollout.batch * c.rollout.samples_per_prompt;
-  run.samples_per_rank = run.samples_per_rollout / run.world.size;
-  run.window_samples = c.train.global_batch / run.world.size;
-  check_batching(run);
+void check_files(const config::Config& c) {
   for (const auto& [key, path] : {std::pair<const char*, std::string>{"weights", c.model.weights},
                                   {"weights_2", c.model.weights_2}})
     if (!path.empty() && !std::filesystem::exists(path))
       fail("{}: model.{} = \"{}\": no such file", c.source, key, path);
   if (!c.data.prompts.empty() && !std::filesystem::exists(c.data.prompts))
     fail("{}: data.prompts = \"{}\": no such file", c.source, c.data.prompts);
-
-  run.comm = dist::make_mpi_communicator(MPI_COMM_WORLD);
-  run.family = models::create_family(family_options(c, /*meta=*/false));
-  load_family_weights(*run.family, c);
-
-  run.prompts = c.data.prompts.empty()
-                    ? rollout::synthetic_prompts(run.family->cond_spec(), c.data.synthetic_prompts, c.data.seed)
-                    : rollout::open_prompt_dataset(c.data.prompts, run.family->cond_spec());
-
-  rollout::RewardOptions reward;
-  reward.kind = c.reward.kind;
-  reward.analytic = c.reward.analytic;
-  reward.module = c.reward.module;
-  reward.command = c.reward.command;
-  reward.target_seed = c.reward.target_seed;
-  reward.timeout_s = c.reward.timeout_s;
-  reward.work_dir = (std::filesystem::path(c.run.out_dir) / "reward").string();
-  run.reward = rollout::make_reward(reward);
-
-  const models::LatentGrid grid{c.rollout.frames, c.rollout.height, c.rollout.width, c.rollout.fps};
-  run.schedule = diffusion::family_schedule(c.model.family, {c.rollout.steps, c.rollout.shift, grid.frames,
-                                                              grid.height, grid.width});
-  const std::vector<int64_t> shape = run.family->latent_shape(1, grid);
-  run.latent_shape.assign(shape.begin() + 1, shape.end());
-
-  // NFT and SFT sample with the ODE alone (algorithms.md §4.1).
-  const bool pure_ode = c.train.loss != "grpo";
-  run.sampler.kernel = {diffusion::parse_sde_type(c.rollout.sde), c.rollout.noise_level};
-  run.sampler.guidance.scale = c.rollout.guidance_scale;
-  run.sampler.guidance.scale_2 = c.rollout.guidance_scale_2;
-  run.sampler.guidance.true_cfg_scale = c.rollout.true_cfg_scale;
-  run.sampler.microgroup = c.rollout.microgroup > 0 ? c.rollout.microgroup : c.train.micro_batch;
-  if (run.samples_per_rank % run.sampler.microgroup != 0)
-    fail("{}: a rank's {} rollout samples do not split into micro-groups of {}", c.source, run.samples_per_rank,
-         run.sampler.microgroup);
-  run.strategy.strategy = pure_ode || c.rollout.sde == "ode" ? "ode_and_return_last" : c.rollout.strategy;
-  run.strategy.num_steps = c.rollout.steps;
-  run.strategy.sde_steps = c.rollout.sde_steps;
-  run.strategy.window = c.rollout.window;
-  run.strategy.candidate_steps = c.rollout.candidate_steps;
-  run.strategy.rollout_seed = c.run.seed;
-  run.strategy.rollout_batch_size = c.rollout.batch;
-  for (int64_t i = 0; i < run.schedule.steps(); ++i)
-    run.needs_negative |= models::uses_cfg(*run.family, run.sampler.guidance, run.schedule.timestep(i));
-
-  run.params = shard_family(*run.family, c, *run.comm);
-  if (c.debug.dump) open_parity_dump(run);
-  return run;
 }
 
-namespace {
-
-// Rewards (unless the trajectories carry them) and the advantages, which need
-// every rank's rewards: groups may span ranks.
-void score_and_normalise(Run& run, RolloutBatch& out) {
-  const config::Config& c = run.config;
-  rollout::Trajectories& t = out.trajectories;
-  const auto start = std::chrono::steady_clock::now();
-  if (!t.rewards.defined()) {
-    std::vector<std::string> texts;
-    for (int64_t i = 0; i < t.size(); ++i) texts.push_back(run.prompts->text(t.prompt_index[i].item<int64_t>()));
-    t.rewards = run.reward->score(t.final_latents, t.prompt_index, texts).contiguous();
-  }
-  out.seconds_reward = seconds_since(start);
-  out.all_rewards = at::empty({run.samples_per_rollout}, at::kFloat);
-  run.comm->all_gather(t.rewards.to(at::kFloat).contiguous(), out.all_rewards);
-  rl::AdvantageOptions a;
-  a.group_size = c.rollout.samples_per_prompt;
-  a.std_normalization = c.train.std_normalization;
-  a.global_mean = c.train.global_mean;
-  a.global_std = c.train.global_std;
-  a.std_ddof = c.train.std_ddof;
-  out.advantages = rl::group_advantages(out.all_rewards, a)
-                       .narrow(0, run.world.rank * run.samples_per_rank, run.samples_per_rank)
-                       .contiguous();
+// Each rank writes its own samples' forwards to its own serial file.
+std::unique_ptr<rl::ParityDump> open_parity_dump(const config::Config& c, const rl::AlgorithmTraits& traits,
+                                                 int rank) {
+  const std::filesystem::path dir = std::filesystem::path(c.run.out_dir) / "debug";
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / fmt::format("dump-rank{}.h5", rank)).string();
+  auto dump =
+      std::make_unique<rl::ParityDump>(path, rl::ParityDumpOptions{c.debug.rollouts, c.debug.samples, c.debug.steps});
+  spdlog::info("[debug] dump: rollouts [{}], samples [{}], steps [{}] -> {}{}", fmt::join(c.debug.rollouts, ", "),
+               fmt::join(c.debug.samples, ", "),
+               c.debug.steps.empty() ? std::string("trained") : fmt::format("{}", fmt::join(c.debug.steps, ", ")), path,
+               traits.microgroup_batches ? ""
+                                         : " (rollout side only: the " + c.train.loss +
+                                               " training forward runs on corrupted latents, not the rollout's)");
+  return dump;
 }
 
 }  // namespace
 
-RolloutBatch collect_rollout(Run& run, int64_t rollout_id) {
+std::unique_ptr<dist::Runtime> start_runtime(const config::Config& config, const std::string& log_dir) {
+  // Deterministic runs pin their kernels and one thread per rank unless
+  // run.threads says otherwise; the pin re-executes the process before MPI starts.
+  const int threads = config.run.deterministic && config.run.threads == 0 ? 1 : static_cast<int>(config.run.threads);
+  if (config.run.deterministic) pin_cpu_kernels(threads);
+  std::unique_ptr<dist::Runtime> runtime = dist::Runtime::create(runtime_options(config));
+  if (!log_dir.empty()) {
+    if (runtime->world().rank == 0) std::filesystem::create_directories(log_dir);
+    runtime->host().barrier();
+  }
+  dist::setup_logging(runtime->world(), log_dir, config.run.log_level);
+  at::set_num_threads(threads > 0 ? threads : runtime->default_threads());
+  return runtime;
+}
+
+Run open_run(const config::Config& config, dist::Runtime& runtime) {
+  Run run;
+  run.config = config;
+  run.deck_text = config::to_toml(config);
+  run.runtime = &runtime;
   const config::Config& c = run.config;
-  const int64_t g = c.rollout.samples_per_prompt;
-  const int64_t first = run.world.rank * run.samples_per_rank;
-  const std::vector<int64_t> prompts =
-      rollout::rollout_prompts(run.prompts->size(), c.data.seed, rollout_id, c.rollout.batch);
+  const int world = runtime.world().size;
+  run.traits = rl::algorithm_traits(c.train.loss);
+  check_batching(c, run.traits, world);
+  check_files(c);
 
-  RolloutBatch out;
-  out.rollout_id = rollout_id;
-  rollout::SampleBatch batch;
-  std::vector<int64_t> rows, samples;
-  for (int64_t s = first; s < first + run.samples_per_rank; ++s) {
-    rows.push_back(prompts[static_cast<size_t>(s / g)]);
-    samples.push_back(s);
-    batch.seeds.push_back(rl::stable_hash("rollout_noise", c.run.seed, rollout_id, s));
+  run.family = models::create_family(family_options(c, runtime.device()));
+  load_deck_weights(*run.family, c);
+  run.prompts = c.data.prompts.empty()
+                    ? rollout::synthetic_prompts(run.family->cond_spec(), c.data.synthetic_prompts, c.data.seed)
+                    : rollout::open_prompt_dataset(c.data.prompts, run.family->cond_spec());
+  run.reward = rollout::make_reward(reward_options(c));
+
+  const models::LatentGrid grid = latent_grid(c);
+  diffusion::Schedule schedule = diffusion::family_schedule(
+      c.model.family, {c.rollout.steps, c.rollout.shift, grid.frames, grid.height, grid.width});
+  const std::vector<int64_t> shape = run.family->latent_shape(1, grid);
+  const std::vector<int64_t> latent_shape(shape.begin() + 1, shape.end());
+
+  rollout::CollectOptions collect;
+  collect.prompts_per_rollout = c.rollout.batch;
+  collect.samples_per_prompt = c.rollout.samples_per_prompt;
+  collect.seed = c.run.seed;
+  collect.data_seed = c.data.seed;
+  collect.keep_gathered = c.parallel.rollout_keep_gathered;
+  collect.sampler = sampler_options(c);
+  collect.strategy = strategy_options(c);
+  collect.advantages = advantage_options(c);
+  for (int64_t i = 0; i < schedule.steps(); ++i)
+    collect.needs_negative |= models::uses_cfg(*run.family, collect.sampler.guidance, schedule.timestep(i));
+
+  run.params = std::make_unique<shard::ShardedParams>(*run.family, run.family->wrap_units(),
+                                                      compiled_plan(c, *run.family), runtime.data(),
+                                                      shard_options(c, runtime.device()));
+  if (c.debug.dump) {
+    run.dump = open_parity_dump(c, run.traits, runtime.world().rank);
+    collect.sampler.dump = run.dump.get();
   }
-  batch.cond = run.prompts->fetch(rows);
-  if (run.needs_negative) out.negative = run.prompts->negative(run.samples_per_rank);
-  batch.negative = run.needs_negative ? &out.negative : nullptr;
-  batch.prompt_index = at::tensor(rows, at::kLong);
-  batch.sample_index = at::tensor(samples, at::kLong);
-  batch.latent_shape = run.latent_shape;
-  batch.rollout_id = rollout_id;
+  run.collector = std::make_unique<rollout::Collector>(
+      collect,
+      rollout::CollectParts{run.family.get(), run.params.get(), run.prompts.get(), run.reward.get(), &runtime.data(),
+                            runtime.io_comm()},
+      std::move(schedule), latent_shape);
 
-  // Every sample of a rollout shares its SDE steps, drawn per rollout.
-  const rl::StepSelection steps = rl::select_steps(
-      run.strategy, {rl::stable_hash("sde_window", c.run.seed, rollout_id), rollout_id * c.rollout.batch});
+  run.policy.family = run.family.get();
+  run.policy.params = run.params.get();
+  run.policy.kernel = collect.sampler.kernel;
+  run.policy.guidance = collect.sampler.guidance;
+  run.policy.needs_negative = collect.needs_negative;
+  run.policy.microgroup = collect.sampler.microgroup;
+  run.policy.dump = run.dump.get();
+  run.policy.latent_shape = latent_shape;
+  run.algorithm = rl::make_algorithm(algorithm_options(c), run.policy);
+  return run;
+}
 
-  auto start = std::chrono::steady_clock::now();
-  {
-    const shard::KeepGathered keep(*run.params, c.parallel.rollout_keep_gathered);
-    run.params->begin_step();
-    out.trajectories = rollout::sample(*run.family, run.forward_context(), run.schedule, steps, batch, run.sampler);
-  }
-  out.seconds_sampling = seconds_since(start);
-
-  out.cond = std::move(batch.cond);
-  score_and_normalise(run, out);
+rl::TrainingRollout training_rollout(const rollout::RolloutBatch& batch) {
+  const rollout::Trajectories& t = batch.trajectories;
+  rl::TrainingRollout out;
+  out.rollout_id = batch.rollout_id;
+  out.view.latents = t.latents;
+  out.view.latent_steps = t.steps.return_latents;
+  out.view.log_probs = t.log_probs;
+  out.view.sde_steps = t.steps.sde_steps;
+  out.view.final_latents = t.final_latents;
+  out.view.advantages = batch.advantages;
+  out.view.sample_index = t.sample_index;
+  out.view.snapshot = t.snapshot;
+  out.prompt_index = t.prompt_index;
+  out.model_outputs = t.model_outputs;
+  out.cond = batch.cond;
+  out.negative = batch.negative;
   return out;
 }
 
-RolloutBatch load_rollout(Run& run, const std::string& path, int64_t rollout_id) {
-  rollout::TrajectoryExpectation expect{run.latent_shape, run.family->cond_spec(), run.samples_per_rollout};
-  rollout::TrajectoryRecord record =
-      rollout::read_trajectories(path, run.world.rank * run.samples_per_rank, run.samples_per_rank, expect);
-  RolloutBatch out;
-  out.rollout_id = rollout_id;
-  out.trajectories = std::move(record.trajectories);
-  out.cond = std::move(record.cond);
-  out.negative = std::move(record.negative);
-  if (run.needs_negative && out.negative.tensors.empty())
-    out.negative = run.prompts->negative(run.samples_per_rank);
-  if (run.config.train.loss == "grpo" && run.sampler.microgroup > 1 && !out.trajectories.model_outputs.defined())
-    spdlog::warn("trajectories {}: no /model_outputs; train/model_output_* metrics are not reported", path);
-  score_and_normalise(run, out);
-  return out;
-}
-
-void save_rollout(const Run& run, const RolloutBatch& batch, const std::string& path) {
-  rollout::TrajectoryRecord record{batch.trajectories, batch.cond, batch.negative, {}, {}};
-  record.text_attrs = {{"family", run.config.model.family}, {"sde", run.config.rollout.sde},
-                       {"deck", run.deck_text}};
-  record.number_attrs = {{"noise_level", run.config.rollout.noise_level},
-                         {"guidance_scale", run.config.rollout.guidance_scale},
-                         {"rollout_id", static_cast<double>(batch.rollout_id)}};
-  rollout::write_trajectories(path, record, run.world.rank * run.samples_per_rank, run.samples_per_rollout,
-                              MPI_COMM_WORLD);
+io::TrainingState training_state(Run& run, bool with_extra) {
+  const rl::ExtraState extra = with_extra ? run.algorithm->extra_state() : rl::ExtraState{};
+  io::TrainingState state;
+  for (const auto& [set, tensors] : extra) state.extra_sets.push_back(set);
+  std::map<std::string, size_t> mine;  // trainable piece index by name
+  std::vector<shard::ShardPiece> pieces;
+  for (shard::ShardPiece& p : run.params->pieces())
+    if (p.trainable) {
+      mine[p.name] = pieces.size();
+      pieces.push_back(std::move(p));
+    }
+  const shard::Layout& layout = run.params->layout();
+  for (const shard::UnitLayout& unit : layout.units)
+    for (const shard::FlatGroup& group : unit.groups) {
+      if (!group.trainable) continue;
+      for (const shard::Slot& slot : group.slots) {
+        io::StateTensor t{slot.name, slot.shape, 0, 0, {}, {}, {}, {}};
+        if (const auto it = mine.find(slot.name); it != mine.end()) {
+          const shard::ShardPiece& p = pieces[it->second];
+          t.begin = p.begin;
+          t.end = p.end;
+          t.master = p.master;
+          t.exp_avg = p.exp_avg;
+          t.exp_avg_sq = p.exp_avg_sq;
+          for (const auto& [set, tensors] : extra) t.extra.push_back(tensors.at(it->second));
+        }
+        state.tensors.push_back(std::move(t));
+      }
+    }
+  return state;
 }
 
 }  // namespace ditrl::app

@@ -16,9 +16,13 @@
 // reduce-scatter followed by an all-gather, so it is deterministic too.
 //
 // One thread at a time per communicator (MPI orders collectives per
-// communicator); a second thread uses its own, e.g. from split().
+// communicator). The *_async forms run in issue order on a lane: a thread of
+// the communicator's own with a duplicated MPI communicator, so a gather
+// proceeds while the caller computes. Without MPI_THREAD_MULTIPLE, or alone,
+// they run at once on the caller's thread.
 
 #include <ditrl/dist/communicator.hpp>
+#include <ditrl/dist/mpi_error.hpp>
 #include <ditrl/error.hpp>
 
 #include <ATen/ATen.h>
@@ -27,18 +31,16 @@
 
 #include <algorithm>
 #include <climits>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <future>
+#include <mutex>
+#include <thread>
 
 namespace ditrl::dist {
 
 namespace {
-
-void check_mpi(int code, const char* call) {
-  if (code == MPI_SUCCESS) return;
-  char text[MPI_MAX_ERROR_STRING];
-  int length = 0;
-  MPI_Error_string(code, text, &length);
-  fail("{} failed: {}", call, std::string(text, length));
-}
 
 void check_cpu_contiguous(const at::Tensor& t, const char* op, const char* what) {
   if (!t.defined() || !t.device().is_cpu() || !t.is_contiguous())
@@ -103,14 +105,81 @@ void sum_chunks(const T* chunks, T* out, int64_t n, int ranks, bool average) {
   });
 }
 
+// Runs collectives on its own thread and communicator, first in, first out.
+class Lane {
+ public:
+  explicit Lane(std::unique_ptr<Communicator> comm) : comm_(std::move(comm)), thread_([this] { loop(); }) {}
+  ~Lane() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_one();
+    // While an error unwinds, a peer may never arrive: the job is aborted
+    // by main(), so the thread is not waited for.
+    if (std::uncaught_exceptions() > 0)
+      thread_.detach();
+    else
+      thread_.join();
+  }
+  Lane(const Lane&) = delete;
+  Lane& operator=(const Lane&) = delete;
+
+  Pending submit(std::function<void(Communicator&)> op) {
+    auto task = std::make_shared<std::packaged_task<void()>>([this, op = std::move(op)] { op(*comm_); });
+    auto done = std::make_shared<std::future<void>>(task->get_future());
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.push_back([task] { (*task)(); });
+    }
+    wake_.notify_one();
+    return Pending([done] { done->get(); });
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (true) {
+      wake_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      std::function<void()> task = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      task();
+      lock.lock();
+    }
+  }
+
+  std::unique_ptr<Communicator> comm_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::function<void()>> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+bool mpi_thread_multiple() {
+  int provided = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&provided);
+  return provided >= MPI_THREAD_MULTIPLE;
+}
+
 class MpiCommunicator final : public Communicator {
  public:
-  explicit MpiCommunicator(MPI_Comm owned) : comm_(owned) {
+  // with_lane: also duplicate the communicator for the *_async lane
+  // (collective, like the duplication itself).
+  MpiCommunicator(MPI_Comm owned, bool with_lane) : comm_(owned) {
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
     check_mpi(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+    if (with_lane && size_ > 1 && mpi_thread_multiple()) {
+      MPI_Comm lane = MPI_COMM_NULL;
+      check_mpi(MPI_Comm_dup(comm_, &lane), "MPI_Comm_dup");
+      lane_ = std::make_unique<Lane>(std::make_unique<MpiCommunicator>(lane, /*with_lane=*/false));
+    }
   }
   ~MpiCommunicator() override {
+    lane_.reset();
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) MPI_Comm_free(&comm_);
@@ -181,7 +250,26 @@ class MpiCommunicator final : public Communicator {
     if (color < 0) fail("Communicator(MPI)::split: color must be >= 0 (got {})", color);
     MPI_Comm sub = MPI_COMM_NULL;
     check_mpi(MPI_Comm_split(comm_, color, key, &sub), "MPI_Comm_split");
-    return std::make_unique<MpiCommunicator>(sub);
+    return std::make_unique<MpiCommunicator>(sub, /*with_lane=*/true);
+  }
+
+  Pending all_gather_async(const at::Tensor& input, const at::Tensor& output) override {
+    if (!lane_) {
+      at::Tensor out = output;
+      all_gather(input, out);
+      return {};
+    }
+    return lane_->submit([input, out = at::Tensor(output)](Communicator& lane) mutable { lane.all_gather(input, out); });
+  }
+
+  Pending reduce_scatter_async(const at::Tensor& input, const at::Tensor& output, ReduceOp op) override {
+    if (!lane_) {
+      at::Tensor out = output;
+      reduce_scatter(input, out, op);
+      return {};
+    }
+    return lane_->submit(
+        [input, out = at::Tensor(output), op](Communicator& lane) mutable { lane.reduce_scatter(input, out, op); });
   }
 
  private:
@@ -214,6 +302,7 @@ class MpiCommunicator final : public Communicator {
   int rank_ = 0;
   int size_ = 1;
   at::Tensor scratch_ = at::empty({0}, at::kByte);
+  std::unique_ptr<Lane> lane_;
 };
 
 }  // namespace
@@ -221,7 +310,7 @@ class MpiCommunicator final : public Communicator {
 std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm) {
   MPI_Comm owned = MPI_COMM_NULL;
   check_mpi(MPI_Comm_dup(comm, &owned), "MPI_Comm_dup");
-  return std::make_unique<MpiCommunicator>(owned);
+  return std::make_unique<MpiCommunicator>(owned, /*with_lane=*/true);
 }
 
 }  // namespace ditrl::dist

@@ -1,3 +1,4 @@
+#include <ditrl/dist/mpi_error.hpp>
 #include <ditrl/dist/runtime.hpp>
 #include <ditrl/error.hpp>
 
@@ -12,14 +13,6 @@
 namespace ditrl::dist {
 
 namespace {
-
-void check_mpi(int code, const char* call) {
-  if (code == MPI_SUCCESS) return;
-  char text[MPI_MAX_ERROR_STRING];
-  int length = 0;
-  MPI_Error_string(code, text, &length);
-  fail("{} failed: {}", call, std::string(text, length));
-}
 
 std::string hostname() {
   char name[256] = {0};
@@ -83,6 +76,17 @@ bool MpiRuntime::active() {
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
   return initialized && !finalized;
+}
+
+Runtime::Runtime(const RuntimeOptions& options) : mpi_(nullptr, nullptr), options_(options) {
+  if (!options_.device.is_cpu())
+    fail("device {}: this build of ditrl runs on the CPU only (its data communicator is MPI)", options_.device.str());
+  host_ = make_mpi_communicator(mpi_.comm());
+  data_ = make_mpi_communicator(mpi_.comm());
+}
+
+std::unique_ptr<Runtime> Runtime::create(const RuntimeOptions& options) {
+  return std::unique_ptr<Runtime>(new Runtime(options));
 }
 
 int report_fatal(const std::exception& error) {

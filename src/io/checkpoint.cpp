@@ -50,23 +50,6 @@ h5::DatasetOptions preallocated() {
   return options;
 }
 
-std::vector<shard::ShardPiece> trainable_pieces(shard::ShardedParams& params) {
-  std::vector<shard::ShardPiece> pieces;
-  for (shard::ShardPiece& p : params.pieces())
-    if (p.trainable) pieces.push_back(std::move(p));
-  return pieces;
-}
-
-// The trainable parameters, in layout order (the same on every rank).
-std::vector<const shard::Slot*> trainable_slots(const shard::Layout& layout) {
-  std::vector<const shard::Slot*> slots;
-  for (const shard::UnitLayout& unit : layout.units)
-    for (const shard::FlatGroup& group : unit.groups)
-      if (group.trainable)
-        for (const shard::Slot& slot : group.slots) slots.push_back(&slot);
-  return slots;
-}
-
 // One dataset of the checkpoint and this rank's slab of it (values undefined
 // when the rank owns none of it). Every rank lists the same datasets in the
 // same order.
@@ -77,24 +60,20 @@ struct Entry {
   at::Tensor values;  // fp32, flat
 };
 
-std::vector<Entry> entries(shard::ShardedParams& params, const ExtraState& extra) {
-  const std::vector<shard::ShardPiece> pieces = trainable_pieces(params);
-  std::map<std::string, size_t> mine;
-  for (size_t i = 0; i < pieces.size(); ++i) mine[pieces[i].name] = i;
+std::vector<Entry> entries(const TrainingState& state) {
   std::vector<Entry> list;
-  for (const shard::Slot* slot : trainable_slots(params.layout())) {
-    auto it = mine.find(slot->name);
-    const shard::ShardPiece* piece = it == mine.end() ? nullptr : &pieces[it->second];
+  for (const StateTensor& t : state.tensors) {
+    const bool mine = t.begin < t.end;
     auto add = [&](const std::string& path, const at::Tensor& values) {
-      Entry e{path, slot->shape, piece ? piece->begin : 0, {}};
-      if (piece) e.values = values.to(at::kFloat).contiguous().flatten();
+      Entry e{path, t.shape, t.begin, {}};
+      if (mine) e.values = values.to(at::kFloat).contiguous().flatten();
       list.push_back(std::move(e));
     };
-    add("/model/" + slot->name, piece ? piece->master : at::Tensor());
-    add("/optimizer/" + slot->name + "/exp_avg", piece ? piece->exp_avg : at::Tensor());
-    add("/optimizer/" + slot->name + "/exp_avg_sq", piece ? piece->exp_avg_sq : at::Tensor());
-    for (const auto& [set, tensors] : extra)
-      add("/extra/" + set + "/" + slot->name, piece ? tensors.at(it->second) : at::Tensor());
+    add("/model/" + t.name, t.master);
+    add("/optimizer/" + t.name + "/exp_avg", t.exp_avg);
+    add("/optimizer/" + t.name + "/exp_avg_sq", t.exp_avg_sq);
+    for (size_t k = 0; k < state.extra_sets.size(); ++k)
+      add("/extra/" + state.extra_sets[k] + "/" + t.name, mine ? t.extra.at(k) : at::Tensor());
   }
   return list;
 }
@@ -244,8 +223,8 @@ at::Tensor read_range(const h5::File& file, const std::optional<Manifest>& manif
 
 }  // namespace
 
-std::string save_checkpoint(const std::string& out_dir, shard::ShardedParams& params, const CheckpointMeta& meta,
-                            const ExtraState& extra, int64_t keep, MPI_Comm comm) {
+std::string save_checkpoint(const std::string& out_dir, const TrainingState& state, const CheckpointMeta& meta,
+                            int64_t keep, MPI_Comm comm) {
   const fs::path dir = fs::path(out_dir) / "checkpoints";
   const std::string name = fmt::format("step-{}.h5", meta.step);
   const fs::path final_path = dir / name;
@@ -253,7 +232,7 @@ std::string save_checkpoint(const std::string& out_dir, shard::ShardedParams& pa
   const bool root = comm_rank(comm) == 0;
   fs::create_directories(dir);  // on every rank: no barrier before the collective create
 
-  const std::vector<Entry> list = entries(params, extra);
+  const std::vector<Entry> list = entries(state);
   {
     // Large datasets start on O_DIRECT block boundaries, so whole slabs go out directly.
     h5::File file =
@@ -324,8 +303,7 @@ std::string resolve_checkpoint(const std::string& out_dir, const std::string& wh
   return path.string();
 }
 
-CheckpointMeta load_checkpoint(const std::string& path, shard::ShardedParams& params, ExtraState& extra,
-                               MPI_Comm comm) {
+CheckpointMeta load_checkpoint(const std::string& path, const TrainingState& state, MPI_Comm comm) {
   h5::File file = [&] {
     try {
       return h5::File::open(path, h5::File::Mode::ReadOnly, comm);
@@ -341,22 +319,17 @@ CheckpointMeta load_checkpoint(const std::string& path, shard::ShardedParams& pa
   const std::optional<Manifest> manifest =
       format == kChunkedFormat ? std::nullopt : std::optional<Manifest>(parse_manifest(file));
 
-  const std::vector<shard::ShardPiece> pieces = trainable_pieces(params);
-  std::map<std::string, size_t> mine;
-  for (size_t i = 0; i < pieces.size(); ++i) mine[pieces[i].name] = i;
-  for (const shard::Slot* slot : trainable_slots(params.layout())) {
-    auto it = mine.find(slot->name);
-    if (it == mine.end()) continue;  // this rank owns no element of it
-    const shard::ShardPiece& piece = pieces[it->second];
+  for (const StateTensor& t : state.tensors) {
+    if (t.begin == t.end) continue;  // this rank owns no element of it
     auto load = [&](const std::string& dataset, at::Tensor target) {
-      target.copy_(read_range(file, manifest, dataset, slot->shape, piece.begin, piece.end).view(target.sizes()));
+      target.copy_(read_range(file, manifest, dataset, t.shape, t.begin, t.end).view(target.sizes()));
     };
-    load("/model/" + slot->name, piece.master);
-    load("/optimizer/" + slot->name + "/exp_avg", piece.exp_avg);
-    load("/optimizer/" + slot->name + "/exp_avg_sq", piece.exp_avg_sq);
-    for (auto& [set, tensors] : extra) load("/extra/" + set + "/" + slot->name, tensors.at(it->second));
+    load("/model/" + t.name, t.master);
+    load("/optimizer/" + t.name + "/exp_avg", t.exp_avg);
+    load("/optimizer/" + t.name + "/exp_avg_sq", t.exp_avg_sq);
+    for (size_t k = 0; k < state.extra_sets.size(); ++k)
+      load("/extra/" + state.extra_sets[k] + "/" + t.name, t.extra.at(k));
   }
-  params.refresh_compute();
   const h5::Dataset rng = file.open_dataset("/rng/torch_cpu");
   const std::vector<hsize_t> rng_shape = rng.shape();
   at::Generator generator = at::detail::getDefaultCPUGenerator();
@@ -370,7 +343,6 @@ CheckpointMeta load_checkpoint(const std::string& path, shard::ShardedParams& pa
   meta.adam_step = file.int_attr("adam_step");
   meta.data_position = file.int_attr("data_position");
   meta.deck = file.string_attr("deck");
-  params.set_step_count(meta.adam_step);
   return meta;
 }
 

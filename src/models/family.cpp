@@ -103,7 +103,7 @@ std::shared_ptr<Family> create_family(const FamilyOptions& options) {
   if (options.experts > 1 && family->expert_modules().size() != static_cast<size_t>(options.experts))
     fail("model family '{}' does not run {} expert DiTs (two experts are Wan2.2 A14B's)", options.family,
          options.experts);
-  if (!options.meta) init_parameters(*family, options.init_seed);
+  if (!options.device.is_meta()) init_parameters(*family, options.init_seed);
   if (options.lora.enabled) attach_lora(*family, options.lora, family->default_lora_targets());
   return family;
 }

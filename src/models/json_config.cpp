@@ -17,6 +17,17 @@ void for_each_key(const std::string& text, const std::string& source,
   }
 }
 
+void read_fields(const std::string& text, const std::string& source, const std::string& model_class,
+                 const std::map<std::string, int64_t*>& ints,
+                 const std::function<bool(const std::string&, const json::value&)>& other) {
+  for_each_key(text, source, [&](const std::string& key, const json::value& v) {
+    if (const auto it = ints.find(key); it != ints.end())
+      *it->second = to_int(v, key, source);
+    else if (!other(key, v))
+      fail("{}: unknown {} config key '{}'", source, model_class, key);
+  });
+}
+
 int64_t to_int(const json::value& v, const std::string& key, const std::string& source) {
   if (v.is_int64()) return v.get_int64();
   if (v.is_uint64() && v.get_uint64() <= static_cast<uint64_t>(INT64_MAX)) return static_cast<int64_t>(v.get_uint64());

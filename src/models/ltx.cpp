@@ -107,8 +107,7 @@ LTX::LTX(const LtxConfig& config, const FamilyOptions& options)
     : config_(config), inputs_(options.inputs), grid_(options.latent_grid) {
   config_.validate();
   const AttentionBackend backend = parse_attention_backend(options.attention);
-  const at::TensorOptions opts =
-      at::TensorOptions().dtype(at::kFloat).device(options.meta ? at::Device(at::kMeta) : at::Device(at::kCPU));
+  const at::TensorOptions opts = options.parameter_options();
   const LtxConfig& c = config_;
   const int64_t dim = c.inner_dim();
   patchify_proj = register_module("patchify_proj", std::make_shared<Linear>(c.in_channels, dim, true, opts));

@@ -114,10 +114,9 @@ QwenImageConfig QwenImageConfig::from_json(const std::string& text, const std::s
   const std::set<std::string> variants = {"guidance_embeds", "zero_cond_t", "use_additional_t_cond",
                                           "use_layer3d_rope"};
   bool out_channels_null = false;
-  json_config::for_each_key(text, source, [&](const std::string& key, const json::value& v) {
-    if (const auto it = ints.find(key); it != ints.end()) {
-      *it->second = json_config::to_int(v, key, source);
-    } else if (key == "out_channels") {
+  json_config::read_fields(text, source, "QwenImageTransformer2DModel", ints, [&](const std::string& key,
+                                                                                  const json::value& v) {
+    if (key == "out_channels") {
       out_channels_null = v.is_null();
       if (!out_channels_null) c.out_channels = json_config::to_int(v, key, source);
     } else if (key == "axes_dims_rope") {
@@ -127,8 +126,9 @@ QwenImageConfig QwenImageConfig::from_json(const std::string& text, const std::s
         fail("{}: '{}' = true is a variant ditrl's qwen_image does not implement (Qwen-Image sets it false)", source,
              key);
     } else {
-      fail("{}: unknown QwenImageTransformer2DModel config key '{}'", source, key);
+      return false;
     }
+    return true;
   });
   if (out_channels_null) c.out_channels = c.in_channels;  // `out_channels or in_channels`
   return json_config::validated(std::move(c), source);
@@ -231,8 +231,7 @@ QwenImage::QwenImage(const QwenImageConfig& config, const FamilyOptions& options
     : config_(config), inputs_(options.inputs), rope_(config.axes_dims_rope) {
   config_.validate();
   const AttentionBackend backend = parse_attention_backend(options.attention);
-  const at::TensorOptions opts =
-      at::TensorOptions().dtype(at::kFloat).device(options.meta ? at::Device(at::kMeta) : at::Device(at::kCPU));
+  const at::TensorOptions opts = options.parameter_options();
   const int64_t dim = config_.inner_dim();
   auto time_text = register_module("time_text_embed", std::make_shared<Container>());
   timestep_embedder = time_text->register_module("timestep_embedder",

@@ -29,12 +29,6 @@ SD3Config real_config(int64_t layers, int64_t heads, int64_t pos_embed_max_size,
   return c;
 }
 
-int64_t json_int(const json::value& v, const std::string& key, const std::string& source) {
-  if (v.is_int64()) return v.get_int64();
-  if (v.is_uint64() && v.get_uint64() <= static_cast<uint64_t>(INT64_MAX)) return static_cast<int64_t>(v.get_uint64());
-  fail("{}: '{}' must be an integer, got {}", source, key, json::serialize(v));
-}
-
 void require_shape(const at::Tensor& t, const char* name, const std::vector<int64_t>& shape) {
   bool ok = t.dim() == static_cast<int64_t>(shape.size());
   for (size_t i = 0; ok && i < shape.size(); ++i) ok = shape[i] < 0 || t.size(static_cast<int64_t>(i)) == shape[i];
@@ -79,10 +73,6 @@ SD3Config SD3Config::preset(const std::string& name) {
 }
 
 SD3Config SD3Config::from_json(const std::string& text, const std::string& source) {
-  json::error_code ec;
-  const json::value doc = json::parse(text, ec);
-  if (ec) fail("{}: not valid JSON: {}", source, ec.message());
-  if (!doc.is_object()) fail("{}: an SD3 config.json must be a JSON object", source);
   SD3Config c;
   const std::map<std::string, int64_t*> ints = {
       {"sample_size", &c.sample_size},
@@ -96,19 +86,14 @@ SD3Config SD3Config::from_json(const std::string& text, const std::string& sourc
       {"pooled_projection_dim", &c.pooled_projection_dim},
       {"out_channels", &c.out_channels},
   };
-  for (const auto& [k, v] : doc.get_object()) {
-    const std::string key(k);
-    if (key.rfind('_', 0) == 0) continue;  // _class_name, _diffusers_version, ...
-    if (const auto it = ints.find(key); it != ints.end()) {
-      *it->second = json_int(v, key, source);
-    } else if (key == "pos_embed_max_size") {
+  json_config::read_fields(text, source, "SD3Transformer2DModel", ints, [&](const std::string& key, const json::value& v) {
+    if (key == "pos_embed_max_size") {
       if (v.is_null())
         fail("{}: pos_embed_max_size = null is not supported (every SD3/SD3.5 checkpoint sets it)", source);
-      c.pos_embed_max_size = json_int(v, key, source);
+      c.pos_embed_max_size = json_config::to_int(v, key, source);
     } else if (key == "dual_attention_layers") {
       if (!v.is_array()) fail("{}: dual_attention_layers must be a list of block indices", source);
-      c.dual_attention_layers.clear();
-      for (const json::value& i : v.get_array()) c.dual_attention_layers.push_back(json_int(i, key, source));
+      c.dual_attention_layers = json_config::to_int_list(v, key, source);
     } else if (key == "qk_norm") {
       if (v.is_null())
         c.qk_norm = false;
@@ -117,9 +102,10 @@ SD3Config SD3Config::from_json(const std::string& text, const std::string& sourc
       else
         fail("{}: qk_norm must be \"rms_norm\" or null, got {}", source, json::serialize(v));
     } else {
-      fail("{}: unknown SD3Transformer2DModel config key '{}'", source, key);
+      return false;
     }
-  }
+    return true;
+  });
   return json_config::validated(std::move(c), source);
 }
 
@@ -215,8 +201,7 @@ Tensors JointTransformerBlock::forward(const Tensors& inputs, const ForwardConte
 SD3::SD3(const SD3Config& config, const FamilyOptions& options) : config_(config), inputs_(options.inputs) {
   config_.validate();
   const AttentionBackend backend = parse_attention_backend(options.attention);
-  const at::TensorOptions opts =
-      at::TensorOptions().dtype(at::kFloat).device(options.meta ? at::Device(at::kMeta) : at::Device(at::kCPU));
+  const at::TensorOptions opts = options.parameter_options();
   const int64_t dim = config_.inner_dim();
   pos_embed = register_module("pos_embed", std::make_shared<PatchEmbed>(
                                                config_.in_channels, dim, config_.patch_size, config_.pos_embed_max_size,

@@ -83,10 +83,8 @@ WanConfig WanConfig::from_json(const std::string& text, const std::string& sourc
   };
   // Image-to-video inputs (CLIP image embedding, added K/V projections).
   const std::set<std::string> i2v = {"image_dim", "added_kv_proj_dim", "pos_embed_seq_len"};
-  json_config::for_each_key(text, source, [&](const std::string& key, const json::value& v) {
-    if (const auto it = ints.find(key); it != ints.end()) {
-      *it->second = json_config::to_int(v, key, source);
-    } else if (key == "patch_size") {
+  json_config::read_fields(text, source, "WanTransformer3DModel", ints, [&](const std::string& key, const json::value& v) {
+    if (key == "patch_size") {
       c.patch_size = json_config::to_int_list(v, key, source);
     } else if (key == "cross_attn_norm") {
       c.cross_attn_norm = json_config::to_bool(v, key, source);
@@ -101,8 +99,9 @@ WanConfig WanConfig::from_json(const std::string& text, const std::string& sourc
       if (!v.is_null())
         fail("{}: '{}' = {} is an image-to-video input; ditrl's wan is text-to-video", source, key, json::serialize(v));
     } else {
-      fail("{}: unknown WanTransformer3DModel config key '{}'", source, key);
+      return false;
     }
+    return true;
   });
   return json_config::validated(std::move(c), source);
 }
@@ -295,8 +294,7 @@ Wan::Wan(const WanConfig& config, const FamilyOptions& options)
   if (options.experts != 0) config_.experts = options.experts;
   config_.validate();
   const AttentionBackend backend = parse_attention_backend(options.attention);
-  const at::TensorOptions opts =
-      at::TensorOptions().dtype(at::kFloat).device(options.meta ? at::Device(at::kMeta) : at::Device(at::kCPU));
+  const at::TensorOptions opts = options.parameter_options();
   if (config_.experts == 1) {
     experts_.push_back(std::make_unique<WanTransformer>(*this, config_, backend, opts));
     return;

@@ -1,4 +1,3 @@
-#include <ditrl/config/sections.hpp>
 #include <ditrl/error.hpp>
 #include <ditrl/precision/names.hpp>
 #include <ditrl/precision/plan.hpp>
@@ -24,19 +23,6 @@ PrecisionPlan::PrecisionPlan(c10::ScalarType master, c10::ScalarType reduce, c10
     : master_(master), reduce_(reduce), forward_(forward), rules_(std::move(rules)) {
   for (const DtypeRule& rule : rules_)
     if (rule.pattern.empty()) fail("precision rule {} has an empty pattern", rule.source);
-}
-
-PrecisionPlan PrecisionPlan::from_section(const config::PrecisionSection& section,
-                                          std::vector<DtypeRule> family_rules) {
-  std::vector<DtypeRule> rules;
-  if (section.family_overrides) rules = std::move(family_rules);
-  for (size_t i = 0; i < section.overrides.size(); ++i) {
-    const config::OverrideRule& rule = section.overrides[i];
-    rules.push_back(
-        {rule.pattern, parse_dtype(rule.dtype), fmt::format("precision.override[{}] \"{}\"", i, rule.pattern), true});
-  }
-  return PrecisionPlan(parse_dtype(section.master), parse_dtype(section.reduce), parse_dtype(section.forward),
-                       std::move(rules));
 }
 
 CompiledPlan PrecisionPlan::compile(const std::vector<std::string>& parameter_names) const {

@@ -84,7 +84,7 @@ TEST_CASE("encode-prompts: a TorchScript encoder over JSONL writes the dataset t
 
   models::FamilyOptions o;
   o.family = "sd3";
-  o.meta = true;
+  o.device = c10::kMeta;
   auto source = rollout::open_prompt_dataset(dir + "/prompts.h5", models::create_family(o)->cond_spec());
   REQUIRE(source->size() == 4);
   const models::Cond cond = source->fetch({0, 1, 2, 3});

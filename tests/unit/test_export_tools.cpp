@@ -98,7 +98,7 @@ TEST_CASE("export tools: tiny exported encoders and rewards load in ditrl with t
     models::FamilyOptions o;
     o.family = family;
     o.preset = "tiny";
-    o.meta = true;
+    o.device = c10::kMeta;
     const auto dataset = rollout::open_prompt_dataset(h5, models::create_family(o)->cond_spec());
     CHECK(dataset->size() == 2);
     CHECK_THAT(io::h5::File::open(h5).string_attr("encoder_identity"),

@@ -173,7 +173,7 @@ TEST_CASE("lora: targets are globs with PEFT's suffix rule", "[models][lora]") {
   auto k = create_family(o);
   const at::Tensor a = k->named_parameters()["transformer_blocks.0.attn.to_q.lora_A.weight"];
   CHECK(a.abs().max().item<double>() <= 1.0 / 8.0);  // U(-1/sqrt(64), 1/sqrt(64))
-  o.meta = true;
+  o.device = c10::kMeta;
   auto meta = create_family(o);
   CHECK(meta->named_parameters()["transformer_blocks.0.attn.to_q.lora_A.weight"].is_meta());
 }

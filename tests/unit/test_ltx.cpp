@@ -394,7 +394,7 @@ TEST_CASE("ltx: config from config.json, from checkpoint metadata, and its error
   // ltx_core's checkpoint layout: the config travels in the file's own metadata.
   FamilyOptions o;
   o.family = "ltx";
-  o.meta = true;
+  o.device = c10::kMeta;
   o.config_json = fixture_path("ltx/weights.safetensors");
   auto from_metadata = create_family(o);
   o.config_json = fixture_path("ltx/config.json");
@@ -445,7 +445,7 @@ TEST_CASE("ltx: presets have the released parameter counts, built on the meta de
     FamilyOptions o;
     o.family = "ltx";
     o.preset = e.preset;
-    o.meta = true;
+    o.device = c10::kMeta;
     auto family = create_family(o);
     for (const auto& p : family->parameters()) CHECK(p.is_meta());
     CHECK(test::parameter_count(family->parameters()) == e.params);
@@ -453,7 +453,7 @@ TEST_CASE("ltx: presets have the released parameter counts, built on the meta de
   }
   FamilyOptions o;
   o.family = "ltx";
-  o.meta = true;
+  o.device = c10::kMeta;
   o.preset = "ltx-2";
   int64_t captions = 0, video = 0;
   for (const auto& p : create_family(o)->named_parameters())

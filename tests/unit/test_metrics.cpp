@@ -35,6 +35,10 @@ class MirrorCommunicator : public dist::Communicator {
   void broadcast(at::Tensor&, int) override {}
   void barrier() override {}
   std::unique_ptr<Communicator> split(int, int) override { return nullptr; }
+  dist::Pending all_gather_async(const at::Tensor&, const at::Tensor&) override { fail("not used"); }
+  dist::Pending reduce_scatter_async(const at::Tensor&, const at::Tensor&, dist::ReduceOp) override {
+    fail("not used");
+  }
 
   std::vector<dist::ReduceOp> ops;
   bool corrupt_schema = false;

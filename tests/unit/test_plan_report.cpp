@@ -1,3 +1,4 @@
+#include <ditrl/app/options.hpp>
 #include <ditrl/config/deck.hpp>
 #include <ditrl/precision/plan.hpp>
 #include <ditrl/shard/plan_report.hpp>
@@ -128,7 +129,7 @@ eps = 1e-6
 weight_decay = 0.01
 )",
                                                    "deck.toml");
-  const shard::ShardOptions options = shard::shard_options(config.parallel, config.train);
+  const shard::ShardOptions options = ditrl::app::shard_options(config, at::kCPU);
   CHECK_FALSE(options.prefetch);
   CHECK_FALSE(options.reshard_after_forward);
   CHECK(options.adamw.beta1 == 0.8);

@@ -1,3 +1,4 @@
+#include <ditrl/app/options.hpp>
 #include <ditrl/config/deck.hpp>
 #include <ditrl/error.hpp>
 #include <ditrl/precision/dtype.hpp>
@@ -151,16 +152,16 @@ dtype = "bf16"
                                                                  "deck.toml");
   DtypeRule family = rule("*.norm2.*", at::kFloat, "family default \"*.norm2.*\"");
   family.must_match = false;
-  const CompiledPlan compiled = PrecisionPlan::from_section(config.precision, {family}).compile(kNames);
+  const CompiledPlan compiled = ditrl::app::precision_plan(config, {family}).compile(kNames);
   CHECK(compiled.at("proj_out.weight").compute == at::kHalf);
   CHECK(compiled.at("proj_out.weight").reduce == at::kBFloat16);
   CHECK(compiled.at("transformer_blocks.1.norm2.weight").compute == at::kFloat);
   CHECK(compiled.at("transformer_blocks.0.norm2.weight").compute == at::kBFloat16);
   CHECK(compiled.at("transformer_blocks.0.norm2.weight").rule == "precision.override[0] \"transformer_blocks.0.*\"");
 
-  ditrl::config::PrecisionSection no_family = config.precision;
-  no_family.family_overrides = false;
-  CHECK(PrecisionPlan::from_section(no_family, {family})
+  ditrl::config::Config no_family = config;
+  no_family.precision.family_overrides = false;
+  CHECK(ditrl::app::precision_plan(no_family, {family})
             .compile(kNames)
             .at("transformer_blocks.1.norm2.weight")
             .compute == at::kHalf);

@@ -59,7 +59,7 @@ TEST_CASE("qwen_image: the preset has the released parameter count, built on the
   FamilyOptions o;
   o.family = "qwen_image";
   o.preset = "qwen-image";
-  o.meta = true;
+  o.device = c10::kMeta;
   auto family = create_family(o);
   for (const auto& p : family->parameters()) CHECK(p.is_meta());
   CHECK(test::parameter_count(family->parameters()) == 20430401088);  // families.md §4.2

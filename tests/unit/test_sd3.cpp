@@ -101,7 +101,7 @@ TEST_CASE("sd3: presets have the released parameter counts, built on the meta de
     FamilyOptions o;
     o.family = "sd3";
     o.preset = e.preset;
-    o.meta = true;
+    o.device = c10::kMeta;
     auto family = create_family(o);
     for (const auto& p : family->parameters()) CHECK(p.is_meta());
     CHECK(test::parameter_count(family->parameters()) == e.params);
@@ -110,7 +110,7 @@ TEST_CASE("sd3: presets have the released parameter counts, built on the meta de
   }
   FamilyOptions o;
   o.family = "sd3";
-  o.meta = true;
+  o.device = c10::kMeta;
   auto medium = create_family((o.preset = "sd3.5-medium", o));
   const auto names = medium->named_parameters();
   CHECK(names.contains("transformer_blocks.12.attn2.to_q.weight"));
@@ -171,7 +171,7 @@ TEST_CASE("sd3: a checkpoint that does not fit is one error listing every proble
                     Contains(path) && Contains("missing (2): norm_out.linear.bias, proj_out.bias") &&
                         Contains("unexpected (1): transformer_blocks.7.attn.to_q.weight") &&
                         Contains("wrong shape (1): context_embedder.weight (checkpoint [64, 33], model [64, 32])"));
-  o.meta = true;
+  o.device = c10::kMeta;
   CHECK_THROWS_WITH(load_weights(*create_family(o), io::Checkpoint(fixture_path("sd3/weights.safetensors"))),
                     Contains("meta device"));
 }

@@ -86,7 +86,7 @@ TEST_CASE("wan: presets have the released parameter counts, built on the meta de
     FamilyOptions o;
     o.family = "wan";
     o.preset = e.preset;
-    o.meta = true;
+    o.device = c10::kMeta;
     auto family = create_family(o);
     for (const auto& p : family->parameters()) CHECK(p.is_meta());
     CHECK(test::parameter_count(family->parameters()) == e.per_expert * static_cast<int64_t>(e.experts));
@@ -97,7 +97,7 @@ TEST_CASE("wan: presets have the released parameter counts, built on the meta de
   }
   FamilyOptions o;
   o.family = "wan";
-  o.meta = true;
+  o.device = c10::kMeta;
   o.preset = "wan2.2-t2v-a14b";
   auto a14b = create_family(o);
   const auto names = a14b->named_parameters();
@@ -122,7 +122,7 @@ TEST_CASE("wan: config.json loading and its errors", "[models][wan]") {
   CHECK(c.experts == 1);
   FamilyOptions o;
   o.family = "wan";
-  o.meta = true;
+  o.device = c10::kMeta;
   o.config_json = fixture_path("wan/config.json");
   CHECK(create_family(o)->named_parameters().size() ==
         io::SafetensorsFile(fixture_path("wan/weights.safetensors")).names().size());

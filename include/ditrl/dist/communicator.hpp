@@ -4,15 +4,42 @@
 // tensors (this file's make_mpi_communicator) and NCCL for CUDA tensors
 // (dist/nccl_communicator.hpp, CUDA builds only). Every rank of the group
 // calls each collective in the same order with tensors of equal size.
+//
+// The *_async forms return a Pending handle instead of waiting: the
+// collective runs behind the caller's work (MPI: on the communicator's own
+// thread and duplicated communicator, in issue order; NCCL: on its stream)
+// and its output may be read once wait() returned. The tensors must stay
+// alive and untouched until then (the handle holds references to them).
 
 #include <ATen/core/Tensor.h>
 #include <mpi.h>
 
+#include <functional>
 #include <memory>
 
 namespace ditrl::dist {
 
 enum class ReduceOp { Sum, Avg, Max, Min };
+
+// A collective in flight. A handle dropped without wait() waits in its
+// destructor (errors there are left to the next collective to report).
+class Pending {
+ public:
+  Pending() = default;  // nothing in flight
+  explicit Pending(std::function<void()> wait) : wait_(std::move(wait)) {}
+  Pending(Pending&&) = default;
+  Pending& operator=(Pending&& other) noexcept;
+  Pending(const Pending&) = delete;
+  Pending& operator=(const Pending&) = delete;
+  ~Pending();
+
+  void wait();
+  bool in_flight() const { return static_cast<bool>(wait_); }
+
+ private:
+  void wait_quietly() noexcept;
+  std::function<void()> wait_;
+};
 
 class Communicator {
  public:
@@ -32,6 +59,9 @@ class Communicator {
   virtual void barrier() = 0;
   // A sub-communicator of the ranks passing the same color, ordered by key.
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+
+  virtual Pending all_gather_async(const at::Tensor& input, const at::Tensor& output) = 0;
+  virtual Pending reduce_scatter_async(const at::Tensor& input, const at::Tensor& output, ReduceOp op) = 0;
 };
 
 // MPI backend over `comm` (duplicated, so the communicator owns its own

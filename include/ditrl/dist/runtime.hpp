@@ -1,13 +1,20 @@
 #pragma once
 
-// MPI process bootstrap: one MpiRuntime per process, created by the
-// subcommands that run distributed work (a single process works too: Open MPI
-// starts as a singleton). It knows the world and node-local ranks, which pick
-// the GPU on CUDA builds and the thread count on CPU.
+// The process's place in the job and what it computes with.
+// - MpiRuntime: MPI bootstrap (a single process works too: Open MPI starts as
+//   a singleton); world and node-local ranks.
+// - Runtime: built once per distributed subcommand by Runtime::create; owns
+//   the MpiRuntime, the device every allocation goes to, a host communicator
+//   (MPI: scalars, control, stop flags) and a data communicator (parameters,
+//   gradients, metric and reward tensors on the device: MPI on CPU).
 
+#include <ditrl/dist/communicator.hpp>
+
+#include <c10/core/Device.h>
 #include <mpi.h>
 
 #include <exception>
+#include <memory>
 #include <string>
 
 namespace ditrl::dist {
@@ -49,6 +56,37 @@ class MpiRuntime {
  private:
   WorldInfo world_;
   MPI_Comm node_comm_ = MPI_COMM_NULL;
+};
+
+struct RuntimeOptions {
+  c10::Device device = c10::kCPU;
+  double startup_timeout_s = 300;     // [parallel] startup_timeout_s
+  double collective_timeout_s = 100;  // [parallel] collective_timeout_s
+};
+
+class Runtime {
+ public:
+  // Collective over MPI_COMM_WORLD (it starts MPI when it is not up).
+  static std::unique_ptr<Runtime> create(const RuntimeOptions& options);
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  const WorldInfo& world() const { return mpi_.world(); }
+  const c10::Device& device() const { return options_.device; }
+  const RuntimeOptions& options() const { return options_; }
+  Communicator& host() { return *host_; }
+  Communicator& data() { return *data_; }
+  // The communicator of collective file I/O (parallel HDF5): the world.
+  MPI_Comm io_comm() const { return mpi_.comm(); }
+  int default_threads() const { return mpi_.default_threads(); }
+
+ private:
+  explicit Runtime(const RuntimeOptions& options);
+
+  MpiRuntime mpi_;
+  RuntimeOptions options_;
+  std::unique_ptr<Communicator> host_;
+  std::unique_ptr<Communicator> data_;
 };
 
 // Reports an exception with the rank that raised it and ends the whole job:

@@ -25,9 +25,11 @@
 // ranges its own layout owns.
 // Frozen parameters (a LoRA run's base weights) are not saved: they come from
 // the model's weights (or seeded init) named in the deck.
+//
+// The state comes as a plain description (TrainingState): every trainable
+// parameter's name and shape, and views of the piece this rank holds.
 
-#include <ditrl/shard/sharded_params.hpp>
-
+#include <ATen/core/Tensor.h>
 #include <mpi.h>
 
 #include <cstdint>
@@ -46,22 +48,32 @@ struct CheckpointMeta {
   std::string deck;
 };
 
-// Named per-parameter state saved beside the masters: for each set, one
-// tensor per trainable piece (params.pieces() order, frozen pieces left out),
-// each holding the piece's range.
-using ExtraState = std::map<std::string, std::vector<at::Tensor>>;
+// One trainable parameter and this rank's piece of it.
+struct StateTensor {
+  std::string name;            // canonical
+  std::vector<int64_t> shape;  // full logical shape
+  int64_t begin = 0;           // elements [begin, end) of the flattened parameter this rank holds;
+  int64_t end = 0;             // begin == end: none (the tensors below are then undefined)
+  at::Tensor master, exp_avg, exp_avg_sq;  // views: saving reads them, loading writes them
+  std::vector<at::Tensor> extra;           // one per TrainingState::extra_sets entry
+};
+
+struct TrainingState {
+  std::vector<StateTensor> tensors;     // every trainable parameter, the same list on every rank
+  std::vector<std::string> extra_sets;  // per-parameter state saved beside the moments (/extra/<set>/...)
+};
 
 // Collective. Returns the checkpoint's path.
-std::string save_checkpoint(const std::string& out_dir, shard::ShardedParams& params, const CheckpointMeta& meta,
-                            const ExtraState& extra, int64_t keep, MPI_Comm comm);
+std::string save_checkpoint(const std::string& out_dir, const TrainingState& state, const CheckpointMeta& meta,
+                            int64_t keep, MPI_Comm comm);
 
 // "latest" (follows OUT/checkpoints/latest) or a path. Errors name the file.
 std::string resolve_checkpoint(const std::string& out_dir, const std::string& which);
 
-// Collective. Restores masters, moments, the AdamW step counter and `extra`
-// (tensors to fill, as for save) and returns the metadata.
-CheckpointMeta load_checkpoint(const std::string& path, shard::ShardedParams& params, ExtraState& extra,
-                               MPI_Comm comm);
+// Collective. Writes the stored values into `state`'s views (masters,
+// moments, extra sets), restores the CPU generator and returns the metadata
+// (the AdamW step counter among it).
+CheckpointMeta load_checkpoint(const std::string& path, const TrainingState& state, MPI_Comm comm);
 
 // The trained weights (full, fp32) by canonical name: collective gather of
 // every trainable parameter; frozen ones with `include_frozen`.

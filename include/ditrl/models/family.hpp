@@ -8,6 +8,7 @@
 #include <ditrl/models/unit.hpp>
 #include <ditrl/precision/dtype.hpp>
 
+#include <c10/core/Device.h>
 #include <torch/nn/module.h>
 
 #include <cstddef>
@@ -76,7 +77,7 @@ struct FamilyOptions {
   std::string family;  // "sd3" | "wan" | "ltx" | "qwen_image"
   std::string preset = "tiny";
   std::string config_json;  // path of an optional config.json (reference format) replacing the preset
-  bool meta = false;        // shapes only: parameters on the meta device, nothing allocated
+  c10::Device device = c10::kCPU;  // where parameters live; c10::kMeta: shapes only, nothing allocated
   int64_t experts = 0;      // expert DiTs (Wan2.2 A14B: 2); 0 = what the preset or config.json says
   int64_t init_seed = 0;    // seeded init when no weights are loaded
   std::string attention = "math";
@@ -85,6 +86,9 @@ struct FamilyOptions {
   // Grid of the latents noise_pred receives, for families whose latents are
   // token sequences that do not carry it (LTX builds its RoPE positions from it).
   LatentGrid latent_grid;
+
+  // fp32 on `device`: what a family builds its parameters with.
+  at::TensorOptions parameter_options() const { return at::TensorOptions().dtype(at::kFloat).device(device); }
 };
 
 class Family : public torch::nn::Module {

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,6 +21,13 @@ namespace ditrl::models::json_config {
 // does not start with '_'.
 void for_each_key(const std::string& text, const std::string& source,
                   const std::function<void(const std::string&, const boost::json::value&)>& fn);
+
+// for_each_key with the usual shape of a diffusers config: integer keys go
+// straight into `ints`, every other key to `other`, which returns false for
+// a key it does not read; such a key is an error naming `model_class`.
+void read_fields(const std::string& text, const std::string& source, const std::string& model_class,
+                 const std::map<std::string, int64_t*>& ints,
+                 const std::function<bool(const std::string&, const boost::json::value&)>& other);
 
 int64_t to_int(const boost::json::value& v, const std::string& key, const std::string& source);
 double to_number(const boost::json::value& v, const std::string& key, const std::string& source);

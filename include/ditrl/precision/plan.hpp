@@ -23,10 +23,6 @@
 #include <string>
 #include <vector>
 
-namespace ditrl::config {
-struct PrecisionSection;
-}
-
 namespace ditrl::precision {
 
 struct DtypeRule {
@@ -64,10 +60,6 @@ class PrecisionPlan {
  public:
   PrecisionPlan(c10::ScalarType master, c10::ScalarType reduce, c10::ScalarType forward,
                 std::vector<DtypeRule> rules = {});
-  // The deck's [precision] section; `family_rules` (the family's kept-in-fp32
-  // parameters) go first when the section's family_overrides is on.
-  static PrecisionPlan from_section(const config::PrecisionSection& section, std::vector<DtypeRule> family_rules);
-
   CompiledPlan compile(const std::vector<std::string>& parameter_names) const;
 
   c10::ScalarType master() const { return master_; }

@@ -11,6 +11,7 @@
 // and the watchdog's checks hold one mutex; ncclCommAbort from the watchdog
 // therefore never races a call on the main thread.
 
+#include <ditrl/dist/mpi_error.hpp>
 #include <ditrl/dist/nccl_communicator.hpp>
 #include <ditrl/error.hpp>
 
@@ -38,14 +39,6 @@ using Clock = std::chrono::steady_clock;
 
 void check_cuda(cudaError_t code, const char* call) {
   if (code != cudaSuccess) fail("{} failed: {} ({})", call, cudaGetErrorName(code), cudaGetErrorString(code));
-}
-
-void check_mpi(int code, const char* call) {
-  if (code == MPI_SUCCESS) return;
-  char text[MPI_MAX_ERROR_STRING];
-  int length = 0;
-  MPI_Error_string(code, text, &length);
-  fail("{} failed: {}", call, std::string(text, length));
 }
 
 Clock::time_point deadline_after(double seconds) {
@@ -164,6 +157,19 @@ class NcclCommunicator final : public Communicator {
       return ncclAllReduce(barrier_word_, barrier_word_, 1, ncclInt32, ncclSum, comm, stream);
     });
     wait_for_stream();
+  }
+
+  // Already asynchronous: the collective is queued on the communication
+  // stream and the compute stream waits for it by event.
+  Pending all_gather_async(const at::Tensor& input, const at::Tensor& output) override {
+    at::Tensor out = output;
+    all_gather(input, out);
+    return {};
+  }
+  Pending reduce_scatter_async(const at::Tensor& input, const at::Tensor& output, ReduceOp op) override {
+    at::Tensor out = output;
+    reduce_scatter(input, out, op);
+    return {};
   }
 
   std::unique_ptr<Communicator> split(int color, int key) override {

@@ -1,0 +1,43 @@
+#pragma once
+
+// The deck -> each subsystem's options. The subsystems below app/ never read
+// the deck (design.md §2); the commands build what they run from these, so
+// `train`, `rollout`, `plan` and `export` build the same model the same way.
+
+#include <ditrl/config/deck.hpp>
+#include <ditrl/dist/runtime.hpp>
+#include <ditrl/models/family.hpp>
+#include <ditrl/precision/plan.hpp>
+#include <ditrl/rl/advantages.hpp>
+#include <ditrl/rl/algorithm.hpp>
+#include <ditrl/rl/lr_schedule.hpp>
+#include <ditrl/rl/step_strategy.hpp>
+#include <ditrl/rollout/collect.hpp>
+#include <ditrl/rollout/reward.hpp>
+#include <ditrl/shard/sharded_params.hpp>
+
+#include <c10/core/Device.h>
+
+namespace ditrl::app {
+
+dist::RuntimeOptions runtime_options(const config::Config& c);
+// The model as [model] and [precision] describe it, built on `device`
+// (c10::kMeta for shapes only).
+models::FamilyOptions family_options(const config::Config& c, c10::Device device);
+// model.weights (and model.weights_2: the second expert) into the family.
+void load_deck_weights(models::Family& family, const config::Config& c);
+// [precision] with `family_rules` (a family's default fp32-kept parameters)
+// first when precision.family_overrides is on.
+precision::PrecisionPlan precision_plan(const config::Config& c, const std::vector<precision::DtypeRule>& family_rules);
+// That plan, with the family's rules, compiled against its parameter names.
+precision::CompiledPlan compiled_plan(const config::Config& c, models::Family& family);
+shard::ShardOptions shard_options(const config::Config& c, c10::Device device);
+rollout::RewardOptions reward_options(const config::Config& c);
+rollout::SamplerOptions sampler_options(const config::Config& c);
+rl::StepStrategyOptions strategy_options(const config::Config& c);
+rl::AdvantageOptions advantage_options(const config::Config& c);
+rl::AlgorithmOptions algorithm_options(const config::Config& c);
+rl::LrSchedule lr_schedule(const config::Config& c);
+models::LatentGrid latent_grid(const config::Config& c);
+
+}  // namespace ditrl::app

@@ -1,0 +1,165 @@
+#include <ditrl/app/options.hpp>
+#include <ditrl/diffusion/sde_step.hpp>
+#include <ditrl/error.hpp>
+#include <ditrl/io/safetensors.hpp>
+#include <ditrl/models/weights.hpp>
+#include <ditrl/precision/dtype.hpp>
+
+#include <fmt/format.h>
+
+#include <filesystem>
+
+namespace ditrl::app {
+
+dist::RuntimeOptions runtime_options(const config::Config& c) {
+  dist::RuntimeOptions o;
+  o.startup_timeout_s = c.parallel.startup_timeout_s;
+  o.collective_timeout_s = c.parallel.collective_timeout_s;
+  return o;
+}
+
+models::LatentGrid latent_grid(const config::Config& c) {
+  return {c.rollout.frames, c.rollout.height, c.rollout.width, c.rollout.fps};
+}
+
+models::FamilyOptions family_options(const config::Config& c, c10::Device device) {
+  models::FamilyOptions o;
+  o.family = c.model.family;
+  o.preset = c.model.preset;
+  o.config_json = c.model.config;
+  o.experts = c.model.weights_2.empty() ? 0 : 2;  // a second expert checkpoint makes two experts
+  o.device = device;
+  o.init_seed = c.model.init_seed;
+  o.attention = c.precision.attention;
+  o.lora.enabled = c.model.lora.enabled;
+  o.lora.rank = c.model.lora.rank;
+  o.lora.alpha = c.model.lora.alpha;
+  o.lora.targets = c.model.lora.targets;
+  o.lora.init = c.model.lora.init;
+  o.lora.seed = c.model.init_seed;
+  o.inputs = precision::InputPolicy::resolve(c.precision.inputs.latents, c.precision.inputs.cond,
+                                             c.precision.inputs.timestep, precision::parse_dtype(c.precision.forward));
+  o.latent_grid = latent_grid(c);
+  return o;
+}
+
+precision::PrecisionPlan precision_plan(const config::Config& c, const std::vector<precision::DtypeRule>& family_rules) {
+  const config::PrecisionSection& p = c.precision;
+  std::vector<precision::DtypeRule> rules;
+  if (p.family_overrides) rules = family_rules;
+  for (size_t i = 0; i < p.overrides.size(); ++i)
+    rules.push_back({p.overrides[i].pattern, precision::parse_dtype(p.overrides[i].dtype),
+                     fmt::format("precision.override[{}] \"{}\"", i, p.overrides[i].pattern), /*must_match=*/true});
+  return precision::PrecisionPlan(precision::parse_dtype(p.master), precision::parse_dtype(p.reduce),
+                                  precision::parse_dtype(p.forward), std::move(rules));
+}
+
+precision::CompiledPlan compiled_plan(const config::Config& c, models::Family& family) {
+  std::vector<precision::DtypeRule> family_rules;
+  for (const models::DtypeOverride& rule : family.default_overrides())
+    family_rules.push_back({rule.pattern, precision::parse_dtype(rule.dtype),
+                            "family default \"" + rule.pattern + "\"", /*must_match=*/false});
+  std::vector<std::string> names;
+  for (const auto& item : family.named_parameters()) names.push_back(item.key());
+  return precision_plan(c, family_rules).compile(names);
+}
+
+shard::ShardOptions shard_options(const config::Config& c, c10::Device device) {
+  if (c.train.betas.size() != 2)
+    fail("{}: train.betas must have two entries [beta1, beta2] (got {})", c.source, c.train.betas.size());
+  shard::ShardOptions o;
+  o.reshard_after_forward = c.parallel.reshard_after_forward;
+  o.prefetch = c.parallel.prefetch;
+  o.device = device;
+  o.adamw = {c.train.betas[0], c.train.betas[1], c.train.eps, c.train.weight_decay};
+  return o;
+}
+
+rollout::RewardOptions reward_options(const config::Config& c) {
+  rollout::RewardOptions o;
+  o.kind = c.reward.kind;
+  o.analytic = c.reward.analytic;
+  o.module = c.reward.module;
+  o.command = c.reward.command;
+  o.target_seed = c.reward.target_seed;
+  o.timeout_s = c.reward.timeout_s;
+  o.work_dir = (std::filesystem::path(c.run.out_dir) / "reward").string();
+  return o;
+}
+
+rollout::SamplerOptions sampler_options(const config::Config& c) {
+  rollout::SamplerOptions o;
+  o.kernel = {diffusion::parse_sde_type(c.rollout.sde), c.rollout.noise_level};
+  o.guidance.scale = c.rollout.guidance_scale;
+  o.guidance.scale_2 = c.rollout.guidance_scale_2;
+  o.guidance.true_cfg_scale = c.rollout.true_cfg_scale;
+  o.microgroup = c.rollout.microgroup > 0 ? c.rollout.microgroup : c.train.micro_batch;
+  return o;
+}
+
+rl::StepStrategyOptions strategy_options(const config::Config& c) {
+  rl::StepStrategyOptions o;
+  // Algorithms that train on no SDE transition sample with the ODE alone (algorithms.md §4.1).
+  const bool ode = !rl::algorithm_traits(c.train.loss).sde_rollout || c.rollout.sde == "ode";
+  o.strategy = ode ? "ode_and_return_last" : c.rollout.strategy;
+  o.num_steps = c.rollout.steps;
+  o.sde_steps = c.rollout.sde_steps;
+  o.window = c.rollout.window;
+  o.candidate_steps = c.rollout.candidate_steps;
+  o.rollout_seed = c.run.seed;
+  o.rollout_batch_size = c.rollout.batch;
+  return o;
+}
+
+rl::AdvantageOptions advantage_options(const config::Config& c) {
+  rl::AdvantageOptions o;
+  o.group_size = c.rollout.samples_per_prompt;
+  o.std_normalization = c.train.std_normalization;
+  o.global_mean = c.train.global_mean;
+  o.global_std = c.train.global_std;
+  o.std_ddof = c.train.std_ddof;
+  return o;
+}
+
+rl::AlgorithmOptions algorithm_options(const config::Config& c) {
+  rl::AlgorithmOptions o;
+  o.loss = c.train.loss;
+  o.seed = c.run.seed;
+  o.steps_per_rollout = c.train.steps_per_rollout;
+  o.micro_batch = c.train.micro_batch;
+  o.lora = c.model.lora.enabled;
+  o.clip_range = c.train.clip_range;
+  o.adv_clip_max = c.train.adv_clip_max;
+  o.kl_beta = c.train.kl_beta;
+  o.timestep_fraction = c.rollout.timestep_fraction;
+  o.nft_beta = c.train.nft_beta;
+  o.nft_adaptive = c.train.nft_adaptive;
+  o.nft_shuffle_timesteps = c.train.nft_shuffle_timesteps;
+  o.sft_latents = c.data.sft_latents;
+  o.data_seed = c.data.seed;
+  return o;
+}
+
+// model.weights into the whole family, or with model.weights_2 the two
+// expert checkpoints into their experts (Wan2.2 A14B: the diffusers folders
+// transformer/ and transformer_2/, names without the expert prefix).
+void load_deck_weights(models::Family& family, const config::Config& c) {
+  if (c.model.weights_2.empty()) {
+    if (!c.model.weights.empty()) models::load_weights(family, io::Checkpoint(c.model.weights));
+    return;
+  }
+  if (c.model.weights.empty())
+    fail("{}: model.weights_2 (the low-noise expert) needs model.weights (the high-noise expert)", c.source);
+  const std::vector<std::shared_ptr<torch::nn::Module>> experts = family.expert_modules();
+  if (experts.size() != 2)
+    fail("{}: model.weights_2 needs a family with two experts; {} has {}", c.source, family.family_name(),
+         experts.size());
+  models::load_weights(*experts[0], io::Checkpoint(c.model.weights));
+  models::load_weights(*experts[1], io::Checkpoint(c.model.weights_2));
+}
+
+rl::LrSchedule lr_schedule(const config::Config& c) {
+  return {c.train.lr_schedule, c.train.lr, c.train.warmup, c.train.num_rollouts * c.train.steps_per_rollout};
+}
+
+}  // namespace ditrl::app

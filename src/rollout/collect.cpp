@@ -1,0 +1,117 @@
+#include <ditrl/error.hpp>
+#include <ditrl/rl/metrics.hpp>
+#include <ditrl/rl/stable_hash.hpp>
+#include <ditrl/rollout/collect.hpp>
+#include <ditrl/rollout/trajectory_file.hpp>
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+
+namespace ditrl::rollout {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+Collector::Collector(const CollectOptions& options, const CollectParts& parts, diffusion::Schedule schedule,
+                     std::vector<int64_t> latent_shape)
+    : options_(options), parts_(parts), schedule_(std::move(schedule)), latent_shape_(std::move(latent_shape)) {}
+
+RolloutBatch Collector::collect(int64_t rollout_id) {
+  const int64_t g = options_.samples_per_prompt;
+  const int64_t first = parts_.comm->rank() * samples_per_rank();
+  const std::vector<int64_t> prompts =
+      rollout_prompts(parts_.prompts->size(), options_.data_seed, rollout_id, options_.prompts_per_rollout);
+
+  RolloutBatch out;
+  out.rollout_id = rollout_id;
+  SampleBatch batch;
+  std::vector<int64_t> rows, samples;
+  for (int64_t s = first; s < first + samples_per_rank(); ++s) {
+    rows.push_back(prompts[static_cast<size_t>(s / g)]);
+    samples.push_back(s);
+    batch.seeds.push_back(rl::stable_hash("rollout_noise", options_.seed, rollout_id, s));
+  }
+  batch.cond = parts_.prompts->fetch(rows);
+  if (options_.needs_negative) out.negative = parts_.prompts->negative(samples_per_rank());
+  batch.negative = options_.needs_negative ? &out.negative : nullptr;
+  batch.prompt_index = at::tensor(rows, at::kLong);
+  batch.sample_index = at::tensor(samples, at::kLong);
+  batch.latent_shape = latent_shape_;
+  batch.rollout_id = rollout_id;
+
+  // Every sample of a rollout shares its SDE steps, drawn per rollout.
+  const rl::StepSelection steps =
+      rl::select_steps(options_.strategy, {rl::stable_hash("sde_window", options_.seed, rollout_id),
+                                           rollout_id * options_.prompts_per_rollout});
+
+  const auto start = std::chrono::steady_clock::now();
+  {
+    const shard::KeepGathered keep(*parts_.params, options_.keep_gathered);
+    parts_.params->begin_step();
+    out.trajectories = sample(*parts_.family, {parts_.params, nullptr}, schedule_, steps, batch, options_.sampler);
+  }
+  out.seconds_sampling = seconds_since(start);
+
+  out.cond = std::move(batch.cond);
+  score_and_normalise(out);
+  return out;
+}
+
+RolloutBatch Collector::load(const std::string& path, int64_t rollout_id) {
+  TrajectoryExpectation expect{latent_shape_, parts_.family->cond_spec(), samples_per_rollout()};
+  TrajectoryRecord record =
+      read_trajectories(path, parts_.comm->rank() * samples_per_rank(), samples_per_rank(), expect);
+  RolloutBatch out;
+  out.rollout_id = rollout_id;
+  out.trajectories = std::move(record.trajectories);
+  out.cond = std::move(record.cond);
+  out.negative = std::move(record.negative);
+  if (options_.needs_negative && out.negative.tensors.empty())
+    out.negative = parts_.prompts->negative(samples_per_rank());
+  score_and_normalise(out);
+  return out;
+}
+
+void Collector::save(const RolloutBatch& batch, const std::string& path,
+                     const std::map<std::string, std::string>& text_attrs,
+                     const std::map<std::string, double>& number_attrs) const {
+  TrajectoryRecord record{batch.trajectories, batch.cond, batch.negative, text_attrs, number_attrs};
+  write_trajectories(path, record, parts_.comm->rank() * samples_per_rank(), samples_per_rollout(), parts_.io_comm);
+}
+
+// Rewards (unless the trajectories carry them) and the advantages, which need
+// every rank's rewards.
+void Collector::score_and_normalise(RolloutBatch& out) {
+  Trajectories& t = out.trajectories;
+  const auto start = std::chrono::steady_clock::now();
+  if (!t.rewards.defined()) {
+    std::vector<std::string> texts;
+    for (int64_t i = 0; i < t.size(); ++i) texts.push_back(parts_.prompts->text(t.prompt_index[i].item<int64_t>()));
+    t.rewards = parts_.reward->score(t.final_latents, t.prompt_index, texts).contiguous();
+  }
+  out.seconds_reward = seconds_since(start);
+  out.all_rewards = at::empty({samples_per_rollout()}, at::kFloat);
+  parts_.comm->all_gather(t.rewards.to(at::kFloat).contiguous(), out.all_rewards);
+  out.advantages = rl::group_advantages(out.all_rewards, options_.advantages)
+                       .narrow(0, parts_.comm->rank() * samples_per_rank(), samples_per_rank())
+                       .contiguous();
+}
+
+std::map<std::string, double> Collector::metrics(const RolloutBatch& batch) const {
+  std::map<std::string, double> row;
+  for (const auto& [key, value] : rl::reward_stats(batch.all_rewards, options_.samples_per_prompt))
+    row["rollout/reward/" + key] = value;
+  at::Tensor all_advantages = at::empty({samples_per_rollout()}, at::kFloat);
+  parts_.comm->all_gather(batch.advantages, all_advantages);
+  for (const auto& [key, value] : rl::advantage_stats(all_advantages)) row["rollout/reward/" + key] = value;
+  row["rollout/step"] = static_cast<double>(batch.rollout_id);
+  return row;
+}
+
+}  // namespace ditrl::rollout

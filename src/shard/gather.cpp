@@ -1,0 +1,152 @@
+#include <ditrl/shard/gather.hpp>
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <chrono>
+
+namespace ditrl::shard {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Every group's full tensor starts on a 64-byte boundary of the buffer.
+int64_t aligned(int64_t bytes) {
+  return (bytes + 63) / 64 * 64;
+}
+
+}  // namespace
+
+at::Tensor BufferPool::take(int64_t bytes) {
+  auto best = buffers_.end();
+  for (auto it = buffers_.begin(); it != buffers_.end(); ++it)
+    if (it->numel() >= bytes && (best == buffers_.end() || it->numel() < best->numel())) best = it;
+  if (best == buffers_.end()) return at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(device_));
+  at::Tensor buffer = *best;
+  buffers_.erase(best);
+  return buffer;
+}
+
+void BufferPool::recycle(at::Tensor buffer) {
+  if (!buffer.defined() || buffer.storage().use_count() != 1) return;
+  buffers_.push_back(std::move(buffer));
+  if (buffers_.size() > kBuffers)
+    buffers_.erase(std::min_element(buffers_.begin(), buffers_.end(),
+                                    [](const at::Tensor& a, const at::Tensor& b) { return a.numel() < b.numel(); }));
+}
+
+UnitGather::UnitGather(const Layout& layout, const Slices& slices, dist::Communicator& comm, bool prefetch)
+    : layout_(layout),
+      slices_(slices),
+      comm_(comm),
+      prefetch_(prefetch && comm.size() > 1),
+      pool_(slices.device),
+      units_(layout.units.size()) {}
+
+UnitGather::~UnitGather() {
+  try {
+    drop_prefetch();
+  } catch (...) {
+    // A failed prefetch is reported where it is consumed; here it is only joined.
+  }
+}
+
+int64_t UnitGather::buffer_bytes(size_t unit) const {
+  int64_t bytes = 0;
+  for (const FlatGroup& g : layout_.units[unit].groups) bytes += aligned(g.gathered_bytes(comm_.size()));
+  return bytes;
+}
+
+UnitGather::Gathered UnitGather::start_gather(size_t unit, at::Tensor buffer, bool async) {
+  Gathered gathered{std::move(buffer), {}, {}};
+  int64_t offset = 0;
+  const std::vector<FlatGroup>& groups = layout_.units[unit].groups;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const int64_t bytes = groups[g].gathered_bytes(comm_.size());
+    at::Tensor full = gathered.buffer.narrow(0, offset, bytes).view(groups[g].compute);
+    const at::Tensor& mine = slices_.units[unit][g].compute;
+    if (async)
+      gathered.pending.push_back(comm_.all_gather_async(mine, full));
+    else
+      comm_.all_gather(mine, full);
+    gathered.groups.push_back(full);
+    offset += aligned(bytes);
+  }
+  return gathered;
+}
+
+void UnitGather::gather(size_t unit) {
+  Gathered& slot = units_[unit];
+  if (slot.buffer.defined() || layout_.units[unit].groups.empty()) return;
+  const auto start = Clock::now();
+  if (pending_ && pending_->unit == unit) {
+    slot = std::move(pending_->gathered);  // its bytes were counted when it was started
+    pending_.reset();
+    for (dist::Pending& p : slot.pending) p.wait();
+    slot.pending.clear();
+  } else {
+    drop_prefetch();
+    slot = start_gather(unit, pool_.take(buffer_bytes(unit)), /*async=*/false);
+    track(layout_.units[unit].gathered_bytes(comm_.size()));
+  }
+  seconds_ += seconds_since(start);
+  point_params(unit);
+}
+
+// Every rank makes the same gather calls, so every rank starts and consumes
+// the same prefetches in the same order.
+void UnitGather::prefetch(size_t unit) {
+  if (!prefetch_ || unit >= layout_.root_index() || units_[unit].buffer.defined() ||
+      layout_.units[unit].groups.empty() || (pending_ && pending_->unit == unit))
+    return;
+  drop_prefetch();
+  track(layout_.units[unit].gathered_bytes(comm_.size()));
+  pending_ = std::make_unique<Prefetch>();
+  pending_->unit = unit;
+  pending_->gathered = start_gather(unit, pool_.take(buffer_bytes(unit)), /*async=*/true);
+}
+
+void UnitGather::drop_prefetch() {
+  if (!pending_) return;
+  std::unique_ptr<Prefetch> dropped = std::move(pending_);
+  track(-layout_.units[dropped->unit].gathered_bytes(comm_.size()));
+  for (dist::Pending& p : dropped->gathered.pending) p.wait();
+  dropped->gathered.groups.clear();
+  pool_.recycle(std::move(dropped->gathered.buffer));
+}
+
+void UnitGather::point_params(size_t unit) {
+  const std::vector<FlatGroup>& groups = layout_.units[unit].groups;
+  for (size_t g = 0; g < groups.size(); ++g)
+    for (const Slot& slot : groups[g].slots)
+      slot.param.set_data(units_[unit].groups[g].narrow(0, slot.offset, slot.numel).view(slot.shape));
+}
+
+void UnitGather::release(size_t unit) {
+  Gathered& slot = units_[unit];
+  if (!slot.buffer.defined()) return;
+  for (const FlatGroup& g : layout_.units[unit].groups)
+    for (const Slot& s : g.slots) s.param.set_data(placeholder(g.compute, slices_.device));
+  Gathered released = std::move(slot);
+  slot = Gathered{};
+  released.groups.clear();
+  pool_.recycle(std::move(released.buffer));
+  track(-layout_.units[unit].gathered_bytes(comm_.size()));
+}
+
+void UnitGather::release_all() {
+  drop_prefetch();
+  for (size_t u = 0; u < units_.size(); ++u) release(u);
+}
+
+void UnitGather::track(int64_t delta) {
+  bytes_ += delta;
+  peak_bytes_ = std::max(peak_bytes_, bytes_);
+}
+
+}  // namespace ditrl::shard
