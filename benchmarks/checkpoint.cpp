@@ -157,8 +157,8 @@ int run(int argc, char** argv, dist::Runtime& mpi) {
     const double start = now();
     // keep = all: deleting the previous checkpoint is not writing this one;
     // it is timed on its own below (a `discard` mount makes it costly).
-    const std::string path = io::save_checkpoint(
-        out_dir, state, {r + 1, r + 1, mpi.world().size, 0, 0, run.deck_text}, repeats, MPI_COMM_WORLD);
+    const std::string path = io::save_checkpoint(out_dir, state, {r + 1, r + 1, mpi.world().size, 0, 0, run.deck_text},
+                                                 repeats, MPI_COMM_WORLD);
     checkpoint_s.push_back(now() - start);
     if (root) {
       const double prune_start = now();

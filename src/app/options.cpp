@@ -1,3 +1,5 @@
+// The deck -> subsystem options translation.
+
 #include <ditrl/app/options.hpp>
 #include <ditrl/diffusion/sde_step.hpp>
 #include <ditrl/error.hpp>
@@ -43,7 +45,8 @@ models::FamilyOptions family_options(const config::Config& c, c10::Device device
   return o;
 }
 
-precision::PrecisionPlan precision_plan(const config::Config& c, const std::vector<precision::DtypeRule>& family_rules) {
+precision::PrecisionPlan precision_plan(const config::Config& c,
+                                        const std::vector<precision::DtypeRule>& family_rules) {
   const config::PrecisionSection& p = c.precision;
   std::vector<precision::DtypeRule> rules;
   if (p.family_overrides) rules = family_rules;
@@ -57,8 +60,8 @@ precision::PrecisionPlan precision_plan(const config::Config& c, const std::vect
 precision::CompiledPlan compiled_plan(const config::Config& c, models::Family& family) {
   std::vector<precision::DtypeRule> family_rules;
   for (const models::DtypeOverride& rule : family.default_overrides())
-    family_rules.push_back({rule.pattern, precision::parse_dtype(rule.dtype),
-                            "family default \"" + rule.pattern + "\"", /*must_match=*/false});
+    family_rules.push_back({rule.pattern, precision::parse_dtype(rule.dtype), "family default \"" + rule.pattern + "\"",
+                            /*must_match=*/false});
   std::vector<std::string> names;
   for (const auto& item : family.named_parameters()) names.push_back(item.key());
   return precision_plan(c, family_rules).compile(names);

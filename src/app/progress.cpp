@@ -1,3 +1,5 @@
+// Metric-row timing, the progress line, peak RSS and the status file of a training run.
+
 #include <ditrl/app/progress.hpp>
 
 #include <fmt/format.h>

@@ -27,14 +27,14 @@ int rollout_command(const RolloutCli& cli) {
   const std::unique_ptr<dist::Runtime> runtime = start_runtime(config, "");
   Run run = open_run(config, *runtime);
   if (!cli.checkpoint.empty()) {
-    const io::CheckpointMeta meta =
-        io::load_checkpoint(io::resolve_checkpoint(config.run.out_dir, cli.checkpoint),
-                            training_state(run, /*with_extra=*/false), runtime->io_comm());
+    const io::CheckpointMeta meta = io::load_checkpoint(io::resolve_checkpoint(config.run.out_dir, cli.checkpoint),
+                                                        training_state(run, /*with_extra=*/false), runtime->io_comm());
     run.params->refresh_compute();
     run.params->set_step_count(meta.adam_step);
   }
   const rollout::RolloutBatch batch = run.collector->collect(cli.rollout_id);
-  run.collector->save(batch, cli.out, {{"family", config.model.family}, {"sde", config.rollout.sde}, {"deck", run.deck_text}},
+  run.collector->save(batch, cli.out,
+                      {{"family", config.model.family}, {"sde", config.rollout.sde}, {"deck", run.deck_text}},
                       {{"noise_level", config.rollout.noise_level},
                        {"guidance_scale", config.rollout.guidance_scale},
                        {"rollout_id", static_cast<double>(batch.rollout_id)}});

@@ -24,9 +24,10 @@ void check_batching(const config::Config& c, const rl::AlgorithmTraits& traits, 
     fail("{}: train.global_batch = {} is not divisible by the {} ranks", c.source, c.train.global_batch, world);
   const int64_t window_samples = c.train.global_batch / world;
   if (traits.microgroup_batches && window_samples % c.train.micro_batch != 0)
-    fail("{}: a rank's optimizer window holds {} samples (train.global_batch / ranks), which do not split into "
-         "micro-batches of train.micro_batch = {} (GRPO micro-batches are rollout micro-groups)",
-         c.source, window_samples, c.train.micro_batch);
+    fail(
+        "{}: a rank's optimizer window holds {} samples (train.global_batch / ranks), which do not split into "
+        "micro-batches of train.micro_batch = {} (GRPO micro-batches are rollout micro-groups)",
+        c.source, window_samples, c.train.micro_batch);
   const int64_t samples_per_rank = c.rollout.batch * c.rollout.samples_per_prompt / world;
   const int64_t microgroup = sampler_options(c).microgroup;
   if (samples_per_rank % microgroup != 0)
@@ -35,8 +36,8 @@ void check_batching(const config::Config& c, const rl::AlgorithmTraits& traits, 
 }
 
 void check_files(const config::Config& c) {
-  for (const auto& [key, path] : {std::pair<const char*, std::string>{"weights", c.model.weights},
-                                  {"weights_2", c.model.weights_2}})
+  for (const auto& [key, path] :
+       {std::pair<const char*, std::string>{"weights", c.model.weights}, {"weights_2", c.model.weights_2}})
     if (!path.empty() && !std::filesystem::exists(path))
       fail("{}: model.{} = \"{}\": no such file", c.source, key, path);
   if (!c.data.prompts.empty() && !std::filesystem::exists(c.data.prompts))
@@ -44,8 +45,7 @@ void check_files(const config::Config& c) {
 }
 
 // Each rank writes its own samples' forwards to its own serial file.
-std::unique_ptr<rl::ParityDump> open_parity_dump(const config::Config& c, const rl::AlgorithmTraits& traits,
-                                                 int rank) {
+std::unique_ptr<rl::ParityDump> open_parity_dump(const config::Config& c, const rl::AlgorithmTraits& traits, int rank) {
   const std::filesystem::path dir = std::filesystem::path(c.run.out_dir) / "debug";
   std::filesystem::create_directories(dir);
   const std::string path = (dir / fmt::format("dump-rank{}.h5", rank)).string();
@@ -113,18 +113,19 @@ Run open_run(const config::Config& config, dist::Runtime& runtime) {
   for (int64_t i = 0; i < schedule.steps(); ++i)
     collect.needs_negative |= models::uses_cfg(*run.family, collect.sampler.guidance, schedule.timestep(i));
 
-  run.params = std::make_unique<shard::ShardedParams>(*run.family, run.family->wrap_units(),
-                                                      compiled_plan(c, *run.family), runtime.data(),
-                                                      shard_options(c, runtime.device()));
+  run.params =
+      std::make_unique<shard::ShardedParams>(*run.family, run.family->wrap_units(), compiled_plan(c, *run.family),
+                                             runtime.data(), shard_options(c, runtime.device()));
+  collect.sampler.device = runtime.device();
   if (c.debug.dump) {
     run.dump = open_parity_dump(c, run.traits, runtime.world().rank);
     collect.sampler.dump = run.dump.get();
   }
-  run.collector = std::make_unique<rollout::Collector>(
-      collect,
-      rollout::CollectParts{run.family.get(), run.params.get(), run.prompts.get(), run.reward.get(), &runtime.data(),
-                            runtime.io_comm()},
-      std::move(schedule), latent_shape);
+  run.collector =
+      std::make_unique<rollout::Collector>(collect,
+                                           rollout::CollectParts{run.family.get(), run.params.get(), run.prompts.get(),
+                                                                 run.reward.get(), &runtime.data(), runtime.io_comm()},
+                                           std::move(schedule), latent_shape);
 
   run.policy.family = run.family.get();
   run.policy.params = run.params.get();

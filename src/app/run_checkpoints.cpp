@@ -1,3 +1,5 @@
+// Resuming a training run from a checkpoint and saving its state.
+
 #include <ditrl/app/run_checkpoints.hpp>
 #include <ditrl/io/checkpoint.hpp>
 
@@ -29,8 +31,12 @@ int64_t RunCheckpoints::resume(const std::string& which) {
 double RunCheckpoints::save(int64_t global_step, int64_t next_rollout) {
   const auto start = std::chrono::steady_clock::now();
   const config::Config& c = run_.config;
-  const io::CheckpointMeta meta{global_step,         next_rollout, run_.runtime->world().size, run_.params->step_count(),
-                                next_rollout * c.rollout.batch, run_.deck_text};
+  const io::CheckpointMeta meta{global_step,
+                                next_rollout,
+                                run_.runtime->world().size,
+                                run_.params->step_count(),
+                                next_rollout * c.rollout.batch,
+                                run_.deck_text};
   const std::string path =
       io::save_checkpoint(c.run.out_dir, training_state(run_), meta, c.checkpoint.keep, run_.runtime->io_comm());
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

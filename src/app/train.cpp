@@ -12,8 +12,8 @@
 #include <ditrl/app/commands.hpp>
 #include <ditrl/app/determinism.hpp>
 #include <ditrl/app/options.hpp>
-#include <ditrl/app/run.hpp>
 #include <ditrl/app/progress.hpp>
+#include <ditrl/app/run.hpp>
 #include <ditrl/app/run_checkpoints.hpp>
 #include <ditrl/error.hpp>
 #include <ditrl/io/metrics.hpp>
@@ -48,7 +48,8 @@ extern "C" void request_stop(int signal) {
 std::string trajectory_path(const std::string& pattern, int64_t rollout_id) {
   std::string path = pattern;
   const std::string key = "{rollout}";
-  if (const size_t at = path.find(key); at != std::string::npos) path.replace(at, key.size(), std::to_string(rollout_id));
+  if (const size_t at = path.find(key); at != std::string::npos)
+    path.replace(at, key.size(), std::to_string(rollout_id));
   return path;
 }
 
@@ -128,7 +129,7 @@ class Trainer {
                    size_t index, int64_t window_pairs, rl::MetricBuffer& metrics, StepTimes& times) {
     const auto start = Clock::now();
     run_.params->begin_step();
-    const rl::PreparedBatch b = rl::prepare_batch(data.slice(mb));
+    const rl::PreparedBatch b = rl::prepare_batch(data.slice(mb), run_.runtime->device());
     const at::Tensor loss_sum = run_.algorithm->micro_batch_loss(rollout, data, b, index, metrics);
     const at::Tensor objective = rl::window_objective(loss_sum, window_pairs);
     times.forward += seconds_since(start);
@@ -141,8 +142,7 @@ class Trainer {
   // Clip and AdamW, or skip the step on every rank when some rank's loss or
   // gradient was not finite; returns the pre-clip gradient norm.
   double optimizer_step(int64_t rollout_id, double lr) {
-    const double norm =
-        c_.train.clip_grad > 0 ? run_.params->clip_grad(c_.train.clip_grad) : run_.params->grad_norm();
+    const double norm = c_.train.clip_grad > 0 ? run_.params->clip_grad(c_.train.clip_grad) : run_.params->grad_norm();
     const bool finite = std::isfinite(norm);
     if (!finite && c_.train.on_nonfinite == "stop")
       fail(

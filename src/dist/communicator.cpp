@@ -1,3 +1,5 @@
+// Pending: the wait handle of an asynchronous collective.
+
 #include <ditrl/dist/communicator.hpp>
 
 #include <exception>

@@ -259,7 +259,8 @@ class MpiCommunicator final : public Communicator {
       all_gather(input, out);
       return {};
     }
-    return lane_->submit([input, out = at::Tensor(output)](Communicator& lane) mutable { lane.all_gather(input, out); });
+    return lane_->submit(
+        [input, out = at::Tensor(output)](Communicator& lane) mutable { lane.all_gather(input, out); });
   }
 
   Pending reduce_scatter_async(const at::Tensor& input, const at::Tensor& output, ReduceOp op) override {

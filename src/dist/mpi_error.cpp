@@ -1,3 +1,5 @@
+// check_mpi: an MPI error code as an Error naming the call.
+
 #include <ditrl/dist/mpi_error.hpp>
 #include <ditrl/error.hpp>
 

@@ -96,8 +96,8 @@ int report_fatal(const std::exception& error) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
   }
-  const std::string message = size > 1 ? fmt::format("error on rank {}: {}", rank, error.what())
-                                       : fmt::format("error: {}", error.what());
+  const std::string message =
+      size > 1 ? fmt::format("error on rank {}: {}", rank, error.what()) : fmt::format("error: {}", error.what());
   // stderr directly: the logger may be the thing that failed.
   std::cerr << "ditrl: " << message << std::endl;
   if (auto logger = spdlog::default_logger()) {

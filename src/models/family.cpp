@@ -34,8 +34,8 @@ std::shared_ptr<Family> make_sd3(const FamilyOptions& o) {
 }
 
 std::shared_ptr<Family> make_wan(const FamilyOptions& o) {
-  const WanConfig config =
-      o.config_json.empty() ? WanConfig::preset(o.preset) : WanConfig::from_json(read_text(o.config_json), o.config_json);
+  const WanConfig config = o.config_json.empty() ? WanConfig::preset(o.preset)
+                                                 : WanConfig::from_json(read_text(o.config_json), o.config_json);
   return std::make_shared<Wan>(config, o);
 }
 
@@ -76,6 +76,12 @@ const at::Tensor& Cond::at(const std::string& name) const {
     if (value.defined()) present.push_back(key);
   fail("conditioning tensor '{}' is missing (present: {})", name,
        present.empty() ? std::string("none") : fmt::format("{}", fmt::join(present, ", ")));
+}
+
+Cond Cond::to(c10::Device device) const {
+  Cond out;
+  for (const auto& [name, tensor] : tensors) out.tensors[name] = tensor.defined() ? tensor.to(device) : tensor;
+  return out;
 }
 
 precision::InputPolicy Family::default_input_policy(c10::ScalarType forward) const {

@@ -18,12 +18,13 @@ void for_each_key(const std::string& text, const std::string& source,
 }
 
 void read_fields(const std::string& text, const std::string& source, const std::string& model_class,
-                 const std::map<std::string, int64_t*>& ints,
-                 const std::function<bool(const std::string&, const json::value&)>& other) {
+                 const std::map<std::string, int64_t*>& ints, const std::map<std::string, Field>& fields) {
   for_each_key(text, source, [&](const std::string& key, const json::value& v) {
     if (const auto it = ints.find(key); it != ints.end())
       *it->second = to_int(v, key, source);
-    else if (!other(key, v))
+    else if (const auto field = fields.find(key); field != fields.end())
+      field->second(v);
+    else
       fail("{}: unknown {} config key '{}'", source, model_class, key);
   });
 }

@@ -110,26 +110,24 @@ QwenImageConfig QwenImageConfig::from_json(const std::string& text, const std::s
       {"num_attention_heads", &c.num_attention_heads},
       {"joint_attention_dim", &c.joint_attention_dim},
   };
-  // Variants of other Qwen-Image models (guidance-distilled, edit, layered).
-  const std::set<std::string> variants = {"guidance_embeds", "zero_cond_t", "use_additional_t_cond",
-                                          "use_layer3d_rope"};
   bool out_channels_null = false;
-  json_config::read_fields(text, source, "QwenImageTransformer2DModel", ints, [&](const std::string& key,
-                                                                                  const json::value& v) {
-    if (key == "out_channels") {
-      out_channels_null = v.is_null();
-      if (!out_channels_null) c.out_channels = json_config::to_int(v, key, source);
-    } else if (key == "axes_dims_rope") {
-      c.axes_dims_rope = json_config::to_int_list(v, key, source);
-    } else if (variants.count(key)) {
+  std::map<std::string, json_config::Field> fields = {
+      {"out_channels",
+       [&](const json::value& v) {
+         out_channels_null = v.is_null();
+         if (!out_channels_null) c.out_channels = json_config::to_int(v, "out_channels", source);
+       }},
+      {"axes_dims_rope",
+       [&](const json::value& v) { c.axes_dims_rope = json_config::to_int_list(v, "axes_dims_rope", source); }},
+  };
+  // Variants of other Qwen-Image models (guidance-distilled, edit, layered).
+  for (const char* key : {"guidance_embeds", "zero_cond_t", "use_additional_t_cond", "use_layer3d_rope"})
+    fields[key] = [&source, key](const json::value& v) {
       if (json_config::to_bool(v, key, source))
         fail("{}: '{}' = true is a variant ditrl's qwen_image does not implement (Qwen-Image sets it false)", source,
              key);
-    } else {
-      return false;
-    }
-    return true;
-  });
+    };
+  json_config::read_fields(text, source, "QwenImageTransformer2DModel", ints, fields);
   if (out_channels_null) c.out_channels = c.in_channels;  // `out_channels or in_channels`
   return json_config::validated(std::move(c), source);
 }

@@ -86,26 +86,26 @@ SD3Config SD3Config::from_json(const std::string& text, const std::string& sourc
       {"pooled_projection_dim", &c.pooled_projection_dim},
       {"out_channels", &c.out_channels},
   };
-  json_config::read_fields(text, source, "SD3Transformer2DModel", ints, [&](const std::string& key, const json::value& v) {
-    if (key == "pos_embed_max_size") {
-      if (v.is_null())
-        fail("{}: pos_embed_max_size = null is not supported (every SD3/SD3.5 checkpoint sets it)", source);
-      c.pos_embed_max_size = json_config::to_int(v, key, source);
-    } else if (key == "dual_attention_layers") {
-      if (!v.is_array()) fail("{}: dual_attention_layers must be a list of block indices", source);
-      c.dual_attention_layers = json_config::to_int_list(v, key, source);
-    } else if (key == "qk_norm") {
-      if (v.is_null())
-        c.qk_norm = false;
-      else if (v.is_string() && v.get_string() == "rms_norm")
-        c.qk_norm = true;
-      else
-        fail("{}: qk_norm must be \"rms_norm\" or null, got {}", source, json::serialize(v));
-    } else {
-      return false;
-    }
-    return true;
-  });
+  const std::map<std::string, json_config::Field> fields = {
+      {"pos_embed_max_size",
+       [&](const json::value& v) {
+         if (v.is_null())
+           fail("{}: pos_embed_max_size = null is not supported (every SD3/SD3.5 checkpoint sets it)", source);
+         c.pos_embed_max_size = json_config::to_int(v, "pos_embed_max_size", source);
+       }},
+      {"dual_attention_layers",
+       [&](const json::value& v) {
+         if (!v.is_array()) fail("{}: dual_attention_layers must be a list of block indices", source);
+         c.dual_attention_layers = json_config::to_int_list(v, "dual_attention_layers", source);
+       }},
+      {"qk_norm",
+       [&](const json::value& v) {
+         if (!v.is_null() && !(v.is_string() && v.get_string() == "rms_norm"))
+           fail("{}: qk_norm must be \"rms_norm\" or null, got {}", source, json::serialize(v));
+         c.qk_norm = !v.is_null();
+       }},
+  };
+  json_config::read_fields(text, source, "SD3Transformer2DModel", ints, fields);
   return json_config::validated(std::move(c), source);
 }
 

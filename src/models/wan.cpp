@@ -81,28 +81,26 @@ WanConfig WanConfig::from_json(const std::string& text, const std::string& sourc
       {"num_layers", &c.num_layers},
       {"rope_max_seq_len", &c.rope_max_seq_len},
   };
-  // Image-to-video inputs (CLIP image embedding, added K/V projections).
-  const std::set<std::string> i2v = {"image_dim", "added_kv_proj_dim", "pos_embed_seq_len"};
-  json_config::read_fields(text, source, "WanTransformer3DModel", ints, [&](const std::string& key, const json::value& v) {
-    if (key == "patch_size") {
-      c.patch_size = json_config::to_int_list(v, key, source);
-    } else if (key == "cross_attn_norm") {
-      c.cross_attn_norm = json_config::to_bool(v, key, source);
-    } else if (key == "eps") {
-      c.eps = json_config::to_number(v, key, source);
-    } else if (key == "qk_norm") {
+  std::map<std::string, json_config::Field> fields = {
+      {"patch_size", [&](const json::value& v) { c.patch_size = json_config::to_int_list(v, "patch_size", source); }},
+      {"cross_attn_norm",
+       [&](const json::value& v) { c.cross_attn_norm = json_config::to_bool(v, "cross_attn_norm", source); }},
+      {"eps", [&](const json::value& v) { c.eps = json_config::to_number(v, "eps", source); }},
       // diffusers builds the across-heads q/k RMSNorm whatever this says.
-      if (!v.is_string() || v.get_string() != "rms_norm_across_heads")
-        fail("{}: qk_norm must be \"rms_norm_across_heads\" (what WanTransformer3DModel builds), got {}", source,
-             json::serialize(v));
-    } else if (i2v.count(key)) {
+      {"qk_norm",
+       [&](const json::value& v) {
+         if (!v.is_string() || v.get_string() != "rms_norm_across_heads")
+           fail("{}: qk_norm must be \"rms_norm_across_heads\" (what WanTransformer3DModel builds), got {}", source,
+                json::serialize(v));
+       }},
+  };
+  // Image-to-video inputs (CLIP image embedding, added K/V projections).
+  for (const char* key : {"image_dim", "added_kv_proj_dim", "pos_embed_seq_len"})
+    fields[key] = [&source, key](const json::value& v) {
       if (!v.is_null())
         fail("{}: '{}' = {} is an image-to-video input; ditrl's wan is text-to-video", source, key, json::serialize(v));
-    } else {
-      return false;
-    }
-    return true;
-  });
+    };
+  json_config::read_fields(text, source, "WanTransformer3DModel", ints, fields);
   return json_config::validated(std::move(c), source);
 }
 

@@ -1,3 +1,5 @@
+// The algorithm factory and traits: the one place that reads the loss name.
+
 #include <ditrl/error.hpp>
 #include <ditrl/rl/algorithm.hpp>
 #include <ditrl/rl/grpo.hpp>

@@ -1,3 +1,5 @@
+// Flow-GRPO: pairs, KL reference pass, clipped PPO loss and its metrics.
+
 #include <ditrl/error.hpp>
 #include <ditrl/models/linear.hpp>
 #include <ditrl/rl/grpo.hpp>
@@ -59,7 +61,7 @@ std::vector<at::Tensor> Grpo::reference_means(const TrainingRollout& rollout, co
   std::vector<at::Tensor> out;
   policy_.params->begin_step();
   for (const MicroBatch& mb : data.micro_batches()) {
-    const PreparedBatch b = prepare_batch(data.slice(mb));
+    const PreparedBatch b = prepare_batch(data.slice(mb), policy_.params->device());
     const at::Tensor v = policy_.velocity(rollout, b, b.latents, /*guided=*/true);
     out.push_back(
         diffusion::sde_step(policy_.kernel, v, b.latents, b.step_sigmas(), diffusion::StepTarget::score(b.next_latents))
@@ -74,12 +76,13 @@ at::Tensor Grpo::micro_batch_loss(const TrainingRollout& rollout, const TrainDat
   models::ForwardContext ctx = policy_.context();
   if (tap) ctx.tap = tap.get();
   const at::Tensor v = policy_.velocity(rollout, b, b.latents, /*guided=*/true, ctx);
-  const diffusion::StepResult r = diffusion::sde_step(policy_.kernel, v, b.latents, b.step_sigmas(),
-                                                      diffusion::StepTarget::score(b.next_latents));
+  const diffusion::StepResult r =
+      diffusion::sde_step(policy_.kernel, v, b.latents, b.step_sigmas(), diffusion::StepTarget::score(b.next_latents));
   record_sde_step(ctx, r);
   const GrpoOptions o{options_.clip_range, options_.adv_clip_max, options_.kl_beta};
   std::unique_ptr<KlInputs> kl;
-  if (o.kl_beta > 0) kl = std::make_unique<KlInputs>(KlInputs{r.mean, data.reference.at(micro_batch_index), r.std_dev_t});
+  if (o.kl_beta > 0)
+    kl = std::make_unique<KlInputs>(KlInputs{r.mean, data.reference.at(micro_batch_index), r.std_dev_t});
   const GrpoTerms terms = grpo_loss(r.log_prob, b.log_prob_old, b.advantages, o, kl.get());
   record_grpo_metrics(metrics, terms, r.log_prob, b.log_prob_old, o.clip_range);
   if (rollout.model_outputs.defined())

@@ -1,3 +1,5 @@
+// DiffusionNFT: pairs, the EMA old policy pass, the NFT loss and its metrics.
+
 #include <ditrl/rl/metrics.hpp>
 #include <ditrl/rl/nft.hpp>
 #include <ditrl/rl/nft_loss.hpp>
@@ -29,7 +31,7 @@ TrainData Nft::prepare(const TrainingRollout& rollout) {
   ShadowScope scope(old_policy_, *policy_.params);
   policy_.params->begin_step();
   for (const MicroBatch& mb : data.micro_batches()) {
-    const PreparedBatch b = prepare_batch(data.slice(mb));
+    const PreparedBatch b = prepare_batch(data.slice(mb), policy_.params->device());
     data.reference.push_back(policy_.velocity(rollout, b, corrupted(rollout, b), /*guided=*/false));
   }
   return data;

@@ -1,3 +1,5 @@
+// Policy forwards as the rollout ran them, and the shadow-weights scope.
+
 #include <ditrl/models/guided.hpp>
 #include <ditrl/rl/policy.hpp>
 

@@ -1,3 +1,5 @@
+// Collector: a rank's share of a rollout sampled or read, scored, turned into advantages.
+
 #include <ditrl/error.hpp>
 #include <ditrl/rl/metrics.hpp>
 #include <ditrl/rl/stable_hash.hpp>
@@ -37,8 +39,9 @@ RolloutBatch Collector::collect(int64_t rollout_id) {
     samples.push_back(s);
     batch.seeds.push_back(rl::stable_hash("rollout_noise", options_.seed, rollout_id, s));
   }
-  batch.cond = parts_.prompts->fetch(rows);
-  if (options_.needs_negative) out.negative = parts_.prompts->negative(samples_per_rank());
+  const c10::Device device = parts_.params->device();
+  batch.cond = parts_.prompts->fetch(rows).to(device);
+  if (options_.needs_negative) out.negative = parts_.prompts->negative(samples_per_rank()).to(device);
   batch.negative = options_.needs_negative ? &out.negative : nullptr;
   batch.prompt_index = at::tensor(rows, at::kLong);
   batch.sample_index = at::tensor(samples, at::kLong);
@@ -46,9 +49,9 @@ RolloutBatch Collector::collect(int64_t rollout_id) {
   batch.rollout_id = rollout_id;
 
   // Every sample of a rollout shares its SDE steps, drawn per rollout.
-  const rl::StepSelection steps =
-      rl::select_steps(options_.strategy, {rl::stable_hash("sde_window", options_.seed, rollout_id),
-                                           rollout_id * options_.prompts_per_rollout});
+  const rl::StepSelection steps = rl::select_steps(
+      options_.strategy,
+      {rl::stable_hash("sde_window", options_.seed, rollout_id), rollout_id * options_.prompts_per_rollout});
 
   const auto start = std::chrono::steady_clock::now();
   {
@@ -69,11 +72,12 @@ RolloutBatch Collector::load(const std::string& path, int64_t rollout_id) {
       read_trajectories(path, parts_.comm->rank() * samples_per_rank(), samples_per_rank(), expect);
   RolloutBatch out;
   out.rollout_id = rollout_id;
+  const c10::Device device = parts_.params->device();
   out.trajectories = std::move(record.trajectories);
-  out.cond = std::move(record.cond);
-  out.negative = std::move(record.negative);
+  out.cond = record.cond.to(device);
+  out.negative = record.negative.to(device);
   if (options_.needs_negative && out.negative.tensors.empty())
-    out.negative = parts_.prompts->negative(samples_per_rank());
+    out.negative = parts_.prompts->negative(samples_per_rank()).to(device);
   score_and_normalise(out);
   return out;
 }
@@ -96,8 +100,9 @@ void Collector::score_and_normalise(RolloutBatch& out) {
     t.rewards = parts_.reward->score(t.final_latents, t.prompt_index, texts).contiguous();
   }
   out.seconds_reward = seconds_since(start);
-  out.all_rewards = at::empty({samples_per_rollout()}, at::kFloat);
-  parts_.comm->all_gather(t.rewards.to(at::kFloat).contiguous(), out.all_rewards);
+  const at::TensorOptions on_device = at::TensorOptions().dtype(at::kFloat).device(parts_.params->device());
+  out.all_rewards = at::empty({samples_per_rollout()}, on_device);
+  parts_.comm->all_gather(t.rewards.to(on_device).contiguous(), out.all_rewards);
   out.advantages = rl::group_advantages(out.all_rewards, options_.advantages)
                        .narrow(0, parts_.comm->rank() * samples_per_rank(), samples_per_rank())
                        .contiguous();
@@ -107,7 +112,7 @@ std::map<std::string, double> Collector::metrics(const RolloutBatch& batch) cons
   std::map<std::string, double> row;
   for (const auto& [key, value] : rl::reward_stats(batch.all_rewards, options_.samples_per_prompt))
     row["rollout/reward/" + key] = value;
-  at::Tensor all_advantages = at::empty({samples_per_rollout()}, at::kFloat);
+  at::Tensor all_advantages = at::empty({samples_per_rollout()}, batch.advantages.options());
   parts_.comm->all_gather(batch.advantages, all_advantages);
   for (const auto& [key, value] : rl::advantage_stats(all_advantages)) row["rollout/reward/" + key] = value;
   row["rollout/step"] = static_cast<double>(batch.rollout_id);

@@ -31,7 +31,7 @@ models::Cond rows(const models::Cond& cond, int64_t begin, int64_t count) {
 
 // One micro-group through every denoising step.
 struct GroupResult {
-  std::vector<at::Tensor> kept;  // x_i for i in return_latents, each [m, ...]
+  std::vector<at::Tensor> kept;                // x_i for i in return_latents, each [m, ...]
   std::vector<at::Tensor> log_probs, outputs;  // per SDE step, [m] and [m, ...]
   at::Tensor final;
 };
@@ -47,7 +47,7 @@ GroupResult denoise(models::Family& family, const models::ForwardContext& ctx, c
   const auto f32 = at::TensorOptions().dtype(at::kFloat);
   std::vector<at::Tensor> initial;
   for (at::Generator& g : generators) initial.push_back(at::randn(latent_shape, g, f32));
-  at::Tensor x = at::stack(initial, 0);
+  at::Tensor x = at::stack(initial, 0).to(options.device);
 
   GroupResult out;
   const diffusion::StepKernel ode{diffusion::SdeType::Ode, 0.0};
@@ -65,8 +65,8 @@ GroupResult denoise(models::Family& family, const models::ForwardContext& ctx, c
     if (sde) {
       std::vector<at::Tensor> eps;
       for (at::Generator& g : generators) eps.push_back(at::randn(latent_shape, g, f32));
-      const diffusion::StepResult r =
-          diffusion::sde_step(options.kernel, v, x, sigmas, diffusion::StepTarget::noise(at::stack(eps, 0)));
+      const diffusion::StepResult r = diffusion::sde_step(
+          options.kernel, v, x, sigmas, diffusion::StepTarget::noise(at::stack(eps, 0).to(options.device)));
       rl::record_sde_step(step_ctx, r);
       out.log_probs.push_back(r.log_prob);
       out.outputs.push_back(v.to(at::kFloat));
@@ -83,8 +83,12 @@ GroupResult denoise(models::Family& family, const models::ForwardContext& ctx, c
 
 }  // namespace
 
-int64_t Trajectories::latent_slot(int64_t step) const { return slot_of(steps.return_latents, step, "latent"); }
-int64_t Trajectories::sde_slot(int64_t step) const { return slot_of(steps.sde_steps, step, "SDE log-prob"); }
+int64_t Trajectories::latent_slot(int64_t step) const {
+  return slot_of(steps.return_latents, step, "latent");
+}
+int64_t Trajectories::sde_slot(int64_t step) const {
+  return slot_of(steps.sde_steps, step, "SDE log-prob");
+}
 
 Trajectories sample(models::Family& family, const models::ForwardContext& ctx, const diffusion::Schedule& schedule,
                     const rl::StepSelection& steps, const SampleBatch& batch, const SamplerOptions& options) {

@@ -1,3 +1,5 @@
+// Unit gathers into pooled buffers, with a prefetch of the next unit on the async lane.
+
 #include <ditrl/shard/gather.hpp>
 
 #include <ATen/ATen.h>

@@ -1,3 +1,5 @@
+// A unit's gradients flattened per group, reduce-scattered and accumulated into the fp32 slices.
+
 #include <ditrl/precision/dtype.hpp>
 #include <ditrl/shard/grad_reduce.hpp>
 

@@ -1,3 +1,5 @@
+// Gradient norm (fixed-order fp64 partial sums), clipping and AdamW on the slices.
+
 #include <ditrl/shard/optimizer.hpp>
 
 #include <ATen/ATen.h>

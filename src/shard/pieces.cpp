@@ -1,3 +1,5 @@
+// Parameters by name across the shards: this rank's pieces, full loads and gathers.
+
 #include <ditrl/error.hpp>
 #include <ditrl/shard/pieces.hpp>
 

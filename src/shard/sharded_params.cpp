@@ -1,3 +1,5 @@
+// ShardedParams: the manager that composes slices, gathers, gradient reduce and AdamW.
+
 #include <ditrl/error.hpp>
 #include <ditrl/shard/sharded_params.hpp>
 #include <ditrl/shard/unit_function.hpp>

@@ -1,3 +1,5 @@
+// A rank's slices of the flat groups, taken from a module's parameters.
+
 #include <ditrl/error.hpp>
 #include <ditrl/shard/slices.hpp>
 

@@ -1,3 +1,5 @@
+// UnitFunction: one wrap unit's forward and recomputing backward under the manager.
+
 #include <ditrl/shard/sharded_params.hpp>
 #include <ditrl/shard/unit_function.hpp>
 

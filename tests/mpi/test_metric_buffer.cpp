@@ -25,7 +25,7 @@ TEST_CASE("metric buffer: MEAN is item-weighted over all ranks, MAX is the globa
   auto comm = dist::make_mpi_communicator();
   const int n = comm->size();
   const int r = comm->rank();
-  MetricBuffer m(schema());
+  MetricBuffer m(schema(), c10::kCPU);
   // Rank r sees r+1 items of value r (uneven counts: a mean of per-rank means would differ).
   m.emit_mean("loss", at::scalar_tensor(static_cast<double>(r * (r + 1)), at::kFloat), r + 1);
   m.emit_max("max_diff", 0.5 * r - 1.0);
@@ -42,7 +42,7 @@ TEST_CASE("metric buffer: MEAN is item-weighted over all ranks, MAX is the globa
 
 TEST_CASE("metric buffer: a metric only some ranks saw is still reduced everywhere", "[metric_buffer]") {
   auto comm = dist::make_mpi_communicator();
-  MetricBuffer m(schema());
+  MetricBuffer m(schema(), c10::kCPU);
   if (comm->rank() == comm->size() - 1) {
     m.emit_mean("clipfrac", 0.75, 3);
     m.emit_max("max_diff", 7.0);
@@ -58,7 +58,7 @@ TEST_CASE("metric buffer: ranks with different schemas fail with a clear error",
   if (comm->size() == 1) return;  // needs a peer to disagree with
   rl::MetricSchema mine = schema();
   if (comm->rank() == 1) mine["extra"] = MetricReduce::Mean;
-  MetricBuffer m(mine);
+  MetricBuffer m(mine, c10::kCPU);
   CHECK_THROWS_WITH(m.reduce(*comm), Catch::Matchers::Contains("metric schema that differs"));
 }
 

@@ -57,7 +57,7 @@ MetricSchema small_schema() {
 }  // namespace
 
 TEST_CASE("metric buffer: item-weighted means, maxima and replicated values", "[rl][metrics]") {
-  MetricBuffer m(small_schema());
+  MetricBuffer m(small_schema(), c10::kCPU);
   m.emit_mean("loss", at::scalar_tensor(6.0, at::kFloat), 2);  // micro-batch 1: 2 pairs, sum 6
   m.emit_mean("loss", 1.0, 4);                                 // micro-batch 2: 4 pairs, sum 1
   m.emit_max("model_output_max_abs_diff", at::scalar_tensor(0.5));
@@ -76,7 +76,7 @@ TEST_CASE("metric buffer: item-weighted means, maxima and replicated values", "[
 }
 
 TEST_CASE("metric buffer: reduce goes through the communicator (SUM for means, MAX for maxima)", "[rl][metrics]") {
-  MetricBuffer m(small_schema());
+  MetricBuffer m(small_schema(), c10::kCPU);
   m.emit_mean("loss", 3.0, 2);
   m.emit_max("model_output_max_abs_diff", 0.125);
   m.emit_replicated("grad_norm", 2.0);
@@ -100,7 +100,7 @@ TEST_CASE("metrics: Flow-GRPO definitions", "[rl][metrics]") {
   const at::Tensor adv = f32({1.0f, -2.0f, 0.5f, 8.0f});
   const double eps = 0.05;
   const GrpoTerms t = grpo_loss(lp_new, lp_old, adv, GrpoOptions{eps, 5.0, 0.0});
-  MetricBuffer m(grpo_metric_schema());
+  MetricBuffer m(grpo_metric_schema(), c10::kCPU);
   record_grpo_metrics(m, t, lp_new, lp_old, eps);
   const auto out = m.local();
   const std::vector<double> diff = {0.0, 0.5, -0.1, 0.0};
@@ -132,7 +132,7 @@ TEST_CASE("metrics: Flow-GRPO definitions", "[rl][metrics]") {
 TEST_CASE("metrics: train-vs-rollout model output and mean agreement", "[rl][metrics]") {
   const at::Tensor v_rollout = f32({1.0f, -4.0f, 2.0f, 0.5f}).view({2, 2});
   const at::Tensor v_train = v_rollout + f32({0.0f, 0.5f, -0.25f, 0.0f}).view({2, 2});
-  MetricBuffer m(grpo_metric_schema());
+  MetricBuffer m(grpo_metric_schema(), c10::kCPU);
   record_model_output_diff(m, v_train, v_rollout);
   record_model_output_diff(m, v_rollout, v_rollout);
   const auto out = m.local();
@@ -153,7 +153,7 @@ TEST_CASE("metrics: NFT and SFT records", "[rl][metrics]") {
   t.pos_loss = f32({0.5f, 0.5f});
   t.neg_loss = f32({2.0f, 0.0f});
   t.kl = f32({0.0f, 0.0f});
-  MetricBuffer m(nft_metric_schema());
+  MetricBuffer m(nft_metric_schema(), c10::kCPU);
   record_nft_metrics(m, t, f32({-2.0f, 4.0f}), f32({0.3f, 0.7f}), 9);
   const auto out = m.local();
   CHECK(out.at("loss") == Approx(18.0));
@@ -168,7 +168,7 @@ TEST_CASE("metrics: NFT and SFT records", "[rl][metrics]") {
   CHECK(sigma_bucket(0.26, 4) == 1);
   CHECK(sigma_bucket(1.0, 4) == 3);
   SftTerms s{at::scalar_tensor(0.0), f32({1.0f, 2.0f, 4.0f})};
-  MetricBuffer ms(sft_metric_schema(4));
+  MetricBuffer ms(sft_metric_schema(4), c10::kCPU);
   record_sft_metrics(ms, s, f32({0.1f, 0.15f, 0.9f}), 4);
   const auto so = ms.local();
   CHECK(so.at("loss") == Approx(7.0 / 3));

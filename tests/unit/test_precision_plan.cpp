@@ -161,10 +161,9 @@ dtype = "bf16"
 
   ditrl::config::Config no_family = config;
   no_family.precision.family_overrides = false;
-  CHECK(ditrl::app::precision_plan(no_family, {family})
-            .compile(kNames)
-            .at("transformer_blocks.1.norm2.weight")
-            .compute == at::kHalf);
+  CHECK(
+      ditrl::app::precision_plan(no_family, {family}).compile(kNames).at("transformer_blocks.1.norm2.weight").compute ==
+      at::kHalf);
 }
 
 TEST_CASE("input policy: default, fixed dtypes and passthrough casts", "[precision][plan]") {

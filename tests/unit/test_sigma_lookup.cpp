@@ -131,7 +131,7 @@ TEST_CASE("prepared batch: stacks pairs, carries both domains and the conditioni
   // a separately deserialised, bitwise-equal snapshot is accepted
   pairs[2].snapshot =
       std::make_shared<diffusion::Schedule>(diffusion::Schedule{snap->timesteps.clone(), snap->sigmas.clone()});
-  const PreparedBatch b = prepare_batch(pairs);
+  const PreparedBatch b = prepare_batch(pairs, c10::kCPU);
   CHECK(b.size() == 3);
   CHECK(b.latents.scalar_type() == at::kFloat);
   CHECK(b.latents.sizes() == at::IntArrayRef{3, 2, 3});
@@ -161,13 +161,13 @@ TEST_CASE("prepared batch: samples with different snapshots are rejected, naming
   }
   pairs[0].snapshot = snap;
   pairs[1].snapshot = other;
-  CHECK_THROWS_WITH(prepare_batch(pairs),
+  CHECK_THROWS_WITH(prepare_batch(pairs, c10::kCPU),
                     Catch::Contains("sample 5 carries different scheduler sigmas than sample 0") &&
                         Catch::Contains("entry [7]") && Catch::Contains("+1 ULP"));
   auto shorter = std::make_shared<diffusion::Schedule>(diffusion::flow_match_schedule({}));
   pairs[1].snapshot = shorter;
-  CHECK_THROWS_WITH(prepare_batch(pairs), Catch::Contains("sample 5 carries timesteps of shape 10"));
+  CHECK_THROWS_WITH(prepare_batch(pairs, c10::kCPU), Catch::Contains("sample 5 carries timesteps of shape 10"));
   pairs[1].snapshot = nullptr;
-  CHECK_THROWS_WITH(prepare_batch(pairs), Catch::Contains("no schedule snapshot"));
-  CHECK_THROWS_WITH(prepare_batch({}), Catch::Contains("no train pairs"));
+  CHECK_THROWS_WITH(prepare_batch(pairs, c10::kCPU), Catch::Contains("no schedule snapshot"));
+  CHECK_THROWS_WITH(prepare_batch({}, c10::kCPU), Catch::Contains("no train pairs"));
 }

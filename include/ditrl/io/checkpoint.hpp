@@ -50,10 +50,10 @@ struct CheckpointMeta {
 
 // One trainable parameter and this rank's piece of it.
 struct StateTensor {
-  std::string name;            // canonical
-  std::vector<int64_t> shape;  // full logical shape
-  int64_t begin = 0;           // elements [begin, end) of the flattened parameter this rank holds;
-  int64_t end = 0;             // begin == end: none (the tensors below are then undefined)
+  std::string name;                        // canonical
+  std::vector<int64_t> shape;              // full logical shape
+  int64_t begin = 0;                       // elements [begin, end) of the flattened parameter this rank holds;
+  int64_t end = 0;                         // begin == end: none (the tensors below are then undefined)
   at::Tensor master, exp_avg, exp_avg_sq;  // views: saving reads them, loading writes them
   std::vector<at::Tensor> extra;           // one per TrainingState::extra_sets entry
 };

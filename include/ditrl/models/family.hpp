@@ -35,6 +35,8 @@ struct Cond {
   bool has(const std::string& name) const { return tensors.count(name) > 0 && tensors.at(name).defined(); }
   // Throws naming the missing tensor and the ones present.
   const at::Tensor& at(const std::string& name) const;
+  // Every tensor on `device`.
+  Cond to(c10::Device device) const;
 };
 
 // One conditioning tensor per prompt, for synthetic prompts and for
@@ -76,10 +78,10 @@ struct LoraOptions {
 struct FamilyOptions {
   std::string family;  // "sd3" | "wan" | "ltx" | "qwen_image"
   std::string preset = "tiny";
-  std::string config_json;  // path of an optional config.json (reference format) replacing the preset
+  std::string config_json;         // path of an optional config.json (reference format) replacing the preset
   c10::Device device = c10::kCPU;  // where parameters live; c10::kMeta: shapes only, nothing allocated
-  int64_t experts = 0;      // expert DiTs (Wan2.2 A14B: 2); 0 = what the preset or config.json says
-  int64_t init_seed = 0;    // seeded init when no weights are loaded
+  int64_t experts = 0;             // expert DiTs (Wan2.2 A14B: 2); 0 = what the preset or config.json says
+  int64_t init_seed = 0;           // seeded init when no weights are loaded
   std::string attention = "math";
   LoraOptions lora;
   precision::InputPolicy inputs;  // boundary casts applied inside noise_pred

@@ -22,12 +22,14 @@ namespace ditrl::models::json_config {
 void for_each_key(const std::string& text, const std::string& source,
                   const std::function<void(const std::string&, const boost::json::value&)>& fn);
 
+// How one non-integer key of a config is read.
+using Field = std::function<void(const boost::json::value&)>;
+
 // for_each_key with the usual shape of a diffusers config: integer keys go
-// straight into `ints`, every other key to `other`, which returns false for
-// a key it does not read; such a key is an error naming `model_class`.
+// straight into `ints`, the others to their entry of `fields`; any other key
+// is an error naming `model_class` (the diffusers class).
 void read_fields(const std::string& text, const std::string& source, const std::string& model_class,
-                 const std::map<std::string, int64_t*>& ints,
-                 const std::function<bool(const std::string&, const boost::json::value&)>& other);
+                 const std::map<std::string, int64_t*>& ints, const std::map<std::string, Field>& fields);
 
 int64_t to_int(const boost::json::value& v, const std::string& key, const std::string& source);
 double to_number(const boost::json::value& v, const std::string& key, const std::string& source);

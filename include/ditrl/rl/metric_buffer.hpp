@@ -26,7 +26,7 @@ class MetricBuffer {
  public:
   // Accumulators live on `device` (the communicator's: CPU for MPI, CUDA for
   // NCCL) so tensor totals are added without a host sync.
-  explicit MetricBuffer(MetricSchema schema, c10::Device device = c10::kCPU);
+  MetricBuffer(MetricSchema schema, c10::Device device);
 
   void emit_mean(const std::string& key, const at::Tensor& total, double count);
   void emit_mean(const std::string& key, double total, double count);

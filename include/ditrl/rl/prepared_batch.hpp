@@ -49,6 +49,6 @@ struct PreparedBatch {
 // Stacks the pairs (latents upcast to fp32), checks every pair carries a
 // snapshot bitwise equal to the first pair's, and looks each pair's t up in it.
 // The tensors are placed on `device`.
-PreparedBatch prepare_batch(const std::vector<TrainPair>& pairs, c10::Device device = c10::kCPU);
+PreparedBatch prepare_batch(const std::vector<TrainPair>& pairs, c10::Device device);
 
 }  // namespace ditrl::rl

@@ -25,6 +25,7 @@ struct SamplerOptions {
   models::GuidanceOptions guidance;
   int64_t microgroup = 1;
   rl::ParityDump* dump = nullptr;  // [debug] dump: records the chosen samples' forwards
+  c10::Device device = c10::kCPU;  // where latents live (the runtime's); noise is drawn on the CPU and copied
 };
 
 // A rank's samples of one rollout.
@@ -47,11 +48,11 @@ struct Trajectories {
 };
 
 struct SampleBatch {
-  models::Cond cond;             // [N, ...] the samples' prompt conditioning
-  const models::Cond* negative;  // [N, ...] negative prompt, or nullptr without CFG
-  std::vector<uint64_t> seeds;   // per sample noise seed
-  at::Tensor prompt_index;       // [N]
-  at::Tensor sample_index;       // [N]
+  models::Cond cond;                  // [N, ...] the samples' prompt conditioning
+  const models::Cond* negative;       // [N, ...] negative prompt, or nullptr without CFG
+  std::vector<uint64_t> seeds;        // per sample noise seed
+  at::Tensor prompt_index;            // [N]
+  at::Tensor sample_index;            // [N]
   std::vector<int64_t> latent_shape;  // one sample's latent shape (no batch dim)
   int64_t rollout_id = 0;             // names parity dumps
 };
