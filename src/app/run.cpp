@@ -3,6 +3,8 @@
 #include <ditrl/error.hpp>
 #include <ditrl/io/safetensors.hpp>
 #include <ditrl/models/guided.hpp>
+#include <ditrl/models/lora_adapter.hpp>
+#include <ditrl/models/lora_files.hpp>
 #include <ditrl/models/weights.hpp>
 #include <ditrl/precision/plan.hpp>
 #include <ditrl/rl/advantages.hpp>
@@ -92,10 +94,12 @@ std::unique_ptr<shard::ShardedParams> shard_family(models::Family& family, const
   return std::make_unique<shard::ShardedParams>(family, family.wrap_units(), plan, comm, options);
 }
 
-// Each rank writes its own samples' forwards to its own serial file.
-void open_parity_dump(Run& run) {
+// Each rank writes its own samples' forwards to its own serial file, in
+// OUT/debug or the folder the caller chose (a standalone rollout's own).
+void open_parity_dump(Run& run, const std::string& dump_dir) {
   const config::Config& c = run.config;
-  const std::filesystem::path dir = std::filesystem::path(c.run.out_dir) / "debug";
+  const std::filesystem::path dir =
+      dump_dir.empty() ? std::filesystem::path(c.run.out_dir) / "debug" : std::filesystem::path(dump_dir);
   std::filesystem::create_directories(dir);
   const std::string path = (dir / fmt::format("dump-rank{}.h5", run.world.rank)).string();
   run.dump =
@@ -111,7 +115,7 @@ void open_parity_dump(Run& run) {
 
 }  // namespace
 
-Run open_run(const config::Config& config, const dist::MpiRuntime& mpi) {
+Run open_run(const config::Config& config, const dist::MpiRuntime& mpi, const std::string& dump_dir) {
   Run run;
   run.config = config;
   run.deck_text = config::to_toml(config);
@@ -123,7 +127,8 @@ Run open_run(const config::Config& config, const dist::MpiRuntime& mpi) {
   run.window_samples = c.train.global_batch / run.world.size;
   check_batching(run);
   for (const auto& [key, path] : {std::pair<const char*, std::string>{"weights", c.model.weights},
-                                  {"weights_2", c.model.weights_2}})
+                                  {"weights_2", c.model.weights_2},
+                                  {"lora.weights", c.model.lora.weights}})
     if (!path.empty() && !std::filesystem::exists(path))
       fail("{}: model.{} = \"{}\": no such file", c.source, key, path);
   if (!c.data.prompts.empty() && !std::filesystem::exists(c.data.prompts))
@@ -132,6 +137,8 @@ Run open_run(const config::Config& config, const dist::MpiRuntime& mpi) {
   run.comm = dist::make_mpi_communicator(MPI_COMM_WORLD);
   run.family = models::create_family(family_options(c, /*meta=*/false));
   load_family_weights(*run.family, c);
+  if (!c.model.lora.weights.empty())  // start from an existing PEFT / diffusers / LTX-2 adapter
+    models::load_lora_adapter(*run.family, models::read_lora_file(c.model.lora.weights), c.model.lora.weights);
 
   run.prompts = c.data.prompts.empty()
                     ? rollout::synthetic_prompts(run.family->cond_spec(), c.data.synthetic_prompts, c.data.seed)
@@ -174,7 +181,7 @@ Run open_run(const config::Config& config, const dist::MpiRuntime& mpi) {
     run.needs_negative |= models::uses_cfg(*run.family, run.sampler.guidance, run.schedule.timestep(i));
 
   run.params = shard_family(*run.family, c, *run.comm);
-  if (c.debug.dump) open_parity_dump(run);
+  if (c.debug.dump) open_parity_dump(run, dump_dir);
   return run;
 }
 

@@ -47,7 +47,8 @@ struct Run {
   models::ForwardContext forward_context() const { return {params.get(), nullptr}; }
 };
 
-Run open_run(const config::Config& config, const dist::MpiRuntime& mpi);
+// `dump_dir`: where [debug] dump files go ("" = OUT/debug, the training run's).
+Run open_run(const config::Config& config, const dist::MpiRuntime& mpi, const std::string& dump_dir = "");
 
 // A rank's part of one rollout, scored, with the advantages of its samples
 // (normalised over the whole rollout, every rank holding all rewards).
