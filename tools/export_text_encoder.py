@@ -161,17 +161,19 @@ def real_encoder(family: str, model: str, dtype: torch.dtype):
         import transformers as tf
     except ImportError:
         fail("export needs the `transformers` package and the model folder")
-    kw = {"torch_dtype": dtype}
+    kw = {"dtype": dtype}
     if family == "sd3":
         t5 = tf.T5EncoderModel.from_pretrained(f"{model}/text_encoder_3", **kw)
+        pad = tf.AutoTokenizer.from_pretrained(f"{model}/tokenizer_3").pad_token_id
         return SD3Text(tf.CLIPTextModelWithProjection.from_pretrained(f"{model}/text_encoder", **kw),
                        tf.CLIPTextModelWithProjection.from_pretrained(f"{model}/text_encoder_2", **kw),
-                       t5, t5.config.d_model), f"{model} (CLIP-L, CLIP-G, T5-XXL)"
+                       t5, t5.config.d_model), f"{model} (CLIP-L, CLIP-G, T5-XXL)", pad
     pad = tf.AutoTokenizer.from_pretrained(f"{model}/tokenizer").pad_token_id
     if family == "qwen_image":
         lm = tf.Qwen2_5_VLForConditionalGeneration.from_pretrained(f"{model}/text_encoder", **kw)
-        return QwenText(lm, pad), f"{model} (Qwen2.5-VL text path)"
-    return WanText(tf.UMT5EncoderModel.from_pretrained(f"{model}/text_encoder", **kw), pad), f"{model} (UMT5-XXL)"
+        return QwenText(lm, pad), f"{model} (Qwen2.5-VL text path)", pad
+    umt5 = tf.UMT5EncoderModel.from_pretrained(f"{model}/text_encoder", **kw)
+    return WanText(umt5, pad), f"{model} (UMT5-XXL)", pad
 
 
 class TinyText(torch.nn.Module):
@@ -203,12 +205,19 @@ TINY = {
 }
 
 
-def example_tokens(family: str, tiny: bool) -> Dict[str, torch.Tensor]:
+def example_tokens(family: str, tiny: bool, pad_id: int = 0) -> Dict[str, torch.Tensor]:
+    """Tracing inputs. The second row is half padding: a trace of unpadded rows only would record
+    the attention path without a mask (transformers drops an all-true mask) and ignore padding."""
     if tiny:
         return {n: torch.arange(L, dtype=torch.long).repeat(2, 1) for n, L in TINY[family]["lengths"].items()}
     lengths = {"sd3": {"clip_l": 77, "clip_g": 77, "t5": SD3_T5_MAX}, "qwen_image": {"qwen": QWEN_DROP + QWEN_MAX},
                "wan": {"umt5": WAN_MAX}}[family]
-    return {n: torch.ones(2, L, dtype=torch.long) for n, L in lengths.items()}
+    out = {}
+    for n, L in lengths.items():
+        ids = torch.full((2, L), pad_id + 1, dtype=torch.long)
+        ids[1, L // 2:] = pad_id
+        out[n] = ids
+    return out
 
 
 class Exported(torch.nn.Module):
@@ -229,16 +238,17 @@ def export(args: argparse.Namespace) -> None:
         fail("export needs exactly one of --model MODEL_DIR or --tiny")
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     if args.tiny:
-        encoder, identity = TinyText(args.family), f"tiny-{args.family} seed 0"
+        encoder, identity, pad = TinyText(args.family), f"tiny-{args.family} seed 0", 0
     else:
-        encoder, identity = real_encoder(args.family, args.model, dtype)
+        encoder, identity, pad = real_encoder(args.family, args.model, dtype)
     encoder.eval()
+    example = example_tokens(args.family, args.tiny, pad)
     with torch.no_grad():
-        traced = torch.jit.trace(encoder, (example_tokens(args.family, args.tiny),), strict=False)
+        traced = torch.jit.trace(encoder, (example,), strict=False)
     module = torch.jit.script(Exported(traced, f"{identity}; {args.dtype}; {VERSION}"))
     module.save(args.out)
     with torch.no_grad():
-        shapes = {k: list(v.shape) for k, v in module(example_tokens(args.family, args.tiny)).items()}
+        shapes = {k: list(v.shape) for k, v in module(example).items()}
     print(f"wrote {args.out}: {shapes}")
 
 
