@@ -190,14 +190,14 @@ def tolerance(reference):
     return 2e-5 * max(1.0, reference.abs().max().item())
 
 
-def compare(name, ours, theirs, base=None):
-    diff, tol = max_diff(ours, theirs), tolerance(theirs)
+def compare(name, ours, theirs, base=None, tol=None, effect_factor=100):
+    diff, tol = max_diff(ours, theirs), tol or tolerance(theirs)
     detail = f"max |ditrl - reference| = {diff:.3e} (tolerance {tol:.1e})"
     ok = diff <= tol
     if base is not None:
         effect = max_diff(theirs, base)
         detail += f", LoRA effect {effect:.3e}"
-        ok = ok and effect > 100 * tol
+        ok = ok and effect > effect_factor * tol
     check(name, ok, detail)
 
 
@@ -301,32 +301,60 @@ def ltx_family(work):
     print(ditrl(f"export {ckpt} --out {export}").strip())
     ours = output_of(ditrl_forward("ltx", f"--checkpoint {ckpt}", os.path.join(work, "ckpt_forward.safetensors")))
 
-    # ltx_core's LoRA path: its renaming map on the file's keys, then apply_loras at strength 1.
+    # ltx_core's LoRA path: its renaming map on the file's keys, then apply_loras at strength 1 onto
+    # the base in bf16 (the dtype of LTX-2 checkpoints; ltx_core fuses bf16 and fp8 weights only).
+    # The reference is ditrl's own merge of the same adapter, exported in bf16.
     base_file = base_weights("ltx")
-    base = {k[len("model.diffusion_model."):]: v for k, v in load_file(base_file).items()
-            if k.startswith("model.diffusion_model.")}
+    prefix = "model.diffusion_model."
+    base = {k[len(prefix):]: v.to(torch.bfloat16) for k, v in load_file(base_file).items() if k.startswith(prefix)}
     lora_raw = load_file(os.path.join(export, "ltx_lora.safetensors"))
     lora = {LTXV_LORA_COMFY_RENAMING_MAP.apply_to_key(k): v for k, v in lora_raw.items()}
-    fused = apply_loras(StateDict(base, torch.device("cpu"), 0, {torch.float32}),
-                        [LoraStateDictWithStrength(StateDict(lora, torch.device("cpu"), 0, {torch.float32}), 1.0)])
+    cpu = torch.device("cpu")
+    fused = apply_loras(StateDict(base, cpu, 0, {torch.bfloat16}),
+                        [LoraStateDictWithStrength(StateDict(lora, cpu, 0, {torch.float32}), 1.0)]).sd
+    merged_dir = os.path.join(work, "export_bf16")
+    ditrl(f"export {ckpt} --out {merged_dir} --merged --dtype bf16")
+    merged_file = os.path.join(merged_dir, "merged", "ltx_model.safetensors")
+    ours_merged = {k[len(prefix):]: v for k, v in load_file(merged_file).items()}
+    changed = [k for k in lora_raw if k.endswith(".lora_A.weight")]
+    # Both round W + B A to bf16, in other orders (ltx_core: bf16(delta) + bf16(W); ditrl: fp32 W +
+    # delta, rounded once): each side is within half a bf16 ulp (2^-8 relative) of |W| + |delta| per
+    # rounding, so they agree to a few units of u = 2^-8 (|W| + |delta|). A wrong scale or a missed
+    # key would be off by about |delta| (hundreds of u where the adapter matters).
+    worst, effect = 0.0, 0.0
+    for key in changed:
+        w = LTXV_LORA_COMFY_RENAMING_MAP.apply_to_key(key).replace(".lora_A.weight", ".weight")
+        delta = lora[w.replace(".weight", ".lora_B.weight")].float() @ lora[w.replace(".weight", ".lora_A.weight")].float()
+        u = (base[w].float().abs() + delta.abs()) * 2.0 ** -8 + 2.0 ** -126
+        worst = max(worst, ((fused[w].float() - ours_merged[w].float()).abs() / u).max().item())
+        effect = max(effect, (delta.abs() / u).max().item())
+    check("ltx: ltx_core apply_loras(ltx_lora.safetensors) == ditrl's merge (bf16 weights)",
+          set(fused) == set(ours_merged) and worst <= 3.0 and effect > 30.0,
+          f"{len(changed)} adapted weights: worst difference {worst:.2f} u, LoRA delta up to {effect:.0f} u "
+          f"(u = 2^-8 (|W| + |delta|))")
     from safetensors import safe_open
+    from safetensors.torch import save_file
     with safe_open(base_file, "pt") as f:
         metadata = f.metadata()
-    from safetensors.torch import save_file
     fused_file = os.path.join(work, "ltx_core_fused.safetensors")
-    save_file({"model.diffusion_model." + k: v.contiguous() for k, v in fused.sd.items()}, fused_file, metadata=metadata)
-    base_out = output_of(ditrl_forward("ltx", f"--family ltx --config {base_file} --weights {base_file}",
-                                       os.path.join(work, "base_forward.safetensors")))
-    fused_out = output_of(ditrl_forward("ltx", f"--family ltx --config {fused_file} --weights {fused_file}",
-                                        os.path.join(work, "fused_forward.safetensors")))
-    compare("ltx: ltx_core apply_loras(ltx_lora.safetensors) fused weights forward", ours, fused_out, base_out)
+    save_file({prefix + k: v.contiguous() for k, v in fused.items()}, fused_file, metadata=metadata)
+    base_bf16 = os.path.join(work, "base_bf16.safetensors")
+    save_file({prefix + k: v.contiguous() for k, v in base.items()}, base_bf16, metadata=metadata)
+    args = lambda f: f"--family ltx --config {f} --weights {f}"  # noqa: E731
+    fused_out = output_of(ditrl_forward("ltx", args(fused_file), os.path.join(work, "fused.safetensors")))
+    merged_out = output_of(ditrl_forward("ltx", args(merged_file), os.path.join(work, "merged.safetensors")))
+    base_out = output_of(ditrl_forward("ltx", args(base_bf16), os.path.join(work, "base.safetensors")))
+    # bf16 weights on both sides: the forwards differ by the weights' rounding, not by fp32 noise.
+    compare("ltx: forward on ltx_core's fused weights vs on ditrl's merge", merged_out, fused_out, base_out,
+            tol=1.5e-2 * max(1.0, fused_out.abs().max().item()), effect_factor=5)
+    compare("ltx: forward on ditrl's bf16 merge vs ditrl forward --checkpoint (fp32)", ours, merged_out, None,
+            tol=2e-2 * max(1.0, ours.abs().max().item()))
 
-    ours_peft = output_of(ditrl_forward("ltx", f"--family ltx --config {base_file} --weights {base_file} --lora {export}",
+    ours_peft = output_of(ditrl_forward("ltx", f"{args(base_file)} --lora {export}",
                                         os.path.join(work, "peft_forward.safetensors")))
     check("ltx: PEFT folder read back by ditrl forward --lora", torch.equal(ours_peft, ours),
           f"bitwise equal to --checkpoint: max diff {max_diff(ours_peft, ours):.1e}")
-    ours_ltx = output_of(ditrl_forward("ltx", f"--family ltx --config {base_file} --weights {base_file} "
-                                       f"--lora {os.path.join(export, 'ltx_lora.safetensors')}",
+    ours_ltx = output_of(ditrl_forward("ltx", f"{args(base_file)} --lora {os.path.join(export, 'ltx_lora.safetensors')}",
                                        os.path.join(work, "ltx_forward.safetensors")))
     compare("ltx: ltx_lora.safetensors read back by ditrl forward --lora", ours_ltx, ours)
 
