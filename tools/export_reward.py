@@ -40,7 +40,9 @@ from typing import List
 import torch
 import torch.nn.functional as F
 
-VERSION = "ditrl-export-reward 1"
+from torchscript_compat import math_attention
+
+VERSION = "ditrl-export-reward 2"
 FAMILIES = ("sd3", "qwen_image", "wan")
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -214,7 +216,7 @@ def main(argv: List[str]) -> None:
     decode, tower, text_embeds, logit_scale, identity = (tiny_parts if args.tiny else real_parts)(args, prompts)
     latent_frames = args.latent_frames if not args.tiny else 1
     example = example_latents(args.family, args.tiny, latent_frames)
-    with torch.no_grad():
+    with torch.no_grad(), math_attention():
         decode = torch.jit.trace(decode.eval(), (example,))
         pixels = decode(example)
         frame = pixels[:, :, 0] if pixels.dim() == 5 else pixels

@@ -44,7 +44,9 @@ from typing import Dict, List
 
 import torch
 
-VERSION = "ditrl-export-text-encoder 1"
+from torchscript_compat import math_attention
+
+VERSION = "ditrl-export-text-encoder 2"
 FAMILIES = ("sd3", "qwen_image", "wan")
 
 # Qwen-Image pipeline prompt template; its first 34 tokens (the system part) are dropped
@@ -243,7 +245,7 @@ def export(args: argparse.Namespace) -> None:
         encoder, identity, pad = real_encoder(args.family, args.model, dtype)
     encoder.eval()
     example = example_tokens(args.family, args.tiny, pad)
-    with torch.no_grad():
+    with torch.no_grad(), math_attention():
         traced = torch.jit.trace(encoder, (example,), strict=False)
     module = torch.jit.script(Exported(traced, f"{identity}; {args.dtype}; {VERSION}"))
     module.save(args.out)

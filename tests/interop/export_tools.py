@@ -102,7 +102,7 @@ def read_dataset(path):
         out = {}
 
         def visit(name, obj):
-            if isinstance(obj, h5py.Dataset):
+            if isinstance(obj, h5py.Dataset) and obj.dtype.kind in "fiub":
                 out[name] = torch.from_numpy(obj[()])
         f.visititems(visit)
         return out
@@ -206,7 +206,7 @@ def main():
             ok = got is not None and tuple(got.shape) == tuple(want.shape)
             diff = max_diff(got, want) if ok else float("inf")
             scale = max(1.0, want.abs().max().item())
-            check(f"{family}: encode-prompts {name} vs {type(pipeline).__name__ if False else 'pipeline'}.encode_prompt",
+            check(f"{family}: encode-prompts {name} vs the diffusers pipeline's encode_prompt",
                   ok and diff <= 1e-5 * scale, f"shape {None if got is None else list(got.shape)}, max diff {diff:.3e}")
 
         reward = os.path.join(work, "reward.pt")
@@ -225,8 +225,9 @@ def main():
               diff <= 1e-4 * max(1.0, eager.abs().max().item()),
               f"{t['rewards'].numel()} rewards in [{eager.min().item():.3f}, {eager.max().item():.3f}], max diff {diff:.3e}")
         out = run(f"timeout 600 {MPIEXEC} -np 2 {shlex.quote(DITRL)} train {d}")
-        check(f"{family}: ditrl train on the encoded prompts with the exported reward", "rollout 1/1" in out,
-              out.strip().splitlines()[-2][:160] if out.strip() else "no output")
+        progress = [line for line in out.splitlines() if "rollout 1/1" in line]
+        check(f"{family}: ditrl train on the encoded prompts with the exported reward", bool(progress),
+              progress[0].split("] ")[-1] if progress else "no progress line")
     print(f"{len(failures)} failed" if failures else "all export-tool checks passed")
     sys.exit(1 if failures else 0)
 
