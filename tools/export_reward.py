@@ -19,11 +19,15 @@ The exported module holds, as buffers:
 reward = logit_scale * <normalised image embedding, normalised text embedding>
 (PickScore_v1 scoring, as in flow_grpo's pickscore_scorer.py).
 
-Status: exporting the real reward needs `transformers`, `diffusers`, the PickScore_v1 and
-CLIP-ViT-H-14 processor checkpoints and the family's VAE. The ditrl development machine has
-none of them: the real export has NOT been run there. `--tiny` exports the same wrapper around
-a seeded tiny decoder and image tower (same buffers, indexing and normalisation); ditrl's tests
-load that module and score latents with it (tests/unit/test_export_tools.cpp).
+Status: the real export path runs in ditrl's tests on the real classes (diffusers AutoencoderKL /
+AutoencoderKLWan / AutoencoderKLQwenImage, transformers CLIPModel + CLIPProcessor) built from tiny
+configs with random weights (tests/interop/export_tools.py): the rewards ditrl computes with the
+exported module equal the eager Python modules' within 1e-7. The preprocessing is the tool's own
+torch version of CLIPProcessor's (bicubic resize, centre crop, normalise), not the PIL one. The
+released PickScore_v1 / CLIP-H / VAE checkpoints have NOT been run (none on the development
+machine). A Wan decoder is traced for --latent-frames and refuses other frame counts.
+`--tiny` exports the same wrapper around a seeded tiny decoder and image tower
+(tests/unit/test_export_tools.cpp).
 
 Usage:
   export_reward.py --family sd3 --vae MODEL_DIR/vae --pickscore yuvalkirstain/PickScore_v1 \

@@ -22,11 +22,13 @@ on a machine that has the models (Hugging Face `transformers`, the checkpoint fo
 Then:  ditrl encode-prompts --encoder encoder.pt --prompts prompts.jsonl --out prompts.h5 \
            --family sd3 --preset sd3.5-medium
 
-Status: the tokenize and export subcommands for the real models need `transformers` and the
-checkpoints, which the ditrl development machine does not have: they have NOT been run there.
-`export --tiny` builds a seeded random encoder with the real output names and the tiny preset's
-shapes through the same wrapping and tracing code; that path is what ditrl's tests run
-(tests/unit/test_export_tools.cpp).
+Status: tokenize and export run in ditrl's tests on the real transformers classes (CLIP-L/G
+with projection, T5, UMT5, Qwen2.5-VL) built from tiny configs with random weights and saved as
+pipeline folders (tests/interop/export_tools.py):
+the `ditrl encode-prompts` datasets equal the diffusers pipelines' own encode_prompt within 1e-7.
+The released checkpoints have NOT been run (the development machine has none). The trace uses a
+math attention (tools/torchscript_compat.py), so the module runs in ditrl's LibTorch 1.13 build.
+`export --tiny` builds a seeded stand-in with the tiny presets' shapes (tests/unit/test_export_tools.cpp).
 
 Usage:
   export_text_encoder.py tokenize --family sd3 --model MODEL_DIR prompts.txt prompts.jsonl \

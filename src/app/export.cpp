@@ -129,9 +129,8 @@ int export_command(const ExportCli& cli) {
   if (m.lora) {
     const models::LoraAdapter adapter = models::lora_adapter_of(family);
     for (const Part& part : parts) {
-      models::LoraFileOptions options{dtype, part.prefix == "transformer_2." ? m.config.model.weights_2
-                                                                             : m.config.model.weights,
-                                      metadata};
+      models::LoraFileOptions options{
+          dtype, part.prefix == "transformer_2." ? m.config.model.weights_2 : m.config.model.weights, metadata};
       const models::LoraAdapter mine = part.prefix.empty() ? adapter : adapter.under(part.prefix);
       if (mine.modules.empty()) continue;  // an expert the deck's targets left alone
       add(write_lora((fs::path(cli.out) / part.folder).string(), family, mine, options));
@@ -140,7 +139,8 @@ int export_command(const ExportCli& cli) {
                         cast_all(models::merged_state(*part.module), dtype), cli, metadata));
     }
   } else {
-    if (cli.merged) fail("--merged: {} is a full fine-tune (no LoRA to merge); its export is the full model", cli.checkpoint);
+    if (cli.merged)
+      fail("--merged: {} is a full fine-tune (no LoRA to merge); its export is the full model", cli.checkpoint);
     for (const Part& part : parts)
       add(write_model((fs::path(cli.out) / part.folder).string(), family,
                       cast_all(models::state_tensors(*part.module), dtype), cli, metadata));

@@ -8,10 +8,10 @@
 #include <ditrl/app/commands.hpp>
 #include <ditrl/build_info.hpp>
 #include <ditrl/error.hpp>
-#include <ditrl/models/lora_adapter.hpp>
-#include <ditrl/models/lora_files.hpp>
 #include <ditrl/io/safetensors.hpp>
 #include <ditrl/models/family.hpp>
+#include <ditrl/models/lora_adapter.hpp>
+#include <ditrl/models/lora_files.hpp>
 #include <ditrl/models/reference.hpp>
 #include <ditrl/models/weights.hpp>
 #include <ditrl/precision/dtype.hpp>

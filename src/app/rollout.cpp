@@ -9,8 +9,8 @@
 #include <ditrl/io/checkpoint.hpp>
 
 #include <ATen/Parallel.h>
-#include <filesystem>
 #include <spdlog/spdlog.h>
+#include <filesystem>
 
 namespace ditrl::app {
 
@@ -41,14 +41,13 @@ int rollout_command(const RolloutCli& cli) {
   Run run = open_run(config, mpi, dump_folder(cli));
   if (!cli.checkpoint.empty()) {
     io::ExtraState none;
-    io::load_checkpoint(io::resolve_checkpoint(config.run.out_dir, cli.checkpoint), *run.params, none,
-                        MPI_COMM_WORLD);
+    io::load_checkpoint(io::resolve_checkpoint(config.run.out_dir, cli.checkpoint), *run.params, none, MPI_COMM_WORLD);
   }
   const RolloutBatch batch = collect_rollout(run, cli.rollout_id);
   save_rollout(run, batch, cli.out);
   if (mpi.world().rank == 0)
-    spdlog::info("rollout {}: {} samples, reward mean {:.6g}, written to {}", cli.rollout_id,
-                 run.samples_per_rollout, batch.all_rewards.mean().item<double>(), cli.out);
+    spdlog::info("rollout {}: {} samples, reward mean {:.6g}, written to {}", cli.rollout_id, run.samples_per_rollout,
+                 batch.all_rewards.mean().item<double>(), cli.out);
   return 0;
 }
 

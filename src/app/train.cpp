@@ -441,9 +441,10 @@ std::string progress_line(int64_t rollout_id, int64_t total, const std::map<std:
   };
   std::string lp_diff;  // GRPO only: NFT and SFT have no rollout log-prob
   if (first.count("train/log_prob_mean_abs_diff"))
-    lp_diff = steps > 1 ? fmt::format("  lp_diff@step0 {:.3g} (last {:.3g})", get(first, "train/log_prob_mean_abs_diff"),
-                                      get(last, "train/log_prob_mean_abs_diff"))
-                        : fmt::format("  lp_diff@step0 {:.3g}", get(first, "train/log_prob_mean_abs_diff"));
+    lp_diff = steps > 1
+                  ? fmt::format("  lp_diff@step0 {:.3g} (last {:.3g})", get(first, "train/log_prob_mean_abs_diff"),
+                                get(last, "train/log_prob_mean_abs_diff"))
+                  : fmt::format("  lp_diff@step0 {:.3g}", get(first, "train/log_prob_mean_abs_diff"));
   return fmt::format(
       "rollout {}/{}  reward {:.4f} +- {:.4f}  loss {:.4g}{}  grad_norm {:.4g}  {:.2f} s/rollout  ETA {:.0f} s",
       rollout_id + 1, total, get(last, "rollout/reward/raw_mean"), get(last, "rollout/reward/raw_std"),

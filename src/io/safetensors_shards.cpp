@@ -3,8 +3,8 @@
 #include <ditrl/io/text_file.hpp>
 
 #include <ATen/ATen.h>
-#include <boost/json.hpp>
 #include <fmt/format.h>
+#include <boost/json.hpp>
 
 #include <cctype>
 #include <filesystem>
@@ -17,7 +17,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-uint64_t stored_bytes(const at::Tensor& t) { return static_cast<uint64_t>(t.numel()) * t.element_size(); }
+uint64_t stored_bytes(const at::Tensor& t) {
+  return static_cast<uint64_t>(t.numel()) * t.element_size();
+}
 
 // Greedy in order: a new shard starts when the next tensor would overflow.
 std::vector<NamedTensors> split(const NamedTensors& tensors, uint64_t max_bytes) {
@@ -56,9 +58,9 @@ uint64_t parse_byte_size(const std::string& text, const std::string& what) {
   }
   std::string unit = text.substr(end);
   for (char& ch : unit) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
-  const std::map<std::string, double> units = {{"", 1},      {"B", 1},          {"KB", 1e3},         {"MB", 1e6},
-                                               {"GB", 1e9},  {"TB", 1e12},      {"KIB", 1024.0},     {"MIB", 1048576.0},
-                                               {"GIB", 1073741824.0}, {"TIB", 1099511627776.0}};
+  const std::map<std::string, double> units = {
+      {"", 1},      {"B", 1},        {"KB", 1e3},        {"MB", 1e6},           {"GB", 1e9},
+      {"TB", 1e12}, {"KIB", 1024.0}, {"MIB", 1048576.0}, {"GIB", 1073741824.0}, {"TIB", 1099511627776.0}};
   const auto it = units.find(unit);
   if (it == units.end() || !(value > 0))
     fail("{}: '{}' is not a positive size (units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)", what, text);

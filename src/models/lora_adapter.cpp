@@ -28,7 +28,9 @@ std::string some(const std::vector<std::string>& names, size_t limit = 8) {
   return out;
 }
 
-bool same_alpha(double a, double b) { return std::abs(a - b) <= 1e-9 * std::max(std::abs(a), std::abs(b)); }
+bool same_alpha(double a, double b) {
+  return std::abs(a - b) <= 1e-9 * std::max(std::abs(a), std::abs(b));
+}
 
 void copy_factors(Linear& linear, const LoraFactors& f) {
   torch::NoGradGuard no_grad;
@@ -93,8 +95,8 @@ void attach_lora_adapter(torch::nn::Module& model, const LoraAdapter& adapter, c
     } else if (it->second->has_lora()) {
       bad.push_back(name + " (already has an adapter)");
     } else if (f.a.size(1) != it->second->in_features() || f.b.size(0) != it->second->out_features()) {
-      bad.push_back(fmt::format("{} (lora_A [{}], lora_B [{}] for a {} -> {} layer)", name, fmt::join(f.a.sizes(), ", "),
-                                fmt::join(f.b.sizes(), ", "), it->second->in_features(),
+      bad.push_back(fmt::format("{} (lora_A [{}], lora_B [{}] for a {} -> {} layer)", name,
+                                fmt::join(f.a.sizes(), ", "), fmt::join(f.b.sizes(), ", "), it->second->in_features(),
                                 it->second->out_features()));
     }
   }
@@ -122,8 +124,8 @@ void load_lora_adapter(torch::nn::Module& model, const LoraAdapter& adapter, con
   for (const auto& [name, f] : mine.modules)
     if (!adapter.modules.count(name)) only_model.push_back(name);
   if (!only_file.empty())
-    problems.push_back(fmt::format("{} adapted module(s) that model.lora.targets does not select: {}",
-                                   only_file.size(), some(only_file)));
+    problems.push_back(fmt::format("{} adapted module(s) that model.lora.targets does not select: {}", only_file.size(),
+                                   some(only_file)));
   if (!only_model.empty())
     problems.push_back(fmt::format("{} module(s) that model.lora.targets selects are not in the file: {}",
                                    only_model.size(), some(only_model)));

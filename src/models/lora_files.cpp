@@ -4,8 +4,8 @@
 #include <ditrl/models/lora_files.hpp>
 
 #include <ATen/ATen.h>
-#include <boost/json.hpp>
 #include <fmt/format.h>
+#include <boost/json.hpp>
 
 #include <cmath>
 #include <filesystem>
@@ -54,7 +54,9 @@ json::object lora_config(const LoraAdapter& adapter) {
   return c;
 }
 
-at::Tensor stored(const at::Tensor& t, c10::ScalarType dtype) { return t.detach().to(at::kCPU).to(dtype).contiguous(); }
+at::Tensor stored(const at::Tensor& t, c10::ScalarType dtype) {
+  return t.detach().to(at::kCPU).to(dtype).contiguous();
+}
 
 io::NamedTensors factor_tensors(const LoraAdapter& adapter, const std::string& prefix, c10::ScalarType dtype,
                                 double b_scale = 1.0) {
@@ -83,9 +85,10 @@ std::string common_prefix(const io::SafetensorsFile& file) {
     for (const char* p : {kPeftPrefix, kDiffusersPrefix, kLtxPrefix})
       if (key.rfind(p, 0) == 0) prefix = p;
     if (found && *found != prefix)
-      fail("{}: keys mix the prefixes '{}' and '{}' (one adapter per file: PEFT base_model.model., diffusers "
-           "transformer., LTX-2 diffusion_model.)",
-           file.path(), *found, prefix);
+      fail(
+          "{}: keys mix the prefixes '{}' and '{}' (one adapter per file: PEFT base_model.model., diffusers "
+          "transformer., LTX-2 diffusion_model.)",
+          file.path(), *found, prefix);
     found = prefix;
   }
   return found.value_or("");
@@ -276,7 +279,8 @@ void write_lora_file(const std::string& path, LoraFormat format, const LoraAdapt
   metadata["format"] = "pt";
   if (format == LoraFormat::Diffusers) {
     json::object packed;
-    for (const auto& kv : lora_config(adapter)) packed[std::string(kDiffusersPrefix) + std::string(kv.key())] = kv.value();
+    for (const auto& kv : lora_config(adapter))
+      packed[std::string(kDiffusersPrefix) + std::string(kv.key())] = kv.value();
     metadata[kDiffusersMetadata] = json::serialize(packed);
     io::write_safetensors(path, factor_tensors(adapter, kDiffusersPrefix, options.dtype), metadata);
   } else if (format == LoraFormat::Ltx) {

@@ -86,8 +86,9 @@ json::object qwen_image_config(const QwenImageConfig& c) {
 // The keys LtxConfig::from_json reads, with the values ltx_core fixes.
 json::object ltx_config(const LtxConfig& c) {
   if (!c.audio)
-    fail("ltx: a video-only model has no ltx_core checkpoint config (ltx_core's configurator always builds the "
-         "audio stream); export the weights of an audio+video preset or give model.config");
+    fail(
+        "ltx: a video-only model has no ltx_core checkpoint config (ltx_core's configurator always builds the "
+        "audio stream); export the weights of an audio+video preset or give model.config");
   json::object t;
   t["num_attention_heads"] = c.num_attention_heads;
   t["attention_head_dim"] = c.attention_head_dim;

@@ -23,7 +23,8 @@ std::vector<hsize_t> global_dims(const at::Tensor& local, int64_t total_rows) {
 
 void write_rows(h5::File& file, const std::string& path, const at::Tensor& local, int64_t first_row,
                 int64_t total_rows) {
-  file.create_dataset(path, local.scalar_type(), global_dims(local, total_rows)).write_rows(first_row, local.contiguous());
+  file.create_dataset(path, local.scalar_type(), global_dims(local, total_rows))
+      .write_rows(first_row, local.contiguous());
 }
 
 void write_whole(h5::File& file, const std::string& path, const at::Tensor& t) {
@@ -36,7 +37,9 @@ std::vector<int64_t> to_vector(const at::Tensor& t) {
   return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
 }
 
-std::string shape_text(const std::vector<hsize_t>& dims) { return fmt::format("[{}]", fmt::join(dims, ", ")); }
+std::string shape_text(const std::vector<hsize_t>& dims) {
+  return fmt::format("[{}]", fmt::join(dims, ", "));
+}
 
 class Reader {
  public:
@@ -107,8 +110,8 @@ void write_datasets(h5::File& file, const TrajectoryRecord& local, int64_t first
 
 }  // namespace
 
-void write_trajectories(const std::string& path, const TrajectoryRecord& local, int64_t first_row,
-                        int64_t total_rows, MPI_Comm comm) {
+void write_trajectories(const std::string& path, const TrajectoryRecord& local, int64_t first_row, int64_t total_rows,
+                        MPI_Comm comm) {
   // Written under a temporary name and renamed once every rank has closed
   // it: a failed write (which aborts the job) never leaves a file under the
   // final name for a trainer to read half of.

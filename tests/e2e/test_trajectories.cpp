@@ -46,8 +46,8 @@ void check_replay(const std::string& deck, const std::string& dir, const std::st
   REQUIRE(written.exit_code == 0);
   CHECK_FALSE(std::filesystem::exists(traj + ".tmp"));
   CHECK(longs(traj, "latent_steps").front() == 0);  // x_0, the initial noise
-  const auto from_file =
-      test::train(deck, dir + "/file", 2, sets + " --set train.num_rollouts=1 --trajectories " + dir + "/rollout-{rollout}.h5");
+  const auto from_file = test::train(
+      deck, dir + "/file", 2, sets + " --set train.num_rollouts=1 --trajectories " + dir + "/rollout-{rollout}.h5");
   INFO(from_file.output);
   REQUIRE(from_file.exit_code == 0);
   const auto sampled = test::train(deck, dir + "/sampled", 2, sets + " --set train.num_rollouts=1");
@@ -89,9 +89,10 @@ TEST_CASE("trajectories: a write that fails leaves no file under the final name"
   const std::string traj = dir + "/rollout.h5";
   // The file-size limit (RLIMIT_FSIZE) stops the writer part-way: a real
   // failed write, as a full disk gives.
-  const auto r = test::run_process(fmt::format("bash -c 'ulimit -f 64; timeout 300 {} rollout {} --out {} --set "
-                                               "run.out_dir={}'",
-                                               DITRL_BINARY, kDeck, traj, dir));
+  const auto r =
+      test::run_process(fmt::format("bash -c 'ulimit -f 64; timeout 300 {} rollout {} --out {} --set "
+                                    "run.out_dir={}'",
+                                    DITRL_BINARY, kDeck, traj, dir));
   CHECK(r.exit_code != 0);
   CHECK_FALSE(std::filesystem::exists(traj));
 }
@@ -110,8 +111,7 @@ TEST_CASE("rollout: a standalone rollout's parity dumps go to its own folder", "
   CHECK(std::filesystem::exists(dir + "/mine/dump-rank1.h5"));
 }
 
-TEST_CASE("train: the progress line shows the first optimizer step's log-prob difference, labelled",
-          "[e2e][train]") {
+TEST_CASE("train: the progress line shows the first optimizer step's log-prob difference, labelled", "[e2e][train]") {
   const std::string dir = test::fresh_output_dir("e2e_progress");
   const auto r = test::train(kDeck, dir, 2,
                              "--set train.num_rollouts=1 --set train.global_batch=4 --set train.steps_per_rollout=2");

@@ -37,11 +37,14 @@ def tokenizer(max_length, bos=True):
 
 def seeded(module, seed):
     # Every weight drawn (not the libraries' zero/one inits), so each one changes the outputs.
+    # Matrices N(0, 0.25 / fan_in), vectors 0.05 N(0, 1) around their init (norm weights stay near 1).
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * (0.5 / max(1, p.shape[-1]) ** 0.5 if p.dim() > 1 else 0.05)
-                    + (1.0 if p.dim() == 1 and p.shape[0] > 0 and False else 0.0))
+            if p.dim() > 1:
+                p.copy_(torch.randn(p.shape, generator=g) * (0.25 / p[0].numel()) ** 0.5)
+            else:
+                p.add_(0.05 * torch.randn(p.shape, generator=g))
     return module.eval()
 
 
@@ -100,10 +103,11 @@ def qwen_image(out):
     config = Qwen2_5_VLConfig(
         text_config={"vocab_size": 100, "hidden_size": 48, "intermediate_size": 64, "num_hidden_layers": 2,
                      "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 1024,
-                     "rope_scaling": {"type": "mrope", "mrope_section": [2, 4, 6]}, "pad_token_id": 0},
+                     "rope_scaling": {"type": "mrope", "mrope_section": [2, 4, 6]}, "pad_token_id": 0,
+                     "bos_token_id": 2, "eos_token_id": 3},
         vision_config={"depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2, "out_hidden_size": 48,
                        "fullatt_block_indexes": [0]},
-        pad_token_id=0)
+        pad_token_id=0, bos_token_id=2, eos_token_id=3)
     seeded(Qwen2_5_VLForConditionalGeneration(config), 7).save_pretrained(os.path.join(out, "text_encoder"))
     tokenizer(1024, bos=False).save_pretrained(os.path.join(out, "tokenizer"))
     vae = AutoencoderKLQwenImage(base_dim=8, z_dim=LATENT_CHANNELS, dim_mult=[1, 2], num_res_blocks=1,

@@ -42,7 +42,9 @@ void check_same(const models::LoraAdapter& got, const models::LoraAdapter& want,
   }
 }
 
-std::string file_in(const std::string& dir, const std::string& name) { return dir + "/" + name; }
+std::string file_in(const std::string& dir, const std::string& name) {
+  return dir + "/" + name;
+}
 
 }  // namespace
 
@@ -52,7 +54,8 @@ TEST_CASE("lora files: PEFT, diffusers and LTX-2 files read back as the adapter 
   models::write_peft_adapter(dir + "/peft", adapter, {});
   check_same(models::read_lora_file(dir + "/peft"), adapter);
   check_same(models::read_lora_file(dir + "/peft/adapter_model.safetensors"), adapter);
-  CHECK(io::Checkpoint(dir + "/peft/adapter_model.safetensors").contains("base_model.model.blocks.0.attn.to_q.lora_A.weight"));
+  CHECK(io::Checkpoint(dir + "/peft/adapter_model.safetensors")
+            .contains("base_model.model.blocks.0.attn.to_q.lora_A.weight"));
   CHECK_THAT(io::read_text_file(dir + "/peft/adapter_config.json"),
              Contains("\"lora_alpha\":12") && Contains("\"peft_type\":\"LORA\""));
 
@@ -111,12 +114,15 @@ TEST_CASE("lora files: what ditrl cannot represent is refused naming the file an
   };
   const at::Tensor a = at::zeros({4, 16}), b = at::zeros({8, 4});
   refused({{"lora_unet_x.lora_down.weight", a}, {"lora_unet_x.lora_up.weight", b}}, "kohya's lora_down/lora_up");
-  refused({{"transformer.x.lora_A.weight", a}, {"transformer.x.lora_B.weight", b},
+  refused({{"transformer.x.lora_A.weight", a},
+           {"transformer.x.lora_B.weight", b},
            {"transformer.x.lora_magnitude_vector", at::zeros({8})}},
           "DoRA");
   refused({{"transformer.x.lora_A.weight", a}, {"diffusion_model.y.lora_B.weight", b}}, "mix the prefixes");
-  refused({{"transformer.x.lora_A.weight", a}, {"transformer.x.lora_B.weight", b},
-           {"transformer.y.lora_A.weight", at::zeros({2, 16})}, {"transformer.y.lora_B.weight", at::zeros({8, 2})}},
+  refused({{"transformer.x.lora_A.weight", a},
+           {"transformer.x.lora_B.weight", b},
+           {"transformer.y.lora_A.weight", at::zeros({2, 16})},
+           {"transformer.y.lora_B.weight", at::zeros({8, 2})}},
           "per-module ranks");
   refused({{"transformer.x.lora_A.weight", a}}, "module x has lora_A but not lora_B");
   refused({{"transformer.x.weight", a}}, "is not a LoRA factor");
@@ -139,8 +145,8 @@ TEST_CASE("lora adapter: attaching to a model and loading into its deck adapters
   o.preset = "tiny";
   const auto family = models::create_family(o);
   models::LoraAdapter adapter{2, 5.0, {}};
-  const auto q = std::dynamic_pointer_cast<models::Linear>(
-      family->named_modules("", false)["transformer_blocks.0.attn.to_q"]);
+  const auto q =
+      std::dynamic_pointer_cast<models::Linear>(family->named_modules("", false)["transformer_blocks.0.attn.to_q"]);
   REQUIRE(q);
   adapter.modules["transformer_blocks.0.attn.to_q"] = {at::randn({2, q->in_features()}),
                                                        at::randn({q->out_features(), 2})};
@@ -172,8 +178,9 @@ TEST_CASE("lora adapter: attaching to a model and loading into its deck adapters
 TEST_CASE("sharded safetensors: shards below the limit, an index, stale files removed", "[safetensors][lora_files]") {
   const std::string dir = test::fresh_output_dir("sharded_safetensors");
   io::NamedTensors tensors;
-  for (int i = 0; i < 5; ++i) tensors.emplace_back("w" + std::to_string(i), at::full({256}, i, at::kFloat));  // 1 KiB each
-  tensors.emplace_back("big", at::zeros({1024}, at::kFloat));  // 4 KiB: a shard of its own
+  for (int i = 0; i < 5; ++i)
+    tensors.emplace_back("w" + std::to_string(i), at::full({256}, i, at::kFloat));  // 1 KiB each
+  tensors.emplace_back("big", at::zeros({1024}, at::kFloat));                       // 4 KiB: a shard of its own
   auto single = io::write_sharded_safetensors(dir, "model", tensors, 1'000'000);
   CHECK(single == std::vector<std::string>{dir + "/model.safetensors"});
   const auto sharded = io::write_sharded_safetensors(dir, "model", tensors, 2100);

@@ -43,8 +43,8 @@ struct TrajectoryRecord {
 };
 
 // Collective over comm: rank r writes its samples at rows [first_row, first_row + n).
-void write_trajectories(const std::string& path, const TrajectoryRecord& local, int64_t first_row,
-                        int64_t total_rows, MPI_Comm comm);
+void write_trajectories(const std::string& path, const TrajectoryRecord& local, int64_t first_row, int64_t total_rows,
+                        MPI_Comm comm);
 
 // What a reader expects the file to fit.
 struct TrajectoryExpectation {
