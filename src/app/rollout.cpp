@@ -4,6 +4,7 @@
 // (or any reader of the documented layout) consumes.
 
 #include <ditrl/app/commands.hpp>
+#include <ditrl/app/determinism.hpp>
 #include <ditrl/app/run.hpp>
 #include <ditrl/dist/log.hpp>
 #include <ditrl/io/checkpoint.hpp>
@@ -35,9 +36,15 @@ std::string dump_folder(const RolloutCli& cli) {
 
 int rollout_command(const RolloutCli& cli) {
   const config::Config config = config::load_deck(cli.deck, cli.overrides);
+  // The same kernels as `ditrl train` with this deck, so that a deterministic
+  // run trained on this file equals the run that samples it itself.
+  const int deterministic_threads = config.run.threads > 0 ? static_cast<int>(config.run.threads) : 1;
+  if (config.run.deterministic) pin_cpu_kernels(deterministic_threads);
   dist::MpiRuntime mpi(nullptr, nullptr);
   dist::setup_logging(mpi.world(), "", config.run.log_level);
-  at::set_num_threads(config.run.threads > 0 ? static_cast<int>(config.run.threads) : mpi.default_threads());
+  at::set_num_threads(config.run.deterministic ? deterministic_threads
+                      : config.run.threads > 0 ? static_cast<int>(config.run.threads)
+                                               : mpi.default_threads());
   Run run = open_run(config, mpi, dump_folder(cli));
   if (!cli.checkpoint.empty()) {
     io::ExtraState none;

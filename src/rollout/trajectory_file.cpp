@@ -116,6 +116,8 @@ void write_trajectories(const std::string& path, const TrajectoryRecord& local, 
   // it: a failed write (which aborts the job) never leaves a file under the
   // final name for a trainer to read half of.
   const std::string tmp = path + ".tmp";
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent);  // every rank: no barrier before the create
   {
     h5::File file = h5::File::create(tmp, comm);
     write_datasets(file, local, first_row, total_rows);

@@ -285,3 +285,33 @@ TEST_CASE("export: a checkpoint's weights as a diffusers model folder, a LoRA ru
   CHECK(merged_full.exit_code != 0);
   CHECK_THAT(merged_full.output, Contains("is a full fine-tune"));
 }
+
+TEST_CASE("export: a two-expert Wan2.2 run writes each expert into its pipeline component folder", "[e2e][export]") {
+  const std::string out = test::fresh_output_dir("e2e_export_a14b");
+  const std::string deck = std::string(DITRL_SOURCE_DIR) + "/tests/standards/proxy_wan22_grpo.toml";
+  const auto trained = test::train(deck, out, 2, "--set train.num_rollouts=1");
+  INFO(trained.output);
+  REQUIRE(trained.exit_code == 0);
+  const auto r = test::ditrl("export " + out + "/checkpoints/step-1.h5 --out " + out + "/export --merged");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  for (const std::string expert : {"transformer", "transformer_2"}) {
+    INFO(expert);
+    // Names as each expert's own checkpoint: no transformer./transformer_2. expert prefix.
+    io::Checkpoint diffusers(out + "/export/" + expert + "/pytorch_lora_weights.safetensors");
+    CHECK(diffusers.contains("transformer.blocks.0.attn1.to_q.lora_A.weight"));
+    io::Checkpoint peft(out + "/export/" + expert + "/adapter_model.safetensors");
+    CHECK(peft.contains("base_model.model.blocks.1.ffn.net.2.lora_B.weight"));
+    CHECK(std::filesystem::exists(out + "/export/" + expert + "/adapter_config.json"));
+    const std::string merged = out + "/export/merged/" + expert + "/diffusion_pytorch_model.safetensors";
+    CHECK(test::ditrl("inspect " + merged + " --family wan").exit_code == 0);
+    CHECK_THAT(read_file(out + "/export/merged/" + expert + "/config.json"),
+               Contains("\"_class_name\":\"WanTransformer3DModel\""));
+  }
+  // The two experts were trained apart: their adapters differ.
+  CHECK_FALSE(at::equal(
+      io::Checkpoint(out + "/export/transformer/adapter_model.safetensors")
+          .get("base_model.model.blocks.0.attn1.to_q.lora_B.weight"),
+      io::Checkpoint(out + "/export/transformer_2/adapter_model.safetensors")
+          .get("base_model.model.blocks.0.attn1.to_q.lora_B.weight")));
+}
