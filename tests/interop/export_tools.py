@@ -207,7 +207,8 @@ def main():
             diff = max_diff(got, want) if ok else float("inf")
             scale = max(1.0, want.abs().max().item())
             check(f"{family}: encode-prompts {name} vs the diffusers pipeline's encode_prompt",
-                  ok and diff <= 1e-5 * scale, f"shape {None if got is None else list(got.shape)}, max diff {diff:.3e}")
+                  ok and diff <= 1e-5 * scale,
+                  f"shape {None if got is None else list(got.shape)}, max |value| {scale:.3g}, max diff {diff:.3e}")
 
         reward = os.path.join(work, "reward.pt")
         size, frames = 32, 2
