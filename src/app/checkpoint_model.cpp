@@ -35,9 +35,11 @@ models::FamilyOptions deck_family_options(const config::Config& c, const std::st
   return o;
 }
 
+// A checkpoint holds the trained parameters only; the frozen base comes from
+// the files its deck names, which must still be where they were.
 void require_file(const std::string& path, const std::string& key, const std::string& what) {
   if (!path.empty() && !std::filesystem::exists(path))
-    fail("{}: {} = \"{}\": no such file ({})", what, key, path, "the base weights are not part of a checkpoint");
+    fail("{}: {} = \"{}\": no such file (the base weights are not stored in a checkpoint)", what, key, path);
 }
 
 }  // namespace

@@ -17,6 +17,7 @@ Usage: export_tools.py DITRL MPIEXEC OUT_DIR SOURCE_DIR [family ...]
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -188,6 +189,7 @@ def main():
         print(f"== {family}", flush=True)
         folder = os.path.join(models_dir, family)
         work = os.path.join(OUT, family)
+        shutil.rmtree(work, ignore_errors=True)  # no run of an earlier invocation is resumed or mixed in
         os.makedirs(work, exist_ok=True)
         prompts_txt = os.path.join(work, "prompts.txt")
         with open(prompts_txt, "w") as f:

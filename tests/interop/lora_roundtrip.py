@@ -20,6 +20,7 @@ Usage: lora_roundtrip.py DITRL MPIEXEC OUT_DIR SOURCE_DIR [family ...]
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -380,6 +381,7 @@ def ltx_family(work):
 def main():
     for family in FAMILIES:
         work = os.path.join(OUT, family)
+        shutil.rmtree(work, ignore_errors=True)  # no run of an earlier invocation is resumed or mixed in
         os.makedirs(work, exist_ok=True)
         print(f"== {family}", flush=True)
         if family == "ltx":
