@@ -33,13 +33,18 @@ fi
 # only when the pinned set changed since the last install.
 VENV=${DITRL_VENV:-$HOME/.cache/ditrl/venv}
 REQUIREMENTS="$(dirname "$0")/requirements.txt"
+# Packages whose declared dependencies would replace what the venv shares
+# with Debian (ltx-core asks for numpy 2, which Debian's h5py is not built
+# against): installed without their dependencies, which the first set covers.
+NODEPS="$(dirname "$0")/requirements-nodeps.txt"
 if [[ ! -x "$VENV/bin/python" ]]; then
   /usr/bin/python3 -m venv --system-site-packages "$VENV"
 fi
-want=$(sha256sum "$REQUIREMENTS" | cut -d' ' -f1)
+want=$(cat "$REQUIREMENTS" "$NODEPS" | sha256sum | cut -d' ' -f1)
 if [[ "$(cat "$VENV/.requirements.sha256" 2>/dev/null)" != "$want" ]]; then
-  echo "deps: pip install -r $REQUIREMENTS into $VENV"
+  echo "deps: pip install -r $REQUIREMENTS (and --no-deps -r $NODEPS) into $VENV"
   "$VENV/bin/pip" install --disable-pip-version-check -r "$REQUIREMENTS"
+  "$VENV/bin/pip" install --disable-pip-version-check --no-deps -r "$NODEPS"
   echo "$want" > "$VENV/.requirements.sha256"
 fi
 echo "deps: Python packages in $VENV"

@@ -19,11 +19,15 @@ The exported module holds, as buffers:
 reward = logit_scale * <normalised image embedding, normalised text embedding>
 (PickScore_v1 scoring, as in flow_grpo's pickscore_scorer.py).
 
-Status: exporting the real reward needs `transformers`, `diffusers`, the PickScore_v1 and
-CLIP-ViT-H-14 processor checkpoints and the family's VAE. The ditrl development machine has
-none of them: the real export has NOT been run there. `--tiny` exports the same wrapper around
-a seeded tiny decoder and image tower (same buffers, indexing and normalisation); ditrl's tests
-load that module and score latents with it (tests/unit/test_export_tools.cpp).
+Status: the real export path runs in ditrl's tests on the real classes (diffusers AutoencoderKL /
+AutoencoderKLWan / AutoencoderKLQwenImage, transformers CLIPModel + CLIPProcessor) built from tiny
+configs with random weights (tests/interop/export_tools.py): the rewards ditrl computes with the
+exported module equal the eager Python modules' within 1e-7. The preprocessing is the tool's own
+torch version of CLIPProcessor's (bicubic resize, centre crop, normalise), not the PIL one. The
+released PickScore_v1 / CLIP-H / VAE checkpoints have NOT been run (none on the development
+machine). A Wan decoder is traced for --latent-frames and refuses other frame counts.
+`--tiny` exports the same wrapper around a seeded tiny decoder and image tower
+(tests/unit/test_export_tools.cpp).
 
 Usage:
   export_reward.py --family sd3 --vae MODEL_DIR/vae --pickscore yuvalkirstain/PickScore_v1 \
@@ -40,7 +44,9 @@ from typing import List
 import torch
 import torch.nn.functional as F
 
-VERSION = "ditrl-export-reward 1"
+from torchscript_compat import math_attention
+
+VERSION = "ditrl-export-reward 2"
 FAMILIES = ("sd3", "qwen_image", "wan")
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -56,7 +62,7 @@ class PickScoreReward(torch.nn.Module):
     identity: str
 
     def __init__(self, decode, image_tower, text_embeds: torch.Tensor, logit_scale: float, video: bool,
-                 frames: int, size: int, identity: str):
+                 frames: int, size: int, identity: str, latent_frames: int = 0):
         super().__init__()
         self.decode = decode
         self.image_tower = image_tower
@@ -68,6 +74,7 @@ class PickScoreReward(torch.nn.Module):
         self.frames = frames
         self.size = size
         self.identity = identity
+        self.latent_frames = latent_frames
 
     def preprocess(self, images: torch.Tensor) -> torch.Tensor:
         # CLIPProcessor: shortest side to `size` (bicubic), centre crop, normalise.
@@ -84,6 +91,10 @@ class PickScoreReward(torch.nn.Module):
             raise ValueError("prompt_index must have one entry per latent")
         if bool((prompt_index < 0).any()) or bool((prompt_index >= self.text_embeds.shape[0]).any()):
             raise ValueError("prompt_index out of range of the exported prompt list")
+        # A traced video decoder unrolls its per-frame loop for the frame count it was traced with.
+        if self.video and self.latent_frames > 0 and latents.shape[2] != self.latent_frames:
+            raise ValueError("latents have another number of frames than the decoder was exported for "
+                             "(export_reward.py --latent-frames)")
         pixels = (self.decode(latents) * 0.5 + 0.5).clamp(0.0, 1.0)  # [N, 3, (F,) H, W]
         if self.video:
             n, f = pixels.shape[0], pixels.shape[2]
@@ -121,6 +132,12 @@ class DiffusersDecode(torch.nn.Module):
         return self.vae.decode(latents * self.scale + self.shift, return_dict=False)[0]
 
 
+def projected(features):
+    """CLIPModel.get_*_features: a tensor (transformers 4), or an output whose pooler_output is the
+    projected embedding (transformers 5)."""
+    return features if torch.is_tensor(features) else features.pooler_output
+
+
 def real_parts(args: argparse.Namespace, prompts: List[str]):
     try:
         import diffusers
@@ -134,7 +151,7 @@ def real_parts(args: argparse.Namespace, prompts: List[str]):
     model = AutoModel.from_pretrained(args.pickscore).eval()
     with torch.no_grad():
         text = processor(text=prompts, padding=True, truncation=True, max_length=77, return_tensors="pt")
-        text_embeds = model.get_text_features(**text)
+        text_embeds = projected(model.get_text_features(**text))
 
     class Tower(torch.nn.Module):
         def __init__(self, clip):
@@ -142,7 +159,7 @@ def real_parts(args: argparse.Namespace, prompts: List[str]):
             self.clip = clip
 
         def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-            return self.clip.get_image_features(pixel_values=pixels)
+            return projected(self.clip.get_image_features(pixel_values=pixels))
 
     identity = f"PickScore {args.pickscore} on {args.family} VAE {args.vae}"
     return decode, Tower(model), text_embeds, float(model.logit_scale.exp()), identity
@@ -170,9 +187,9 @@ def tiny_parts(args: argparse.Namespace, prompts: List[str]):
     return TinyDecode(args.family == "wan"), tower, text_embeds, 100.0, f"tiny-pickscore-{args.family} seed 0"
 
 
-def example_latents(family: str, tiny: bool) -> torch.Tensor:
+def example_latents(family: str, tiny: bool, latent_frames: int) -> torch.Tensor:
     h = 8 if tiny else 64
-    return torch.randn(2, 16, 1, h, h) if family == "wan" else torch.randn(2, 16, h, h)
+    return torch.randn(2, 16, latent_frames, h, h) if family == "wan" else torch.randn(2, 16, h, h)
 
 
 def main(argv: List[str]) -> None:
@@ -186,26 +203,31 @@ def main(argv: List[str]) -> None:
     parser.add_argument("--pickscore", default="yuvalkirstain/PickScore_v1")
     parser.add_argument("--processor", default="laion/CLIP-ViT-H-14-laion2B-s32B-b79K")
     parser.add_argument("--frames", type=int, default=3, help="video frames scored per sample (wan)")
+    parser.add_argument("--latent-frames", type=int, default=21,
+                        help="wan: latent frames of the rollout (rollout.frames; 21 for 81 video frames); the traced "
+                             "decoder is fixed to it and refuses others")
     parser.add_argument("--size", type=int, default=224, help="image tower input size")
     args = parser.parse_args(argv)
     if args.tiny == bool(args.vae):
         fail("give exactly one of --vae MODEL_DIR/vae or --tiny")
-    if args.frames < 1 or args.size < 1:
-        fail("--frames and --size must be positive")
+    if args.frames < 1 or args.size < 1 or args.latent_frames < 1:
+        fail("--frames, --latent-frames and --size must be positive")
     with open(args.prompts, encoding="utf-8") as f:
         prompts = [line.rstrip("\n") for line in f if line.strip()]
     if not prompts:
         fail(f"{args.prompts}: no prompts (one per line)")
 
     decode, tower, text_embeds, logit_scale, identity = (tiny_parts if args.tiny else real_parts)(args, prompts)
-    example = example_latents(args.family, args.tiny)
-    with torch.no_grad():
+    latent_frames = args.latent_frames if not args.tiny else 1
+    example = example_latents(args.family, args.tiny, latent_frames)
+    with torch.no_grad(), math_attention():
         decode = torch.jit.trace(decode.eval(), (example,))
         pixels = decode(example)
         frame = pixels[:, :, 0] if pixels.dim() == 5 else pixels
         tower = torch.jit.trace(tower.eval(), (torch.zeros(frame.shape[0], 3, args.size, args.size),))
     reward = PickScoreReward(decode, tower, text_embeds, logit_scale, args.family == "wan", args.frames, args.size,
-                             f"{identity}; {len(prompts)} prompts; {VERSION}")
+                             f"{identity}; {len(prompts)} prompts; {VERSION}",
+                             latent_frames if args.family == "wan" and not args.tiny else 0)
     module = torch.jit.script(reward.eval())
     module.save(args.out)
     with torch.no_grad():

@@ -22,11 +22,13 @@ on a machine that has the models (Hugging Face `transformers`, the checkpoint fo
 Then:  ditrl encode-prompts --encoder encoder.pt --prompts prompts.jsonl --out prompts.h5 \
            --family sd3 --preset sd3.5-medium
 
-Status: the tokenize and export subcommands for the real models need `transformers` and the
-checkpoints, which the ditrl development machine does not have: they have NOT been run there.
-`export --tiny` builds a seeded random encoder with the real output names and the tiny preset's
-shapes through the same wrapping and tracing code; that path is what ditrl's tests run
-(tests/unit/test_export_tools.cpp).
+Status: tokenize and export run in ditrl's tests on the real transformers classes (CLIP-L/G
+with projection, T5, UMT5, Qwen2.5-VL) built from tiny configs with random weights and saved as
+pipeline folders (tests/interop/export_tools.py):
+the `ditrl encode-prompts` datasets equal the diffusers pipelines' own encode_prompt within 1e-7.
+The released checkpoints have NOT been run (the development machine has none). The trace uses a
+math attention (tools/torchscript_compat.py), so the module runs in ditrl's LibTorch 1.13 build.
+`export --tiny` builds a seeded stand-in with the tiny presets' shapes (tests/unit/test_export_tools.cpp).
 
 Usage:
   export_text_encoder.py tokenize --family sd3 --model MODEL_DIR prompts.txt prompts.jsonl \
@@ -44,7 +46,9 @@ from typing import Dict, List
 
 import torch
 
-VERSION = "ditrl-export-text-encoder 1"
+from torchscript_compat import math_attention
+
+VERSION = "ditrl-export-text-encoder 2"
 FAMILIES = ("sd3", "qwen_image", "wan")
 
 # Qwen-Image pipeline prompt template; its first 34 tokens (the system part) are dropped
@@ -161,17 +165,19 @@ def real_encoder(family: str, model: str, dtype: torch.dtype):
         import transformers as tf
     except ImportError:
         fail("export needs the `transformers` package and the model folder")
-    kw = {"torch_dtype": dtype}
+    kw = {"dtype": dtype}
     if family == "sd3":
         t5 = tf.T5EncoderModel.from_pretrained(f"{model}/text_encoder_3", **kw)
+        pad = tf.AutoTokenizer.from_pretrained(f"{model}/tokenizer_3").pad_token_id
         return SD3Text(tf.CLIPTextModelWithProjection.from_pretrained(f"{model}/text_encoder", **kw),
                        tf.CLIPTextModelWithProjection.from_pretrained(f"{model}/text_encoder_2", **kw),
-                       t5, t5.config.d_model), f"{model} (CLIP-L, CLIP-G, T5-XXL)"
+                       t5, t5.config.d_model), f"{model} (CLIP-L, CLIP-G, T5-XXL)", pad
     pad = tf.AutoTokenizer.from_pretrained(f"{model}/tokenizer").pad_token_id
     if family == "qwen_image":
         lm = tf.Qwen2_5_VLForConditionalGeneration.from_pretrained(f"{model}/text_encoder", **kw)
-        return QwenText(lm, pad), f"{model} (Qwen2.5-VL text path)"
-    return WanText(tf.UMT5EncoderModel.from_pretrained(f"{model}/text_encoder", **kw), pad), f"{model} (UMT5-XXL)"
+        return QwenText(lm, pad), f"{model} (Qwen2.5-VL text path)", pad
+    umt5 = tf.UMT5EncoderModel.from_pretrained(f"{model}/text_encoder", **kw)
+    return WanText(umt5, pad), f"{model} (UMT5-XXL)", pad
 
 
 class TinyText(torch.nn.Module):
@@ -203,12 +209,19 @@ TINY = {
 }
 
 
-def example_tokens(family: str, tiny: bool) -> Dict[str, torch.Tensor]:
+def example_tokens(family: str, tiny: bool, pad_id: int = 0) -> Dict[str, torch.Tensor]:
+    """Tracing inputs. The second row is half padding: a trace of unpadded rows only would record
+    the attention path without a mask (transformers drops an all-true mask) and ignore padding."""
     if tiny:
         return {n: torch.arange(L, dtype=torch.long).repeat(2, 1) for n, L in TINY[family]["lengths"].items()}
     lengths = {"sd3": {"clip_l": 77, "clip_g": 77, "t5": SD3_T5_MAX}, "qwen_image": {"qwen": QWEN_DROP + QWEN_MAX},
                "wan": {"umt5": WAN_MAX}}[family]
-    return {n: torch.ones(2, L, dtype=torch.long) for n, L in lengths.items()}
+    out = {}
+    for n, L in lengths.items():
+        ids = torch.full((2, L), pad_id + 1, dtype=torch.long)
+        ids[1, L // 2:] = pad_id
+        out[n] = ids
+    return out
 
 
 class Exported(torch.nn.Module):
@@ -229,16 +242,17 @@ def export(args: argparse.Namespace) -> None:
         fail("export needs exactly one of --model MODEL_DIR or --tiny")
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     if args.tiny:
-        encoder, identity = TinyText(args.family), f"tiny-{args.family} seed 0"
+        encoder, identity, pad = TinyText(args.family), f"tiny-{args.family} seed 0", 0
     else:
-        encoder, identity = real_encoder(args.family, args.model, dtype)
+        encoder, identity, pad = real_encoder(args.family, args.model, dtype)
     encoder.eval()
-    with torch.no_grad():
-        traced = torch.jit.trace(encoder, (example_tokens(args.family, args.tiny),), strict=False)
+    example = example_tokens(args.family, args.tiny, pad)
+    with torch.no_grad(), math_attention():
+        traced = torch.jit.trace(encoder, (example,), strict=False)
     module = torch.jit.script(Exported(traced, f"{identity}; {args.dtype}; {VERSION}"))
     module.save(args.out)
     with torch.no_grad():
-        shapes = {k: list(v.shape) for k, v in module(example_tokens(args.family, args.tiny)).items()}
+        shapes = {k: list(v.shape) for k, v in module(example).items()}
     print(f"wrote {args.out}: {shapes}")
 
 

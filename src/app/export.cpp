@@ -1,29 +1,35 @@
-// `ditrl export CKPT --out DIR`: a training checkpoint's weights as
-// safetensors under checkpoint names. The model is rebuilt from the deck the
-// checkpoint stores (its preset or config, its base weights or seeded init),
-// the trained parameters are copied in, and then:
-//  - a LoRA run writes DIR/adapter_model.safetensors (PEFT names, what
-//    diffusers' load_lora_weights and PEFT read) and, with --merged, the base
-//    weights with the adapters folded in;
-//  - a full fine-tune writes DIR/diffusion_pytorch_model.safetensors with
-//    every parameter and persistent buffer, fp32 or --dtype.
+// `ditrl export CKPT --out DIR`: a training checkpoint in the formats the
+// ecosystem loads as they are. The model is rebuilt from the deck the
+// checkpoint stores (app/checkpoint_model.hpp), then:
+//  - a LoRA run writes, in DIR,
+//      adapter_config.json + adapter_model.safetensors   PEFT: PeftModel.from_pretrained(model, DIR)
+//      pytorch_lora_weights.safetensors                  diffusers: pipe.load_lora_weights(DIR)
+//    (SD3/SD3.5, Wan2.x, Qwen-Image), or for LTX-2 the PEFT folder and
+//      ltx_lora.safetensors                              ltx_core's LoRA loader (ComfyUI layout)
+//    and with --merged DIR/merged/: the full weights with the adapters folded in;
+//  - a full fine-tune writes the model folder itself: config.json +
+//    diffusion_pytorch_model.safetensors (sharded with an index above
+//    --max-shard-size), every parameter and persistent buffer, so that
+//    `Model.from_pretrained(DIR)` / `load_state_dict(strict=True)` take it;
+//    LTX-2: ltx_model.safetensors, ltx_core's single-file layout.
+// A two-expert Wan2.2 model writes each expert into DIR/transformer/ and
+// DIR/transformer_2/, the pipeline's component folders.
 
+#include <ditrl/app/checkpoint_model.hpp>
 #include <ditrl/app/commands.hpp>
-#include <ditrl/app/options.hpp>
-#include <ditrl/config/deck.hpp>
 #include <ditrl/error.hpp>
-#include <ditrl/io/checkpoint.hpp>
-#include <ditrl/io/h5.hpp>
 #include <ditrl/io/safetensors.hpp>
-#include <ditrl/models/family.hpp>
+#include <ditrl/io/safetensors_shards.hpp>
+#include <ditrl/io/text_file.hpp>
 #include <ditrl/models/lora.hpp>
+#include <ditrl/models/lora_adapter.hpp>
+#include <ditrl/models/lora_files.hpp>
+#include <ditrl/models/model_config.hpp>
 #include <ditrl/models/weights.hpp>
 #include <ditrl/precision/dtype.hpp>
-#include <ditrl/precision/names.hpp>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
-#include <torch/csrc/autograd/grad_mode.h>
 
 #include <filesystem>
 #include <iostream>
@@ -32,64 +38,116 @@ namespace ditrl::app {
 
 namespace {
 
+namespace fs = std::filesystem;
+
 struct ExportCli {
   std::string checkpoint;
   std::string out;
   std::string dtype = "fp32";
+  std::string max_shard_size = "10GB";
   bool merged = false;
 };
 
-std::shared_ptr<models::Family> rebuild(const config::Config& c) {
-  std::shared_ptr<models::Family> family = models::create_family(family_options(c, c10::kCPU));
-  load_deck_weights(*family, c);
-  return family;
+// One checkpoint's worth of the model: the whole family, or one Wan2.2
+// expert with the folder named after its pipeline component.
+struct Part {
+  std::string folder;  // "" = DIR itself
+  std::string prefix;  // the part's parameter-name prefix in the family ("transformer_2.")
+  torch::nn::Module* module = nullptr;
+};
+
+std::vector<Part> parts_of(models::Family& family) {
+  const std::vector<std::shared_ptr<torch::nn::Module>> experts = family.expert_modules();
+  if (experts.size() < 2) return {{"", "", &family}};
+  std::vector<Part> parts;
+  for (size_t e = 0; e < experts.size(); ++e) {
+    const std::string name = e == 0 ? "transformer" : "transformer_" + std::to_string(e + 1);
+    parts.push_back({name, name + ".", experts[e].get()});
+  }
+  return parts;
 }
 
 io::NamedTensors cast_all(io::NamedTensors tensors, c10::ScalarType dtype) {
   for (auto& [name, t] : tensors)
-    if (t.is_floating_point()) t = t.to(dtype);
+    if (t.is_floating_point()) t = t.to(dtype).contiguous();
   return tensors;
 }
 
-int export_command(const ExportCli& cli) {
-  const std::string deck_text = io::h5::File::open(cli.checkpoint).string_attr("deck");
-  const config::Config config = config::parse_deck(deck_text, cli.checkpoint + " (stored deck)");
-  const c10::ScalarType dtype = precision::parse_dtype(cli.dtype);
-  std::shared_ptr<models::Family> family = rebuild(config);
+io::NamedTensors prefixed(io::NamedTensors tensors, const std::string& prefix) {
+  for (auto& [name, t] : tensors) name = prefix + name;
+  return tensors;
+}
 
-  const std::map<std::string, at::Tensor> trained = io::read_checkpoint_weights(cli.checkpoint);
-  {
-    torch::NoGradGuard no_grad;
-    std::map<std::string, at::Tensor> params;
-    for (auto& item : family->named_parameters()) params[item.key()] = item.value();
-    for (const auto& [name, value] : trained) {
-      auto it = params.find(precision::canonical_name(name));
-      if (it == params.end())
-        fail("{}: trained parameter '{}' is not in the {} model the stored deck builds", cli.checkpoint, name,
-             config.model.family);
-      it->second.copy_(value.view(it->second.sizes()));
-    }
+// The full weights of one part as its loader reads them.
+std::vector<std::string> write_model(const std::string& dir, models::Family& family, const io::NamedTensors& tensors,
+                                     const ExportCli& cli, const std::map<std::string, std::string>& metadata) {
+  fs::create_directories(dir);
+  const std::string config = models::model_config_json(family);
+  if (family.family_name() == "ltx") {
+    // ltx_core's single-file checkpoint: the DiT under model.diffusion_model.,
+    // its config in the metadata (LTXModelConfigurator.from_metadata).
+    std::map<std::string, std::string> meta = metadata;
+    meta["config"] = config;
+    const std::string path = (fs::path(dir) / "ltx_model.safetensors").string();
+    io::write_safetensors(path, prefixed(tensors, "model.diffusion_model."), meta);
+    return {path};
   }
+  std::vector<std::string> written = io::write_sharded_safetensors(
+      dir, "diffusion_pytorch_model", tensors, io::parse_byte_size(cli.max_shard_size, "--max-shard-size"), metadata);
+  written.push_back((fs::path(dir) / "config.json").string());
+  io::write_text_file(written.back(), config + "\n");
+  return written;
+}
 
-  std::filesystem::create_directories(cli.out);
-  const std::map<std::string, std::string> metadata{{"format", "pt"}, {"ditrl_checkpoint", cli.checkpoint}};
+std::vector<std::string> write_lora(const std::string& dir, const models::Family& family,
+                                    const models::LoraAdapter& adapter, const models::LoraFileOptions& options) {
+  models::write_peft_adapter(dir, adapter, options);
+  std::vector<std::string> written{(fs::path(dir) / "adapter_config.json").string(),
+                                   (fs::path(dir) / "adapter_model.safetensors").string()};
+  if (family.family_name() == "ltx") {
+    written.push_back((fs::path(dir) / "ltx_lora.safetensors").string());
+    models::write_lora_file(written.back(), models::LoraFormat::Ltx, adapter, options);
+  } else {
+    written.push_back((fs::path(dir) / "pytorch_lora_weights.safetensors").string());
+    models::write_lora_file(written.back(), models::LoraFormat::Diffusers, adapter, options);
+  }
+  return written;
+}
+
+int export_command(const ExportCli& cli) {
+  const c10::ScalarType dtype = precision::parse_dtype(cli.dtype);
+  io::parse_byte_size(cli.max_shard_size, "--max-shard-size");  // a bad size fails before any work
+  CheckpointModel m = load_checkpoint_model(cli.checkpoint);
+  models::Family& family = *m.family;
+  const std::map<std::string, std::string> metadata{{"ditrl_checkpoint", cli.checkpoint},
+                                                    {"ditrl_family", m.config.model.family}};
   std::vector<std::string> written;
-  if (config.model.lora.enabled) {
-    const std::string path = (std::filesystem::path(cli.out) / "adapter_model.safetensors").string();
-    io::write_safetensors(path, cast_all(models::lora_state(*family, /*peft_names=*/true), dtype), metadata);
-    written.push_back(path);
-    if (cli.merged) {
-      const std::string merged = (std::filesystem::path(cli.out) / "diffusion_pytorch_model.safetensors").string();
-      io::write_safetensors(merged, cast_all(models::merged_state(*family), dtype), metadata);
-      written.push_back(merged);
+  auto add = [&written](const std::vector<std::string>& files) {
+    written.insert(written.end(), files.begin(), files.end());
+  };
+  const std::vector<Part> parts = parts_of(family);
+  if (m.lora) {
+    const models::LoraAdapter adapter = models::lora_adapter_of(family);
+    for (const Part& part : parts) {
+      models::LoraFileOptions options{
+          dtype, part.prefix == "transformer_2." ? m.config.model.weights_2 : m.config.model.weights, metadata};
+      const models::LoraAdapter mine = part.prefix.empty() ? adapter : adapter.under(part.prefix);
+      if (mine.modules.empty()) continue;  // an expert the deck's targets left alone
+      add(write_lora((fs::path(cli.out) / part.folder).string(), family, mine, options));
+      if (cli.merged)
+        add(write_model((fs::path(cli.out) / "merged" / part.folder).string(), family,
+                        cast_all(models::merged_state(*part.module), dtype), cli, metadata));
     }
   } else {
-    const std::string path = (std::filesystem::path(cli.out) / "diffusion_pytorch_model.safetensors").string();
-    io::write_safetensors(path, cast_all(models::state_tensors(*family), dtype), metadata);
-    written.push_back(path);
+    if (cli.merged)
+      fail("--merged: {} is a full fine-tune (no LoRA to merge); its export is the full model", cli.checkpoint);
+    for (const Part& part : parts)
+      add(write_model((fs::path(cli.out) / part.folder).string(), family,
+                      cast_all(models::state_tensors(*part.module), dtype), cli, metadata));
   }
-  for (const std::string& path : written)
-    std::cout << "wrote " << path << " (" << trained.size() << " trained tensors from " << cli.checkpoint << ")\n";
+  std::cout << fmt::format("exported {} ({} trained tensors, {}{}):\n", cli.checkpoint, m.trained_tensors,
+                           m.config.model.family, m.lora ? ", LoRA" : "");
+  for (const std::string& path : written) std::cout << "  " << path << "\n";
   return 0;
 }
 
@@ -97,11 +155,15 @@ int export_command(const ExportCli& cli) {
 
 void add_export_command(CLI::App& app, Command& selected) {
   auto cli = std::make_shared<ExportCli>();
-  CLI::App* sub = app.add_subcommand("export", "Write a checkpoint's trained weights (or LoRA pairs) as safetensors");
+  CLI::App* sub = app.add_subcommand(
+      "export", "Write a checkpoint as diffusers/PEFT/LTX-2 files (LoRA adapters or the full model folder)");
   sub->add_option("checkpoint", cli->checkpoint, "Training checkpoint (OUT/checkpoints/step-N.h5)")->required();
   sub->add_option("--out", cli->out, "Output directory")->required();
-  sub->add_option("--dtype", cli->dtype, "Stored dtype: fp32 (default), bf16 or fp16");
-  sub->add_flag("--merged", cli->merged, "LoRA runs: also write the base weights with the adapters merged in");
+  sub->add_option("--dtype", cli->dtype, "Stored dtype: fp32 (default), bf16 or fp16")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  sub->add_option("--max-shard-size", cli->max_shard_size,
+                  "Full weights above this size are sharded with an index, as diffusers saves them (default 10GB)");
+  sub->add_flag("--merged", cli->merged, "LoRA runs: also write DIR/merged/, the full model with the adapters merged");
   sub->callback([cli, &selected] { selected = [cli] { return export_command(*cli); }; });
 }
 

@@ -1,7 +1,17 @@
+// `ditrl forward`: one family forward on inputs stored under the reference
+// argument names (a fixture case, or a case written by hand), outputs as
+// safetensors. The weights come from a safetensors checkpoint (--weights) or
+// a training checkpoint (--checkpoint step-N.h5: LoRA or full, written by
+// any number of ranks); --lora adds a PEFT / diffusers / LTX-2 adapter on top.
+
+#include <ditrl/app/checkpoint_model.hpp>
 #include <ditrl/app/commands.hpp>
 #include <ditrl/build_info.hpp>
+#include <ditrl/error.hpp>
 #include <ditrl/io/safetensors.hpp>
 #include <ditrl/models/family.hpp>
+#include <ditrl/models/lora_adapter.hpp>
+#include <ditrl/models/lora_files.hpp>
 #include <ditrl/models/reference.hpp>
 #include <ditrl/models/weights.hpp>
 #include <ditrl/precision/dtype.hpp>
@@ -22,6 +32,8 @@ struct ForwardOptions {
   std::string preset = "tiny";
   std::string config;
   std::string weights;
+  std::string checkpoint;
+  std::string lora;
   std::string inputs;
   std::string out;
   std::string dtype = "fp32";
@@ -30,8 +42,20 @@ struct ForwardOptions {
   int threads = 0;
 };
 
-int forward(const ForwardOptions& o) {
-  if (o.threads > 0) at::set_num_threads(o.threads);
+// The model with its weights: a training checkpoint's, or a safetensors file's.
+std::shared_ptr<models::Family> build_model(ForwardOptions& o) {
+  if (!o.checkpoint.empty()) {
+    if (!o.weights.empty() || !o.config.empty())
+      fail("--checkpoint {} brings its own model (the deck it stores); drop --weights and --config", o.checkpoint);
+    CheckpointModel m = load_checkpoint_model(o.checkpoint, o.attention);
+    if (!o.family.empty() && o.family != m.config.model.family)
+      fail("--family {} but checkpoint {} holds a {} model", o.family, o.checkpoint, m.config.model.family);
+    o.family = m.config.model.family;
+    if (m.lora && !o.lora.empty())
+      fail("--lora {}: checkpoint {} is a LoRA run and already holds its adapters", o.lora, o.checkpoint);
+    return m.family;
+  }
+  if (o.family.empty() || o.weights.empty()) fail("forward needs --family and --weights, or --checkpoint");
   models::FamilyOptions options;
   options.family = o.family;
   options.preset = o.preset;
@@ -39,6 +63,18 @@ int forward(const ForwardOptions& o) {
   options.attention = o.attention;
   const auto family = models::create_family(options);
   models::load_weights(*family, io::Checkpoint(o.weights));
+  return family;
+}
+
+int forward(ForwardOptions o) {
+  if (o.threads > 0) at::set_num_threads(o.threads);
+  const auto family = build_model(o);
+  if (!o.lora.empty()) {
+    if (family->expert_modules().size() > 1)
+      fail("--lora {}: a two-expert model takes one adapter per expert; merge them with `ditrl export` instead",
+           o.lora);
+    models::attach_lora_adapter(*family, models::read_lora_file(o.lora), o.lora);
+  }
   const c10::ScalarType dtype = precision::parse_dtype(o.dtype);
   models::cast_parameters(*family, dtype, family->default_overrides());
   const models::ReferenceCase reference_case = models::load_reference_case(o.inputs);
@@ -51,11 +87,14 @@ int forward(const ForwardOptions& o) {
                          {"family", o.family},
                          {"config", o.config.empty() ? "preset " + o.preset : o.config},
                          {"weights", o.weights},
+                         {"checkpoint", o.checkpoint},
+                         {"lora", o.lora},
                          {"inputs", o.inputs},
                          {"dtype", o.dtype},
                          {"attention", o.attention}});
-  std::cout << fmt::format("# {} forward of {} on {} ({}), {} tensors written to {}\n", o.family, o.weights, o.inputs,
-                           o.dtype, tensors.size(), o.out);
+  const std::string source = o.checkpoint.empty() ? o.weights : o.checkpoint;
+  std::cout << fmt::format("# {} forward of {}{} on {} ({}), {} tensors written to {}\n", o.family, source,
+                           o.lora.empty() ? "" : " + LoRA " + o.lora, o.inputs, o.dtype, tensors.size(), o.out);
   // Outputs the inputs file also carries (a reference run) are compared.
   for (const auto& [name, value] : outputs) {
     const auto stored = reference_case.stored.find(name);
@@ -77,10 +116,13 @@ void add_forward_command(CLI::App& app, Command& selected) {
   auto o = std::make_shared<ForwardOptions>();
   CLI::App* sub = app.add_subcommand(
       "forward", "Run one family forward on inputs stored under the reference argument names and write the outputs");
-  sub->add_option("--family", o->family, "model family")->required();
+  sub->add_option("--family", o->family, "model family (with --checkpoint: taken from its deck)");
   sub->add_option("--config", o->config, "config.json of the model (replaces --preset)");
   sub->add_option("--preset", o->preset, "size preset of the family (default tiny)");
-  sub->add_option("--weights", o->weights, "safetensors checkpoint or *.index.json")->required();
+  sub->add_option("--weights", o->weights, "safetensors checkpoint or *.index.json");
+  sub->add_option("--checkpoint", o->checkpoint,
+                  "training checkpoint (OUT/checkpoints/step-N.h5, LoRA or full) instead of --weights");
+  sub->add_option("--lora", o->lora, "LoRA adapter to apply: PEFT folder, diffusers or LTX-2 LoRA file");
   sub->add_option("--inputs", o->inputs,
                   "safetensors with the forward's tensor arguments (non-tensor ones in the JSON sidecar next to it)")
       ->required();

@@ -4,6 +4,8 @@
 #include <ditrl/diffusion/sde_step.hpp>
 #include <ditrl/error.hpp>
 #include <ditrl/io/safetensors.hpp>
+#include <ditrl/models/lora_adapter.hpp>
+#include <ditrl/models/lora_files.hpp>
 #include <ditrl/models/weights.hpp>
 #include <ditrl/precision/dtype.hpp>
 
@@ -159,6 +161,14 @@ void load_deck_weights(models::Family& family, const config::Config& c) {
          experts.size());
   models::load_weights(*experts[0], io::Checkpoint(c.model.weights));
   models::load_weights(*experts[1], io::Checkpoint(c.model.weights_2));
+}
+
+std::shared_ptr<models::Family> deck_model(const config::Config& c, c10::Device device) {
+  std::shared_ptr<models::Family> family = models::create_family(family_options(c, device));
+  load_deck_weights(*family, c);
+  if (!c.model.lora.weights.empty())  // start from an existing PEFT / diffusers / LTX-2 adapter
+    models::load_lora_adapter(*family, models::read_lora_file(c.model.lora.weights), c.model.lora.weights);
+  return family;
 }
 
 rl::LrSchedule lr_schedule(const config::Config& c) {

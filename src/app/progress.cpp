@@ -19,17 +19,25 @@ void StepTimes::record(std::map<std::string, double>& row, double gather, double
   row["perf/optimizer_seconds"] = optimizer;
 }
 
-std::string progress_line(int64_t rollout_id, int64_t total, const std::map<std::string, double>& row, double seconds,
-                          double eta) {
-  auto get = [&row](const char* key) {
+// The log-prob difference at the first step, before any update, is the
+// rollout/train parity figure (0 when both forwards agree); later steps
+// include the updates of the steps before them.
+std::string progress_line(int64_t rollout_id, int64_t total, const std::map<std::string, double>& first,
+                          const std::map<std::string, double>& last, size_t steps, double seconds, double eta) {
+  auto get = [](const std::map<std::string, double>& row, const char* key) {
     auto it = row.find(key);
     return it == row.end() ? std::nan("") : it->second;
   };
+  std::string lp_diff;  // GRPO only: NFT and SFT have no rollout log-prob
+  if (first.count("train/log_prob_mean_abs_diff"))
+    lp_diff = steps > 1
+                  ? fmt::format("  lp_diff@step0 {:.3g} (last {:.3g})", get(first, "train/log_prob_mean_abs_diff"),
+                                get(last, "train/log_prob_mean_abs_diff"))
+                  : fmt::format("  lp_diff@step0 {:.3g}", get(first, "train/log_prob_mean_abs_diff"));
   return fmt::format(
-      "rollout {}/{}  reward {:.4f} +- {:.4f}  loss {:.4g}  lp_diff {:.3g}  grad_norm {:.4g}  {:.2f} s/rollout  "
-      "ETA {:.0f} s",
-      rollout_id + 1, total, get("rollout/reward/raw_mean"), get("rollout/reward/raw_std"), get("train/loss"),
-      get("train/log_prob_mean_abs_diff"), get("train/grad_norm"), seconds, eta);
+      "rollout {}/{}  reward {:.4f} +- {:.4f}  loss {:.4g}{}  grad_norm {:.4g}  {:.2f} s/rollout  ETA {:.0f} s",
+      rollout_id + 1, total, get(last, "rollout/reward/raw_mean"), get(last, "rollout/reward/raw_std"),
+      get(last, "train/loss"), lp_diff, get(last, "train/grad_norm"), seconds, eta);
 }
 
 double peak_rss_bytes() {

@@ -10,6 +10,8 @@
 #include <ATen/ATen.h>
 #include <spdlog/spdlog.h>
 
+#include <filesystem>
+
 namespace ditrl::app {
 
 namespace {
@@ -19,13 +21,22 @@ struct RolloutCli {
   std::vector<std::string> overrides;
   std::string out;
   std::string checkpoint;
+  std::string dump_dir;  // [debug] dump files; default <out stem>-debug/ beside --out
   int64_t rollout_id = 0;
 };
+
+// A standalone rollout's dumps go to their own folder, never over the
+// training run's OUT/debug/dump-rank<r>.h5.
+std::string dump_folder(const RolloutCli& cli) {
+  if (!cli.dump_dir.empty()) return cli.dump_dir;
+  const std::filesystem::path out(cli.out);
+  return (out.parent_path() / (out.stem().string() + "-debug")).string();
+}
 
 int rollout_command(const RolloutCli& cli) {
   const config::Config config = config::load_deck(cli.deck, cli.overrides);
   const std::unique_ptr<dist::Runtime> runtime = start_runtime(config, "");
-  Run run = open_run(config, *runtime);
+  Run run = open_run(config, *runtime, dump_folder(cli));
   if (!cli.checkpoint.empty()) {
     const io::CheckpointMeta meta = io::load_checkpoint(io::resolve_checkpoint(config.run.out_dir, cli.checkpoint),
                                                         training_state(run, /*with_extra=*/false), runtime->io_comm());
@@ -53,6 +64,8 @@ void add_rollout_command(CLI::App& app, Command& selected) {
   sub->add_option("--out", cli->out, "Trajectory file to write")->required();
   sub->add_option("--set", cli->overrides, "Override a deck key: section.key=value (repeatable)");
   sub->add_option("--checkpoint", cli->checkpoint, "Sample with a training checkpoint's weights (path or `latest`)");
+  sub->add_option("--dump-dir", cli->dump_dir,
+                  "[debug] dump = true: folder of the dump-rank<r>.h5 files (default: <out stem>-debug/ beside --out)");
   sub->add_option("--rollout-id", cli->rollout_id, "Which rollout (selects prompts, noise and SDE steps)")
       ->check(CLI::NonNegativeNumber);
   sub->callback([cli, &selected] { selected = [cli] { return rollout_command(*cli); }; });

@@ -36,17 +36,21 @@ void check_batching(const config::Config& c, const rl::AlgorithmTraits& traits, 
 }
 
 void check_files(const config::Config& c) {
-  for (const auto& [key, path] :
-       {std::pair<const char*, std::string>{"weights", c.model.weights}, {"weights_2", c.model.weights_2}})
+  for (const auto& [key, path] : {std::pair<const char*, std::string>{"weights", c.model.weights},
+                                  {"weights_2", c.model.weights_2},
+                                  {"lora.weights", c.model.lora.weights}})
     if (!path.empty() && !std::filesystem::exists(path))
       fail("{}: model.{} = \"{}\": no such file", c.source, key, path);
   if (!c.data.prompts.empty() && !std::filesystem::exists(c.data.prompts))
     fail("{}: data.prompts = \"{}\": no such file", c.source, c.data.prompts);
 }
 
-// Each rank writes its own samples' forwards to its own serial file.
-std::unique_ptr<rl::ParityDump> open_parity_dump(const config::Config& c, const rl::AlgorithmTraits& traits, int rank) {
-  const std::filesystem::path dir = std::filesystem::path(c.run.out_dir) / "debug";
+// Each rank writes its own samples' forwards to its own serial file, in
+// OUT/debug or the folder the caller chose (a standalone rollout's own).
+std::unique_ptr<rl::ParityDump> open_parity_dump(const config::Config& c, const rl::AlgorithmTraits& traits, int rank,
+                                                 const std::string& dump_dir) {
+  const std::filesystem::path dir =
+      dump_dir.empty() ? std::filesystem::path(c.run.out_dir) / "debug" : std::filesystem::path(dump_dir);
   std::filesystem::create_directories(dir);
   const std::string path = (dir / fmt::format("dump-rank{}.h5", rank)).string();
   auto dump =
@@ -77,7 +81,7 @@ std::unique_ptr<dist::Runtime> start_runtime(const config::Config& config, const
   return runtime;
 }
 
-Run open_run(const config::Config& config, dist::Runtime& runtime) {
+Run open_run(const config::Config& config, dist::Runtime& runtime, const std::string& dump_dir) {
   Run run;
   run.config = config;
   run.deck_text = config::to_toml(config);
@@ -88,8 +92,7 @@ Run open_run(const config::Config& config, dist::Runtime& runtime) {
   check_batching(c, run.traits, world);
   check_files(c);
 
-  run.family = models::create_family(family_options(c, runtime.device()));
-  load_deck_weights(*run.family, c);
+  run.family = deck_model(c, runtime.device());
   run.prompts = c.data.prompts.empty()
                     ? rollout::synthetic_prompts(run.family->cond_spec(), c.data.synthetic_prompts, c.data.seed)
                     : rollout::open_prompt_dataset(c.data.prompts, run.family->cond_spec());
@@ -118,7 +121,7 @@ Run open_run(const config::Config& config, dist::Runtime& runtime) {
                                              runtime.data(), shard_options(c, runtime.device()));
   collect.sampler.device = runtime.device();
   if (c.debug.dump) {
-    run.dump = open_parity_dump(c, run.traits, runtime.world().rank);
+    run.dump = open_parity_dump(c, run.traits, runtime.world().rank, dump_dir);
     collect.sampler.dump = run.dump.get();
   }
   run.collector =

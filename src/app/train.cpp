@@ -197,7 +197,9 @@ int train(const TrainCli& cli) {
     const double seconds = seconds_since(start);
     const double eta = seconds_since(run_start) / static_cast<double>(rollout_id + 1 - first_rollout) *
                        static_cast<double>(total - rollout_id - 1);
-    if (root) spdlog::info(progress_line(rollout_id, total, rows.back().values, seconds, eta));
+    if (root)
+      spdlog::info(
+          progress_line(rollout_id, total, rows.front().values, rows.back().values, rows.size(), seconds, eta));
 
     // Every rank must agree to stop, whichever received the signal; the
     // same reduction carries the largest peak RSS over ranks.

@@ -18,6 +18,8 @@ void ModelSection::validate(const Checker& c) const {
   if (!weights_2.empty() && family != "wan")
     c.error("weights_2", "is only used by the two-expert Wan2.2 A14B family (family = \"wan\")");
   if (lora.enabled && lora.rank <= 0) c.error("lora.rank", "must be positive when LoRA is enabled");
+  if (!lora.weights.empty() && !lora.enabled)
+    c.error("lora.weights", "needs model.lora.enabled = true (it is the adapter the run starts from)");
 }
 
 void PrecisionSection::validate(const Checker& c) const {

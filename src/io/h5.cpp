@@ -348,12 +348,23 @@ c10::ScalarType Dataset::dtype() const {
   return scalar_type_of(type.id(), context());
 }
 
+// A dataset with a zero extent holds no element: its shape, fixed at
+// creation, is all there is. Writes and reads of it must not reach MPI-IO,
+// where a collective transfer of nothing fails (every rank sees the same
+// shape, so every rank skips alike).
+namespace {
+bool holds_nothing(const std::vector<hsize_t>& dims) {
+  return std::find(dims.begin(), dims.end(), hsize_t{0}) != dims.end();
+}
+}  // namespace
+
 void Dataset::write(const at::Tensor& tensor) {
   const at::Tensor data = contiguous_cpu(tensor);
   const std::vector<hsize_t> shape_now = shape();
   if (shape_now != dims_of(data))
     throw Error(fmt::format("HDF5: {}: writing a tensor of shape {} into a dataset of another shape", context(),
                             fmt::join(data.sizes(), "x")));
+  if (holds_nothing(shape_now)) return;
   Handle type = datatype_for(data.scalar_type());
   Dataspace file_space(H5Dget_space(id()), H5Sclose);
   Dataspace mem_space = Dataspace::simple(dims_of(data));
@@ -393,6 +404,7 @@ void Dataset::write_rows(int64_t offset, const at::Tensor& rows, bool collective
   const hsize_t count = static_cast<hsize_t>(data.size(0));
   if (offset < 0 || static_cast<hsize_t>(offset) + count > dims[0])
     throw Error(fmt::format("HDF5: {}: rows [{}, {}) outside [0, {})", context(), offset, offset + count, dims[0]));
+  if (holds_nothing(dims)) return;
 
   Handle type = datatype_for(data.scalar_type());
   Dataspace file_space(H5Dget_space(id()), H5Sclose);
@@ -421,6 +433,7 @@ at::Tensor Dataset::read_rows(int64_t offset, int64_t count, bool collective) co
   for (hsize_t d : dims) sizes.push_back(static_cast<int64_t>(d));
   sizes[0] = count;
   at::Tensor out = at::empty(sizes, at::TensorOptions().dtype(dtype()));
+  if (holds_nothing(dims)) return out;
   Handle type = datatype_for(out.scalar_type());
   Dataspace file_space(H5Dget_space(id()), H5Sclose);
   std::vector<hsize_t> mem_dims = dims;

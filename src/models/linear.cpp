@@ -33,6 +33,7 @@ void Linear::attach_lora(int64_t rank, double alpha) {
   const at::TensorOptions options = weight.options();
   lora_A = register_module("lora_A", std::make_shared<WeightOnly>(at::empty({rank, in_features()}, options)));
   lora_B = register_module("lora_B", std::make_shared<WeightOnly>(at::zeros({out_features(), rank}, options)));
+  lora_alpha_ = alpha;
   lora_scale_ = alpha / static_cast<double>(rank);
   weight.set_requires_grad(false);
   if (bias.defined()) bias.set_requires_grad(false);

@@ -90,9 +90,21 @@ int64_t Trajectories::sde_slot(int64_t step) const {
   return slot_of(steps.sde_steps, step, "SDE log-prob");
 }
 
+namespace {
+
+// The strategy's latents plus x_0: the initial noise is always recorded, so
+// a trajectory (pure ODE included) can be replayed or inspected from its start.
+rl::StepSelection with_initial_noise(rl::StepSelection steps) {
+  if (!contains(steps.return_latents, 0)) steps.return_latents.insert(steps.return_latents.begin(), 0);
+  return steps;
+}
+
+}  // namespace
+
 Trajectories sample(models::Family& family, const models::ForwardContext& ctx, const diffusion::Schedule& schedule,
-                    const rl::StepSelection& steps, const SampleBatch& batch, const SamplerOptions& options) {
+                    const rl::StepSelection& selected, const SampleBatch& batch, const SamplerOptions& options) {
   schedule.check("rollout schedule");
+  const rl::StepSelection steps = with_initial_noise(selected);
   const int64_t n = static_cast<int64_t>(batch.seeds.size());
   if (options.microgroup <= 0 || n % options.microgroup != 0)
     fail("rollout: {} samples on this rank do not split into micro-groups of {}", n, options.microgroup);

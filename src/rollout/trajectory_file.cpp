@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <filesystem>
 
 namespace ditrl::rollout {
 
@@ -22,7 +23,8 @@ std::vector<hsize_t> global_dims(const at::Tensor& local, int64_t total_rows) {
 
 void write_rows(h5::File& file, const std::string& path, const at::Tensor& local, int64_t first_row,
                 int64_t total_rows) {
-  file.create_dataset(path, local.scalar_type(), global_dims(local, total_rows)).write_rows(first_row, local.contiguous());
+  file.create_dataset(path, local.scalar_type(), global_dims(local, total_rows))
+      .write_rows(first_row, local.contiguous());
 }
 
 void write_whole(h5::File& file, const std::string& path, const at::Tensor& t) {
@@ -35,7 +37,9 @@ std::vector<int64_t> to_vector(const at::Tensor& t) {
   return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
 }
 
-std::string shape_text(const std::vector<hsize_t>& dims) { return fmt::format("[{}]", fmt::join(dims, ", ")); }
+std::string shape_text(const std::vector<hsize_t>& dims) {
+  return fmt::format("[{}]", fmt::join(dims, ", "));
+}
 
 class Reader {
  public:
@@ -84,12 +88,8 @@ class Reader {
   int64_t first_, count_;
 };
 
-}  // namespace
-
-void write_trajectories(const std::string& path, const TrajectoryRecord& local, int64_t first_row,
-                        int64_t total_rows, MPI_Comm comm) {
+void write_datasets(h5::File& file, const TrajectoryRecord& local, int64_t first_row, int64_t total_rows) {
   const Trajectories& t = local.trajectories;
-  h5::File file = h5::File::create(path, comm);
   write_whole(file, "timesteps", t.snapshot->timesteps);
   write_whole(file, "sigmas", t.snapshot->sigmas);
   write_whole(file, "sde_steps", at::tensor(t.steps.sde_steps, at::kLong));
@@ -106,6 +106,31 @@ void write_trajectories(const std::string& path, const TrajectoryRecord& local, 
     write_rows(file, "negative/" + name, tensor, first_row, total_rows);
   for (const auto& [key, value] : local.text_attrs) file.set_attr(key, value);
   for (const auto& [key, value] : local.number_attrs) file.set_attr(key, value);
+}
+
+}  // namespace
+
+void write_trajectories(const std::string& path, const TrajectoryRecord& local, int64_t first_row, int64_t total_rows,
+                        MPI_Comm comm) {
+  // Written under a temporary name and renamed once every rank has closed
+  // it: a failed write (which aborts the job) never leaves a file under the
+  // final name for a trainer to read half of.
+  const std::string tmp = path + ".tmp";
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent);  // every rank: no barrier before the create
+  {
+    h5::File file = h5::File::create(tmp, comm);
+    write_datasets(file, local, first_row, total_rows);
+  }
+  MPI_Barrier(comm);
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  if (rank == 0) {
+    std::error_code ec;
+    std::filesystem::rename(tmp, path, ec);
+    if (ec) fail("trajectories {}: cannot rename {} to it: {}", path, tmp, ec.message());
+  }
+  MPI_Barrier(comm);
 }
 
 TrajectoryRecord read_trajectories(const std::string& path, int64_t first_row, int64_t count,

@@ -232,7 +232,8 @@ TEST_CASE("train: rollouts written by `ditrl rollout` train like sampled ones, b
   CHECK_THAT(bad.output, Contains("trajectories " + traj + ": log_probs has shape [8, 3], expected [8, 2]"));
 }
 
-TEST_CASE("export: a checkpoint's weights as safetensors under checkpoint names", "[e2e][export]") {
+TEST_CASE("export: a checkpoint's weights as a diffusers model folder, a LoRA run's as PEFT and diffusers files",
+          "[e2e][export]") {
   const std::string out = test::fresh_output_dir("e2e_export");
   REQUIRE(test::train(kDeck, out, 2, "--set train.num_rollouts=1").exit_code == 0);
   const std::string ckpt = out + "/checkpoints/step-1.h5";
@@ -243,19 +244,74 @@ TEST_CASE("export: a checkpoint's weights as safetensors under checkpoint names"
   io::h5::File file = io::h5::File::open(ckpt);
   for (const std::string& name : file.open_group("/model").children())
     CHECK(at::equal(exported.get(name), file.open_dataset("/model/" + name).read()));
-  CHECK(exported.contains("pos_embed.pos_embed"));
+  CHECK(exported.contains("pos_embed.pos_embed"));  // the persistent buffer, which no checkpoint dataset holds
+  CHECK_THAT(read_file(out + "/export/config.json"), Contains("\"_class_name\":\"SD3Transformer2DModel\""));
   const auto inspect = test::ditrl("inspect " + out + "/export/diffusion_pytorch_model.safetensors --family sd3");
   CHECK(inspect.exit_code == 0);
+
+  // Above --max-shard-size: shards and an index, which ditrl reads back as one checkpoint.
+  const auto sharded = test::ditrl("export " + ckpt + " --out " + out + "/export --max-shard-size 200KB");
+  INFO(sharded.output);
+  REQUIRE(sharded.exit_code == 0);
+  CHECK_FALSE(std::filesystem::exists(out + "/export/diffusion_pytorch_model.safetensors"));  // the stale single file
+  io::Checkpoint index(out + "/export/diffusion_pytorch_model.safetensors.index.json");
+  CHECK(index.files().size() > 1);
+  CHECK(index.names() == exported.names());
+  const auto bad = test::ditrl("export " + ckpt + " --out " + out + "/x --max-shard-size 10XB");
+  CHECK(bad.exit_code != 0);
+  CHECK_THAT(bad.output, Contains("--max-shard-size: '10XB' is not a positive size"));
 
   const std::string lora = test::fresh_output_dir("e2e_export_lora");
   REQUIRE(test::train(kDeck, lora, 2,
                       "--set train.num_rollouts=1 --set model.lora.enabled=true --set model.lora.rank=4 "
-                      "--set train.kl_beta=0.01")
+                      "--set model.lora.alpha=6 --set train.kl_beta=0.01")
               .exit_code == 0);
   const auto rl = test::ditrl("export " + lora + "/checkpoints/step-1.h5 --out " + lora + "/export --merged");
   INFO(rl.output);
   REQUIRE(rl.exit_code == 0);
-  io::Checkpoint adapters(lora + "/export/adapter_model.safetensors");
-  CHECK(adapters.contains("base_model.model.transformer_blocks.0.attn.to_q.lora_A.default.weight"));
-  CHECK(std::filesystem::exists(lora + "/export/diffusion_pytorch_model.safetensors"));
+  // PEFT's saved form: no adapter name in the keys, r and lora_alpha in adapter_config.json.
+  io::Checkpoint peft(lora + "/export/adapter_model.safetensors");
+  CHECK(peft.contains("base_model.model.transformer_blocks.0.attn.to_q.lora_A.weight"));
+  const std::string config = read_file(lora + "/export/adapter_config.json");
+  CHECK_THAT(config, Contains("\"peft_type\":\"LORA\"") && Contains("\"r\":4") && Contains("\"lora_alpha\":6") &&
+                         Contains("\"transformer_blocks.0.attn.to_q\""));
+  // diffusers: transformer.-prefixed keys, alpha where load_lora_weights reads it.
+  io::Checkpoint diffusers(lora + "/export/pytorch_lora_weights.safetensors");
+  CHECK(diffusers.contains("transformer.transformer_blocks.0.attn.to_q.lora_B.weight"));
+  CHECK_THAT(diffusers.metadata().at("lora_adapter_metadata"), Contains("\"transformer.lora_alpha\":6"));
+  CHECK(std::filesystem::exists(lora + "/export/merged/diffusion_pytorch_model.safetensors"));
+  CHECK(std::filesystem::exists(lora + "/export/merged/config.json"));
+  const auto merged_full = test::ditrl("export " + out + "/checkpoints/step-1.h5 --out " + out + "/y --merged");
+  CHECK(merged_full.exit_code != 0);
+  CHECK_THAT(merged_full.output, Contains("is a full fine-tune"));
+}
+
+TEST_CASE("export: a two-expert Wan2.2 run writes each expert into its pipeline component folder", "[e2e][export]") {
+  const std::string out = test::fresh_output_dir("e2e_export_a14b");
+  const std::string deck = std::string(DITRL_SOURCE_DIR) + "/tests/standards/proxy_wan22_grpo.toml";
+  const auto trained = test::train(deck, out, 2, "--set train.num_rollouts=1");
+  INFO(trained.output);
+  REQUIRE(trained.exit_code == 0);
+  const auto r = test::ditrl("export " + out + "/checkpoints/step-1.h5 --out " + out + "/export --merged");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  for (const std::string expert : {"transformer", "transformer_2"}) {
+    INFO(expert);
+    // Names as each expert's own checkpoint: no transformer./transformer_2. expert prefix.
+    io::Checkpoint diffusers(out + "/export/" + expert + "/pytorch_lora_weights.safetensors");
+    CHECK(diffusers.contains("transformer.blocks.0.attn1.to_q.lora_A.weight"));
+    io::Checkpoint peft(out + "/export/" + expert + "/adapter_model.safetensors");
+    CHECK(peft.contains("base_model.model.blocks.1.ffn.net.2.lora_B.weight"));
+    CHECK(std::filesystem::exists(out + "/export/" + expert + "/adapter_config.json"));
+    const std::string merged = out + "/export/merged/" + expert + "/diffusion_pytorch_model.safetensors";
+    CHECK(test::ditrl("inspect " + merged + " --family wan").exit_code == 0);
+    CHECK_THAT(read_file(out + "/export/merged/" + expert + "/config.json"),
+               Contains("\"_class_name\":\"WanTransformer3DModel\""));
+  }
+  // The two experts were trained apart: their adapters differ.
+  CHECK_FALSE(at::equal(
+      io::Checkpoint(out + "/export/transformer/adapter_model.safetensors")
+          .get("base_model.model.blocks.0.attn1.to_q.lora_B.weight"),
+      io::Checkpoint(out + "/export/transformer_2/adapter_model.safetensors")
+          .get("base_model.model.blocks.0.attn1.to_q.lora_B.weight")));
 }

@@ -117,3 +117,26 @@ TEST_CASE("h5: failures name the file and the object and carry HDF5's reason", "
   }
   MPI_Barrier(MPI_COMM_WORLD);
 }
+
+TEST_CASE("h5: datasets with a zero extent are written and read collectively", "[h5]") {
+  // A pure-ODE rollout's /sde_steps [0] and /log_probs [N, 0]: a collective
+  // MPI-IO transfer of nothing must not be attempted (it fails), the shape
+  // is all the dataset holds.
+  const std::string path = shared_dir("h5_empty") + "/empty.h5";
+  const int64_t rows = 3 * world();
+  {
+    h5::File file = h5::File::create(path, MPI_COMM_WORLD);
+    file.create_dataset("steps", at::kLong, {0}).write(at::empty({0}, at::kLong));
+    h5::Dataset lp = file.create_dataset("log_probs", at::kFloat, {static_cast<hsize_t>(rows), 0});
+    lp.write_rows(3 * rank(), at::empty({3, 0}, at::kFloat));
+    h5::Dataset none = file.create_dataset("none", at::kFloat, {0, 4});
+    none.write_rows(0, at::empty({0, 4}, at::kFloat));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  h5::File file = h5::File::open(path, h5::File::Mode::ReadOnly, MPI_COMM_WORLD);
+  CHECK(file.open_dataset("steps").read().numel() == 0);
+  CHECK(file.open_dataset("log_probs").shape() == std::vector<hsize_t>{static_cast<hsize_t>(rows), 0});
+  CHECK(file.open_dataset("log_probs").read_rows(3 * rank(), 3, /*collective=*/true).sizes() ==
+        at::IntArrayRef{3, 0});
+  CHECK(file.open_dataset("none").read_rows(0, 0, true).sizes() == at::IntArrayRef{0, 4});
+}

@@ -1,12 +1,14 @@
 #include <ditrl/io/safetensors.hpp>
 #include <ditrl/models/reference.hpp>
 
+#include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <catch2/catch.hpp>
 
 #include "model_fixtures.hpp"
 #include "process.hpp"
 
+#include <filesystem>
 #include <set>
 
 using namespace ditrl;
@@ -81,4 +83,30 @@ TEST_CASE("cli: ditrl inspect lists tensors and validates them against a family"
   const auto hostile = run_process(fmt::format("{} inspect {}", DITRL_BINARY, bad));
   CHECK(hostile.exit_code != 0);
   CHECK_THAT(hostile.output, Contains(bad) && Contains("header length"));
+}
+
+TEST_CASE("cli: ditrl forward --checkpoint / --lora refuse what does not fit, naming it", "[app][cli]") {
+  const std::string dir = test::fresh_output_dir("cli_forward_sources");
+  const std::string inputs = fixture_path("sd3/case_0.safetensors");
+  const auto neither =
+      run_process(fmt::format("{} forward --family sd3 --inputs {} --out {}/o.safetensors", DITRL_BINARY, inputs, dir));
+  CHECK(neither.exit_code != 0);
+  CHECK_THAT(neither.output, Contains("forward needs --family and --weights, or --checkpoint"));
+  const auto both =
+      run_process(fmt::format("{} forward --checkpoint {}/step-1.h5 --weights {} --inputs {} --out "
+                              "{}/o.safetensors",
+                              DITRL_BINARY, dir, fixture_path("sd3/weights.safetensors"), inputs, dir));
+  CHECK(both.exit_code != 0);
+  CHECK_THAT(both.output, Contains("brings its own model"));
+  const auto missing = run_process(forward_command(inputs, dir + "/o.safetensors", "--lora " + dir + "/nope"));
+  CHECK(missing.exit_code != 0);
+  CHECK_THAT(missing.output, Contains("LoRA adapter " + dir + "/nope: no such file or folder"));
+  // An adapter for modules the model does not have.
+  io::write_safetensors(dir + "/alien.safetensors", {{"transformer.blocks.0.nope.lora_A.weight", at::zeros({2, 4})},
+                                                     {"transformer.blocks.0.nope.lora_B.weight", at::zeros({4, 2})}});
+  const auto alien =
+      run_process(forward_command(inputs, dir + "/o.safetensors", "--lora " + dir + "/alien.safetensors"));
+  CHECK(alien.exit_code != 0);
+  CHECK_THAT(alien.output, Contains("blocks.0.nope (not a linear layer of the model)"));
+  CHECK_FALSE(std::filesystem::exists(dir + "/o.safetensors"));
 }

@@ -26,6 +26,9 @@ dist::RuntimeOptions runtime_options(const config::Config& c);
 models::FamilyOptions family_options(const config::Config& c, c10::Device device);
 // model.weights (and model.weights_2: the second expert) into the family.
 void load_deck_weights(models::Family& family, const config::Config& c);
+// The deck's model as a run starts from it on `device`: the family, its base
+// weights or seeded init, its LoRA adapters, model.lora.weights loaded.
+std::shared_ptr<models::Family> deck_model(const config::Config& c, c10::Device device);
 // [precision] with `family_rules` (a family's default fp32-kept parameters)
 // first when precision.family_overrides is on.
 precision::PrecisionPlan precision_plan(const config::Config& c, const std::vector<precision::DtypeRule>& family_rules);

@@ -27,8 +27,9 @@ struct StepTimes {
   void record(std::map<std::string, double>& row, double gather, double reduce_scatter) const;
 };
 
-std::string progress_line(int64_t rollout_id, int64_t total, const std::map<std::string, double>& row, double seconds,
-                          double eta);
+// `first` is the rollout's first optimizer step, `last` its last (of `steps`).
+std::string progress_line(int64_t rollout_id, int64_t total, const std::map<std::string, double>& first,
+                          const std::map<std::string, double>& last, size_t steps, double seconds, double eta);
 
 // Peak resident set of this process (VmHWM), for the per-rank memory metric.
 double peak_rss_bytes();

@@ -44,7 +44,8 @@ struct Run {
 // console only), sets the intra-op threads.
 std::unique_ptr<dist::Runtime> start_runtime(const config::Config& config, const std::string& log_dir);
 
-Run open_run(const config::Config& config, dist::Runtime& runtime);
+// `dump_dir`: where [debug] dump files go ("" = OUT/debug, the training run's).
+Run open_run(const config::Config& config, dist::Runtime& runtime, const std::string& dump_dir = "");
 
 // The run's training rollout as the algorithm reads it.
 rl::TrainingRollout training_rollout(const rollout::RolloutBatch& batch);

@@ -55,6 +55,10 @@ struct LoraSection {
   double alpha = 64.0;
   std::vector<std::string> targets;  // empty = the family's default targets
   std::string init = "gaussian";
+  // Start from an existing adapter instead of the init: a PEFT folder, a
+  // diffusers LoRA file or an LTX-2 LoRA file (rank, alpha and the adapted
+  // modules must be the deck's).
+  std::string weights;
 
   template <class V>
   void fields(V& v) {
@@ -63,6 +67,7 @@ struct LoraSection {
     v("alpha", alpha, Above{0});
     v("targets", targets);
     v("init", init, OneOf{"gaussian", "kaiming"});
+    v("weights", weights);
   }
 };
 

@@ -53,6 +53,8 @@ class Linear : public torch::nn::Module {
   void attach_lora(int64_t rank, double alpha);
   bool has_lora() const { return lora_A != nullptr; }
   double lora_scale() const { return lora_scale_; }
+  int64_t lora_rank() const { return has_lora() ? lora_A->weight.size(0) : 0; }
+  double lora_alpha() const { return lora_alpha_; }
   // W + alpha/r * B A, in W's dtype (the full weight a merged export writes).
   at::Tensor merged_weight() const;
 
@@ -63,6 +65,7 @@ class Linear : public torch::nn::Module {
 
  private:
   double lora_scale_ = 0;
+  double lora_alpha_ = 0;
 };
 
 }  // namespace ditrl::models

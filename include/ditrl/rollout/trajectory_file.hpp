@@ -5,8 +5,10 @@
 // Layout (N samples, T steps, K kept latents, S SDE steps):
 //   /timesteps      [T]   fp32  the t snapshot exactly as the DiT consumed it
 //   /sigmas         [T+1] fp32  the sigma snapshot, last entry 0
-//   /sde_steps      [S]   int64 the steps sampled with the SDE kernel (the rest ODE)
-//   /latent_steps   [K]   int64 which x_i /latents holds; absent = all T+1 (x_0 = noise)
+//   /sde_steps      [S]   int64 the steps sampled with the SDE kernel (the rest ODE);
+//                         S = 0 for a pure-ODE rollout (NFT, SFT, sde = "ode")
+//   /latent_steps   [K]   int64 which x_i /latents holds; absent = all T+1. ditrl
+//                         always writes x_0 (the initial noise) first
 //   /latents        [N, K, ...] fp32
 //   /log_probs      [N, S] fp32  rollout log-prob of x_i -> x_{i+1}, i in /sde_steps
 //   /final_latents  [N, ...] fp32 (absent: the last kept latent, which must be x_T)
@@ -17,6 +19,8 @@
 //   /cond/<name>    [N, ...] the conditioning the family reads (its cond_spec)
 //   /negative/<name> [N, ...] optional negative-prompt conditioning (CFG)
 //   attributes: family, sde, noise_level, guidance_scale, rollout_id, deck
+// Empty datasets (S = 0) are written with their zero extent. The file is
+// written as PATH.tmp and renamed when complete.
 
 #include <ditrl/models/family.hpp>
 #include <ditrl/rollout/sampler.hpp>
@@ -39,8 +43,8 @@ struct TrajectoryRecord {
 };
 
 // Collective over comm: rank r writes its samples at rows [first_row, first_row + n).
-void write_trajectories(const std::string& path, const TrajectoryRecord& local, int64_t first_row,
-                        int64_t total_rows, MPI_Comm comm);
+void write_trajectories(const std::string& path, const TrajectoryRecord& local, int64_t first_row, int64_t total_rows,
+                        MPI_Comm comm);
 
 // What a reader expects the file to fit.
 struct TrajectoryExpectation {

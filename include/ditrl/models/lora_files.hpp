@@ -1,0 +1,52 @@
+#pragma once
+
+// LoRA adapter files in the formats the ecosystem loads as they are:
+//
+//  - PEFT: a folder with adapter_config.json (peft_type LORA, r, lora_alpha,
+//    target_modules = the adapted module paths) and adapter_model.safetensors
+//    with keys `base_model.model.<module>.lora_A.weight` (PEFT's saved form:
+//    no adapter name). `PeftModel.from_pretrained(model, folder)` loads it.
+//  - diffusers: pytorch_lora_weights.safetensors with keys
+//    `transformer.<module>.lora_A.weight` and the LoraConfig as
+//    `__metadata__["lora_adapter_metadata"]` (keys prefixed `transformer.`),
+//    which is where `load_lora_weights` / `load_lora_adapter` read r and
+//    lora_alpha (without it they take alpha = r, a different scale).
+//  - LTX-2 (ltx_core's loader, ComfyUI layout): keys
+//    `diffusion_model.<module>.lora_A.weight`; ltx_core fuses W + strength B A
+//    with no alpha, so alpha/r is folded into lora_B (strength 1 reproduces
+//    the trained model) and recorded in the metadata (ditrl_lora_alpha,
+//    ditrl_lora_rank, ditrl_lora_b_scaled = "alpha/r").
+//
+// read_lora_file() takes any of the three (and kohya-style per-module
+// `.alpha` tensors); what it cannot represent (DoRA, per-module ranks or
+// alphas, biases on lora_B, fan_in_fan_out) is an error naming the file.
+
+#include <ditrl/models/lora_adapter.hpp>
+
+#include <c10/core/ScalarType.h>
+
+#include <map>
+#include <string>
+
+namespace ditrl::models {
+
+enum class LoraFormat { Peft, Diffusers, Ltx };
+
+struct LoraFileOptions {
+  c10::ScalarType dtype = c10::ScalarType::Float;  // stored dtype of the factors
+  std::string base_model;                          // adapter_config.json base_model_name_or_path ("" = null)
+  std::map<std::string, std::string> metadata;     // extra safetensors __metadata__ entries
+};
+
+// Writes `dir`/adapter_config.json and `dir`/adapter_model.safetensors.
+void write_peft_adapter(const std::string& dir, const LoraAdapter& adapter, const LoraFileOptions& options);
+// Writes one safetensors file in the diffusers or the LTX-2 layout.
+void write_lora_file(const std::string& path, LoraFormat format, const LoraAdapter& adapter,
+                     const LoraFileOptions& options);
+
+// A PEFT folder (or its adapter_model.safetensors), a diffusers folder (its
+// pytorch_lora_weights.safetensors) or LoRA file, or an LTX-2 LoRA file.
+// Module paths are returned as the model's own (prefixes removed).
+LoraAdapter read_lora_file(const std::string& path);
+
+}  // namespace ditrl::models
