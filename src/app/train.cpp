@@ -455,6 +455,8 @@ int train(const TrainCli& cli) {
                                                : mpi.default_threads());
   spdlog::info("ditrl train {} on {} rank(s), {} intra-op thread(s){}", cli.deck, mpi.world().size,
                at::get_num_threads(), config.run.deterministic ? ", deterministic: " + cpu_kernel_pins() : "");
+  // The training path runs on the CPU in every build so far (ShardOptions' device).
+  dist::log_placement(mpi.world(), at::get_num_threads(), "cpu", MPI_COMM_WORLD);
 
   Run run = open_run(config, mpi);
   Trainer trainer(run);
