@@ -72,7 +72,7 @@ mn_start_holder() {  # mn_start_holder NAME unshare-flags...
   disown "$pid"  # killed on purpose later: no "Killed" notice from bash
   echo "$pid" >"$WORKDIR/ns/$name.pid"
   for ((i = 0; i < 50; i++)); do
-    [[ $(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) == "$MN_MARK "* ]] && return 0
+    [[ $({ tr '\0' ' ' <"/proc/$pid/cmdline"; } 2>/dev/null) == "$MN_MARK "* ]] && return 0
     sleep 0.1
   done
   echo "namespace holder for $name did not start" >&2
@@ -84,7 +84,7 @@ mn_start_holder() {  # mn_start_holder NAME unshare-flags...
 mn_sweep_stale() {
   local p cmd dir owner
   for p in /proc/[0-9]*; do
-    cmd=$(tr '\0' ' ' <"$p/cmdline" 2>/dev/null) || continue
+    cmd=$({ tr '\0' ' ' <"$p/cmdline"; } 2>/dev/null) || continue
     [[ $cmd == "$MN_MARK "* ]] || continue
     dir=$(awk '{print $2}' <<<"$cmd")
     owner=$(cat "$dir/owner" 2>/dev/null || echo 0)
@@ -217,8 +217,8 @@ ReturnToService=2
 JobRequeue=1
 MailProg=/bin/true
 SchedulerParameters=sched_interval=1,bf_interval=1
-SlurmdTimeout=${MN_SLURMD_TIMEOUT:-10}
-MessageTimeout=${MN_MESSAGE_TIMEOUT:-10}
+SlurmdTimeout=${MN_SLURMD_TIMEOUT:-6}
+MessageTimeout=${MN_MESSAGE_TIMEOUT:-5}
 KillWait=${MN_KILL_WAIT:-5}
 InactiveLimit=0
 CONF

@@ -4,8 +4,10 @@
 
   h5check.py verify CKPT          complete=1 and every slab of the
                                   sha256_manifest matches its bytes
-  h5check.py same CKPT_A CKPT_B   bitwise-equal datasets, equal manifests and
-                                  attributes (the deck aside: its out_dir differs)
+  h5check.py same CKPT_A CKPT_B   bitwise-equal datasets and attributes but the
+                                  deck (its out_dir differs) and /rng/torch_cpu
+                                  (LibTorch seeds its default generator at random
+                                  per process; no metric depends on it)
   h5check.py prefix METRICS_A METRICS_B ROWS
                                   the first ROWS rows of every series but
                                   perf/* are bitwise equal
@@ -59,19 +61,29 @@ def datasets(f):
     return sorted(names)
 
 
+UNSEEDED = "rng/torch_cpu"
+
+
 def same(a_path, b_path):
     with h5py.File(a_path, "r") as a, h5py.File(b_path, "r") as b:
         if datasets(a) != datasets(b):
             fail(f"{a_path} and {b_path} hold different datasets")
-        for name in datasets(a):
+        compared = [name for name in datasets(a) if name != UNSEEDED]
+        for name in compared:
             x, y = a[name][...], b[name][...]
             if x.dtype != y.dtype or x.shape != y.shape or x.tobytes() != y.tobytes():
                 fail(f"{name} differs between {a_path} and {b_path}")
-        keys = (set(a.attrs) | set(b.attrs)) - {"deck"}
+        # The manifest's lines for every other dataset must agree too.
+        lines = [sorted(" ".join(l) for l in manifest_lines(f, p) if l[0].lstrip("/") != UNSEEDED)
+                 for f, p in ((a, a_path), (b, b_path))]
+        if lines[0] != lines[1]:
+            fail(f"the sha256_manifest of {a_path} and {b_path} differ")
+        keys = (set(a.attrs) | set(b.attrs)) - {"deck", "sha256_manifest"}
         for key in sorted(keys):
             if key not in a.attrs or key not in b.attrs or str(a.attrs[key]) != str(b.attrs[key]):
                 fail(f"attribute {key} differs between {a_path} and {b_path}")
-        print(f"{a_path} == {b_path}: {len(datasets(a))} datasets bitwise, {len(keys)} attributes")
+        print(f"{a_path} == {b_path}: {len(compared)} datasets bitwise ({UNSEEDED} aside), "
+              f"{len(lines[0])} manifest slabs, {len(keys)} attributes")
 
 
 def prefix(a_path, b_path, rows):

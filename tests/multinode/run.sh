@@ -3,15 +3,16 @@
 # namespaces, tests/multinode/cluster.sh) on a private bridge, slurmctld on
 # node1 and a slurmd on each, Open MPI over TCP between hosts and shared
 # memory inside one. slurm/multinode.sbatch runs unmodified, sized from the
-# command line:
+# command line (srun --mpi=pmix unless said otherwise):
 #   0. reference: the quickstart on 4 ranks on one host (mpirun, shared memory);
 #   1. 2 hosts x 2 tasks: placement (host, node-local rank and size, the
 #      launcher's SLURM_LOCALID, threads, device) right on every rank; the
 #      run completes with metrics bitwise equal to the reference, checkpoints
 #      bitwise equal to the reference's, bytes went over the network;
-#   2. 3 hosts, 2+1+1 tasks, mpirun inside the allocation, not deterministic:
-#      node-local ranks and sizes and the per-node thread choice (the node's
-#      cores over its ranks) on uneven hosts;
+#   2. 3 hosts, 2+1+1 tasks, not deterministic: node-local ranks and sizes
+#      and the per-node thread choice (the node's cores over its ranks) on
+#      uneven hosts; then 2x2 with mpirun inside the allocation (placement
+#      from OMPI_COMM_WORLD_LOCAL_RANK, no stale SLURM_LOCALID warning);
 #   3. the 2x2 run's mid-run checkpoint resumed on one host by 2 ranks;
 #   4. USR1 to the batch shell mid-run: checkpoint, self-requeue, resume
 #      across hosts, metrics bitwise equal to the reference;
@@ -23,7 +24,7 @@
 # daemons cannot be set up here.
 #
 # Usage: tests/multinode/run.sh [path/to/ditrl]
-#   DITRL_MULTINODE_ROLLOUTS  quickstart rollouts per run (default 12; the deck's own is 150)
+#   DITRL_MULTINODE_ROLLOUTS  quickstart rollouts per run (default 8; the deck's own is 150)
 #   DITRL_MULTINODE_TMP       where the shared run folder goes (default /var/tmp; not /tmp,
 #                             which is private to each test host)
 set -uo pipefail
@@ -33,10 +34,10 @@ DITRL=$(realpath "${1:-${DITRL:-$ROOT/build/ditrl}}")
 source "$ROOT/tests/multinode/cluster.sh"
 H5CHECK=(/usr/bin/python3 "$ROOT/tests/multinode/h5check.py")
 
-ROLLOUTS=${DITRL_MULTINODE_ROLLOUTS:-12}
-EVERY=4  # checkpoint interval (rollouts)
-# Slurm's verdict on a dead node: SlurmdTimeout (10 s) + a ping round +
-# MessageTimeout (10 s), then KillWait (5 s) for ranks stuck in MPI.
+ROLLOUTS=${DITRL_MULTINODE_ROLLOUTS:-8}
+EVERY=3  # checkpoint interval (rollouts)
+# Slurm's verdict on a dead node: SlurmdTimeout + a ping round +
+# MessageTimeout (cluster.sh), then KillWait for ranks stuck in MPI.
 DEATH_BOUND_S=${DITRL_MULTINODE_DEATH_BOUND_S:-60}
 
 skip() { echo "SKIPPED: $*"; exit $SKIP; }
@@ -80,8 +81,10 @@ export DITRL DITRL_HOME=$ROOT
 # Open MPI between the hosts: TCP on the test bridge only, shared memory
 # (vader) inside a host, the ob1 messaging layer (no UCX). Only jobs get
 # these; the reference below runs on shared memory alone.
+# The hosts share 2 cores: idle ranks yield them (mpi_yield_when_idle; 2x
+# faster here, bitwise the same). Real nodes have a core per rank: leave it.
 MPI_ENV=(OMPI_MCA_pml=ob1 OMPI_MCA_btl=tcp,self,vader "OMPI_MCA_btl_tcp_if_include=$MN_NET.0/24"
-  "OMPI_MCA_oob_tcp_if_include=$MN_NET.0/24" OMPI_MCA_btl_vader_single_copy_mechanism=none)
+  "OMPI_MCA_oob_tcp_if_include=$MN_NET.0/24" OMPI_MCA_mpi_yield_when_idle=1)
 SIZE=(--gpus-per-node=0 --cpus-per-task=1 --time=15)
 SET="train.num_rollouts=$ROLLOUTS checkpoint.every=$EVERY checkpoint.keep=3"
 QUICK=$ROOT/inputs/quickstart.toml
@@ -117,7 +120,8 @@ placement_is() {  # placement_is RUN_DIR LAUNCHER_VARIABLE expected-rows...
 
 # --- 0. Reference: the same deck, 4 ranks on one host, shared memory.
 start=$(seconds)
-timeout 900 mpirun --allow-run-as-root --oversubscribe --mca btl self,vader -np 4 "$DITRL" train "$QUICK" \
+timeout 900 mpirun --allow-run-as-root --oversubscribe --mca btl self,vader --mca mpi_yield_when_idle 1 -np 4 \
+  "$DITRL" train "$QUICK" \
   --set run.out_dir="$WORKDIR/runs/ref" $(printf -- '--set %s ' $SET) >ref.out 2>&1
 check "reference: quickstart, 4 ranks on one host (shared memory), $ROLLOUTS rollouts ($(elapsed "$start") s)" \
   grep -qx complete runs/ref/status
@@ -139,7 +143,7 @@ check "2x2: every rank placed right (host, node-local rank/size = SLURM_LOCALID,
   placement_is "$run" SLURM_LOCALID "0 node1 0 2 1" "1 node1 1 2 1" "2 node2 0 2 1" "3 node2 1 2 1"
 check "2x2: rank 0 logs the layout" grep -q "layout: 4 rank(s) on 2 host(s): node1 (ranks 0-1), node2 (ranks 2-3)" "quick-$job.out"
 check "2x2: metrics bitwise equal to the 4-rank single-host run (perf/* aside)" "$DITRL" standard check "$run" ref.json
-check "2x2: the step-$EVERY checkpoint written across hosts equals the single-host one bitwise" \
+check "2x2: the step-$((2 * EVERY)) checkpoint written across hosts equals the single-host one bitwise" \
   "${H5CHECK[@]}" same "$run/checkpoints/step-$((2 * EVERY)).h5" "runs/ref/checkpoints/step-$((2 * EVERY)).h5"
 read -r rx0 tx0 <<<"$before2"
 read -r rx1 tx1 <<<"$after2"
@@ -150,19 +154,34 @@ check "2x2: node2's eth0 carried the job's traffic (> 1 MiB per rollout)" \
   awk -v b=$((rx1 - rx0)) -v r="$ROLLOUTS" 'BEGIN { exit !(b > r * 1048576) }'
 [[ $failures == 0 ]] || tail -n 30 "quick-$job.out"
 
-# --- 2. Uneven hosts (2+1+1 ranks), mpirun inside the allocation, threads
-# chosen per node (no determinism pin): the node's cores over its ranks.
+# --- 2. Uneven hosts (2+1+1 ranks: srun spreads -n4 over -N3 and says it
+# ignores --ntasks-per-node), threads chosen per node (no determinism pin):
+# the node's cores over its ranks (the script's --exclusive gives the job
+# whole nodes).
 cores=$(nproc)
-job=$(LAUNCHER=mpirun SET="train.num_rollouts=1 run.deterministic=false" run_job 600 "${SIZE[@]}" -N3 -n4 \
-  --ntasks-per-node=2 -J uneven -o uneven-%j.out "$ROOT/slurm/multinode.sbatch" "$QUICK")
+job=$(SET="train.num_rollouts=1 run.deterministic=false" run_job 600 "${SIZE[@]}" -N3 -n4 --ntasks-per-node=2 \
+  -J uneven -o uneven-%j.out "$ROOT/slurm/multinode.sbatch" "$QUICK")
 run=runs/uneven-$job
-check "uneven: job $job (mpirun launcher, 3 hosts, 2+1+1 tasks) COMPLETED 0:0, status complete" \
+check "uneven: job $job (3 hosts, 2+1+1 tasks) COMPLETED 0:0, status complete" \
   test "$(job_field "$job" JobState) $(job_field "$job" ExitCode) $(cat "$run/status" 2>/dev/null)" = "COMPLETED 0:0 complete"
-check "uneven: node-local ranks/sizes (= OMPI_COMM_WORLD_LOCAL_RANK) and threads = $cores cores / ranks on the node" \
-  placement_is "$run" OMPI_COMM_WORLD_LOCAL_RANK "0 node1 0 2 $((cores / 2))" "1 node1 1 2 $((cores / 2))" \
+check "uneven: node-local ranks/sizes (= SLURM_LOCALID) and threads = $cores cores / ranks on the node" \
+  placement_is "$run" SLURM_LOCALID "0 node1 0 2 $((cores / 2))" "1 node1 1 2 $((cores / 2))" \
   "2 node2 0 1 $cores" "3 node3 0 1 $cores"
-check "uneven: no rank warned about its node-local rank" bash -c "! grep -q 'differs from' '$run'/logs/rank-*.log"
+check "uneven: rank 0 logs the layout" grep -q "layout: 4 rank(s) on 3 host(s): node1 (ranks 0-1), node2 (rank 2), node3 (rank 3)" "uneven-$job.out"
 [[ $failures == 0 ]] || tail -n 30 "uneven-$job.out"
+
+# mpirun inside the allocation: its ranks inherit SLURM_LOCALID=0 from the
+# srun step that started each node's orted; OMPI_COMM_WORLD_LOCAL_RANK is theirs.
+job=$(LAUNCHER=mpirun SET="train.num_rollouts=1 run.deterministic=false" run_job 600 "${SIZE[@]}" -N2 \
+  --ntasks-per-node=2 -J mpirun -o mpirun-%j.out "$ROOT/slurm/multinode.sbatch" "$QUICK")
+run=runs/mpirun-$job
+check "mpirun: job $job (2x2, mpirun launcher) COMPLETED 0:0, status complete" \
+  test "$(job_field "$job" JobState) $(job_field "$job" ExitCode) $(cat "$run/status" 2>/dev/null)" = "COMPLETED 0:0 complete"
+check "mpirun: placement from OMPI_COMM_WORLD_LOCAL_RANK, threads = $cores cores / 2 ranks" \
+  placement_is "$run" OMPI_COMM_WORLD_LOCAL_RANK "0 node1 0 2 $((cores / 2))" "1 node1 1 2 $((cores / 2))" \
+  "2 node2 0 2 $((cores / 2))" "3 node2 1 2 $((cores / 2))"
+check "mpirun: no rank warned about its node-local rank" bash -c "! grep -q 'differs from' '$run'/logs/rank-*.log"
+[[ $failures == 0 ]] || tail -n 30 "mpirun-$job.out"
 
 # --- 3. The cross-host checkpoint at step 2*EVERY resumed on one host by 2 ranks.
 mid=$((2 * EVERY))
