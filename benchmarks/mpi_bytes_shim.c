@@ -5,7 +5,9 @@
  * gradient reduce-scatters) and the small control traffic (norms, metrics,
  * stop flags, manifests). Loaded with LD_PRELOAD; writes
  * $DITRL_MPI_BYTES_DIR/rank-<world rank>.txt at MPI_Finalize, one line per
- * op and size class: "<op> <bulk|small> <calls> <bytes>".
+ * op and size class: "<op> <bulk|small> <calls> <bytes>", then one line per
+ * distinct (op, bytes per call) of the bulk: "size <op> <bytes> <calls>",
+ * which names the units behind the totals.
  *
  * Bytes per call, this rank's share:
  *   MPI_Allgather / MPI_Allgatherv  received from the others: sum of their counts
@@ -26,10 +28,27 @@ static const long long kBulk = 64 * 1024;
 /* [op][0 small, 1 bulk] — prefetch gathers run on a second thread: atomics. */
 static long long calls[OP_COUNT][2], bytes[OP_COUNT][2];
 
+/* Distinct bulk call sizes (a model has a handful of unit sizes). */
+enum { kSizes = 256 };
+static struct { int op; long long bytes, calls; } sizes[kSizes];
+static int size_count;
+static int size_lock;
+
+static void add_size(int op, long long n) {
+  while (__atomic_exchange_n(&size_lock, 1, __ATOMIC_ACQUIRE)) {
+  }
+  int i = 0;
+  while (i < size_count && !(sizes[i].op == op && sizes[i].bytes == n)) ++i;
+  if (i == size_count && size_count < kSizes) sizes[size_count++] = (typeof(sizes[0])){op, n, 0};
+  if (i < size_count) ++sizes[i].calls;
+  __atomic_store_n(&size_lock, 0, __ATOMIC_RELEASE);
+}
+
 static void add(int op, long long n) {
   const int bulk = n >= kBulk;
   __atomic_fetch_add(&calls[op][bulk], 1, __ATOMIC_RELAXED);
   __atomic_fetch_add(&bytes[op][bulk], n, __ATOMIC_RELAXED);
+  if (bulk) add_size(op, n);
 }
 
 static long long type_bytes(MPI_Datatype type, long long count) {
@@ -92,6 +111,8 @@ int MPI_Finalize(void) {
       for (int op = 0; op < OP_COUNT; ++op)
         for (int bulk = 0; bulk < 2; ++bulk)
           fprintf(out, "%s %s %lld %lld\n", kNames[op], bulk ? "bulk" : "small", calls[op][bulk], bytes[op][bulk]);
+      for (int i = 0; i < size_count; ++i)
+        fprintf(out, "size %s %lld %lld\n", kNames[sizes[i].op], sizes[i].bytes, sizes[i].calls);
       fclose(out);
     }
   }

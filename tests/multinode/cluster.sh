@@ -46,6 +46,18 @@ on() {  # on HOST command...
   nsenter -t "$pid" --net --uts --mount --wd="$PWD" -- "$@"
 }
 
+# Starts a daemon on a test host in the background, its PID into FILE.
+# nsenter execs the command (no fork without --pid), so the PID is the
+# daemon's own: `on ... &` would record a subshell's.
+mn_daemon() {  # mn_daemon HOST PIDFILE LOGFILE command...
+  local host=$1 pidfile=$2 log=$3 pid
+  shift 3
+  pid=$(mn_holder "$host")
+  nsenter -t "$pid" --net --uts --mount --wd="$PWD" -- "$@" </dev/null >"$log" 2>&1 &
+  echo $! >"$pidfile"
+  disown $!
+}
+
 # PIDs of every process in a host's network namespace, its marker included.
 mn_host_pids() {  # mn_host_pids HOST
   local pid ns p
@@ -156,9 +168,7 @@ mn_up() {  # mn_up N
   mn_write_conf "$n" || return 1
   export SLURM_CONF="$WORKDIR/slurm.conf"
   mkdir -p "$WORKDIR/spool"
-  on node1 slurmctld -D -c -f "$SLURM_CONF" >"$WORKDIR/log/slurmctld.out" 2>&1 &
-  echo $! >"$WORKDIR/slurmctld.bgpid"
-  disown $!
+  mn_daemon node1 "$WORKDIR/slurmctld.bgpid" "$WORKDIR/log/slurmctld.out" slurmctld -D -c -f "$SLURM_CONF"
   for host in "${MN_HOSTS[@]}"; do mn_start_slurmd "$host"; done
   local idle
   for ((i = 0; i < 150; i++)); do
@@ -174,9 +184,7 @@ mn_up() {  # mn_up N
 
 mn_start_slurmd() {  # mn_start_slurmd HOST
   mkdir -p "$WORKDIR/spool/$1"
-  on "$1" slurmd -D -N "$1" -f "$SLURM_CONF" >"$WORKDIR/log/slurmd-$1.out" 2>&1 &
-  echo $! >"$WORKDIR/slurmd-$1.bgpid"
-  disown $!
+  mn_daemon "$1" "$WORKDIR/slurmd-$1.bgpid" "$WORKDIR/log/slurmd-$1.out" slurmd -D -N "$1" -f "$SLURM_CONF"
 }
 
 # slurm.conf for node1..nodeN. Every node line comes from `slurmd -C` (all
