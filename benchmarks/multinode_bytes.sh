@@ -8,7 +8,7 @@
 # For each layout (hosts x ranks per host: 2x2, 4x1, 4x2) and model (the
 # quickstart's tiny SD3, 0.6M parameters; the SD3 ~100M benchmark config),
 # slurm/multinode.sbatch runs `ditrl train` twice, for R1 and R2 rollouts
-# (weak scaling: 4 samples per rank, one optimizer step per rollout); the
+# (weak scaling: one micro-batch per rank, one optimizer step per rollout); the
 # difference over R2 - R1 is one step without start-up, wire-up and the final
 # checkpoint. Two counters per run:
 #   - wire: every host's eth0 rx/tx bytes (/proc/net/dev in its namespace),
@@ -52,16 +52,20 @@ chmod +x ditrl-counted
 MPI_ENV=(OMPI_MCA_pml=ob1 OMPI_MCA_btl=tcp,self,vader "OMPI_MCA_btl_tcp_if_include=$MN_NET.0/24"
   "OMPI_MCA_oob_tcp_if_include=$MN_NET.0/24" OMPI_MCA_mpi_yield_when_idle=1)
 
-# Deck overrides: 4 samples per rank, one optimizer step per rollout; the
-# checkpoint only at the end (the same in both runs of a pair).
+# Deck overrides: weak scaling with one micro-batch (= rollout micro-group)
+# per rank, so each forward gathers every unit once and each backward
+# reduce-scatters once; one optimizer step per rollout; the checkpoint only
+# at the end (the same in both runs of a pair). One thread per rank: the test
+# hosts share 2 cores, and each believes it has them all.
 model_set() {  # model_set MODEL RANKS
-  local n=$2
-  # One thread per rank: the test hosts share 2 cores, each believes it has them all.
-  local weak="run.deterministic=false run.threads=1 rollout.batch=$n rollout.samples_per_prompt=4 train.global_batch=$((4 * n))"
-  weak+=" train.micro_batch=4 train.steps_per_rollout=1 checkpoint.every=1000 checkpoint.keep=1"
+  local n=$2 common="run.deterministic=false run.threads=1 train.steps_per_rollout=1 checkpoint.every=1000 checkpoint.keep=1"
   case $1 in
-    tiny) echo "$weak" ;;  # quickstart: 10 denoising steps, 2 trained SDE steps
-    sd3-100m) echo "$weak model.config=$ROOT/benchmarks/configs/sd3-100m.json rollout.steps=2 rollout.window=[0,1] rollout.sde_steps=1" ;;
+    # quickstart: 4 samples per rank, 10 denoising steps, 2 trained SDE steps each
+    tiny) echo "$common rollout.batch=$n rollout.samples_per_prompt=4 train.global_batch=$((4 * n)) train.micro_batch=4" ;;
+    # SD3 ~100M: 1 sample per rank (CPU time), 2 denoising steps, 1 trained step
+    sd3-100m) echo "$common model.config=$ROOT/benchmarks/configs/sd3-100m.json rollout.batch=$((n / 2))" \
+      "rollout.samples_per_prompt=2 train.global_batch=$n train.micro_batch=1 rollout.steps=2 rollout.window=[0,1]" \
+      "rollout.sde_steps=1" ;;
   esac
 }
 rollouts() { [[ $1 == tiny ]] && echo "1 3" || echo "1 2"; }
@@ -179,7 +183,7 @@ for model in models:
         v_rs = plan_bytes(t2, "grads") * n
         units, v_root = plan_units(t2)
         denoise, sde = (10, 2) if model == "tiny" else (2, 1)
-        passes_g = denoise + 2 * sde  # 4 samples per rank = one micro-group / micro-batch of 4 per pass
+        passes_g = denoise + 2 * sde  # one micro-group / micro-batch per rank per pass
         passes_rs = sde
         plan_g = passes_g * v_g * (n - 1) / n
         plan_rs = passes_rs * v_rs * (n - 1) / n
@@ -206,10 +210,10 @@ lines = [
     f"- Driver: `benchmarks/multinode_bytes.sh` (commit {commit}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
     "- Cluster: tests/multinode/cluster.sh: namespace hosts on one 2-core VM joined by veth + bridge; "
     "Open MPI 4.1 ob1/TCP between hosts, vader inside one; srun --mpi=pmix; slurm/multinode.sbatch",
-    "- Runs: weak scaling, 4 samples per rank, 1 optimizer step per rollout, micro-batch 4 (one micro-group per "
-    "forward); tiny = quickstart (10 denoising steps, 2 trained SDE steps), sd3-100m = "
-    "benchmarks/configs/sd3-100m.json (2 denoising steps, 1 trained step); per step = (run of R2 rollouts - run of "
-    "R1) / (R2 - R1): start-up, wire-up and the final checkpoint cancel",
+    "- Runs: weak scaling, one micro-batch (= rollout micro-group) per rank, 1 optimizer step per rollout; tiny = "
+    "quickstart (4 samples per rank, 10 denoising steps, 2 trained SDE steps), sd3-100m = "
+    "benchmarks/configs/sd3-100m.json (1 sample per rank, 2 denoising steps, 1 trained step); per step = (run of "
+    "R2 rollouts - run of R1) / (R2 - R1): start-up, wire-up and the final checkpoint cancel",
     "- measured (logical) = PMPI shim: bytes a rank's bulk (>= 64 KiB) MPI_Allgather receives from / MPI_Alltoall "
     "sends to the other ranks, mean over ranks; control = every other collective byte (norms, metrics, flags)",
     "- wire = eth0 bytes that left a host (kernel counters: frames with TCP/IP headers and ACKs), mean over the "

@@ -91,10 +91,12 @@ mn_start_holder() {  # mn_start_holder NAME unshare-flags...
   return 1
 }
 
-# Hosts that a killed earlier run (SIGKILL, no trap) left behind: their
-# marker names a work directory whose owner test process is gone.
+# Hosts that a killed earlier run (SIGKILL, a CTest timeout: no trap ran)
+# left behind: their marker names a work directory whose owner test process
+# is gone. Every process in their network namespaces goes, and the munged
+# that run started (root namespace; its command line names that directory).
 mn_sweep_stale() {
-  local p cmd dir owner
+  local p q cmd dir owner ns pid
   for p in /proc/[0-9]*; do
     cmd=$({ tr '\0' ' ' <"$p/cmdline"; } 2>/dev/null) || continue
     [[ $cmd == "$MN_MARK "* ]] || continue
@@ -102,11 +104,13 @@ mn_sweep_stale() {
     owner=$(cat "$dir/owner" 2>/dev/null || echo 0)
     [[ $owner != 0 ]] && mn_alive "$owner" && continue
     echo "multinode: removing a stale test host left by an earlier run ($cmd)" >&2
-    local ns q
     ns=$(readlink "$p/ns/net" 2>/dev/null) || continue
     for q in /proc/[0-9]*; do
       [[ $(readlink "$q/ns/net" 2>/dev/null) == "$ns" ]] && kill -KILL "${q#/proc/}" 2>/dev/null
     done
+    pid=$(cat "$dir/munge/munged.pid" 2>/dev/null)
+    [[ -n $pid ]] && [[ $({ tr '\0' ' ' <"/proc/$pid/cmdline"; } 2>/dev/null) == *"$dir/munge/"* ]] &&
+      kill -TERM "$pid" 2>/dev/null
   done
   return 0
 }
