@@ -59,11 +59,12 @@ mn_daemon() {  # mn_daemon HOST PIDFILE LOGFILE command...
 }
 
 # PIDs of every process in a host's network namespace, its marker included.
+# The namespace is known by the inode recorded at creation, so processes
+# are found even when the marker has died first.
 mn_host_pids() {  # mn_host_pids HOST
-  local pid ns p
-  pid=$(mn_holder "$1")
-  [[ -n $pid ]] || return 0
-  ns=$(readlink "/proc/$pid/ns/net" 2>/dev/null) || return 0
+  local ns p
+  ns=$(cat "$WORKDIR/ns/$1.net" 2>/dev/null)
+  [[ -n $ns ]] || return 0
   for p in /proc/[0-9]*; do
     [[ $(readlink "$p/ns/net" 2>/dev/null) == "$ns" ]] && echo "${p#/proc/}"
   done
@@ -79,12 +80,19 @@ mn_net_bytes() {  # mn_net_bytes HOST
 mn_start_holder() {  # mn_start_holder NAME unshare-flags...
   local name=$1 pid i
   shift
-  unshare "$@" -- bash -c "exec -a '$MN_MARK $WORKDIR $name' sleep infinity" </dev/null >/dev/null 2>&1 &
-  pid=$!
-  disown "$pid"  # killed on purpose later: no "Killed" notice from bash
-  echo "$pid" >"$WORKDIR/ns/$name.pid"
+  # Its own session: a signal to the test's process group (Ctrl-C, a CTest
+  # timeout) must not take the marker before the daemons it holds.
+  # (setsid forks when it is a group leader, so the marker is found by its
+  # command line, not by $!.)
+  setsid unshare "$@" -- bash -c "exec -a '$MN_MARK $WORKDIR $name' sleep infinity" </dev/null >/dev/null 2>&1 &
+  disown $!  # killed on purpose later: no "Killed" notice from bash
   for ((i = 0; i < 50; i++)); do
-    [[ $({ tr '\0' ' ' <"/proc/$pid/cmdline"; } 2>/dev/null) == "$MN_MARK "* ]] && return 0
+    pid=$(pgrep -x -f "$MN_MARK $WORKDIR $name infinity" | head -1)
+    if [[ -n $pid ]]; then
+      echo "$pid" >"$WORKDIR/ns/$name.pid"
+      readlink "/proc/$pid/ns/net" >"$WORKDIR/ns/$name.net"
+      return 0
+    fi
     sleep 0.1
   done
   echo "namespace holder for $name did not start" >&2
@@ -251,7 +259,7 @@ mn_kill_host() {  # mn_kill_host HOST
   [[ -n $pids ]] && kill -KILL $pids 2>/dev/null
   local p
   for p in $pids; do mn_wait_gone "$p" 50; done
-  rm -f "$WORKDIR/ns/$host.pid"
+  rm -f "$WORKDIR/ns/$host.pid" "$WORKDIR/ns/$host.net"
 }
 
 # Stops what mn_up started, by recorded PID, then anything still running on
@@ -278,7 +286,7 @@ mn_down() {
     p=$(cat "$f")
     kill -KILL "$p" 2>/dev/null
     mn_wait_gone "$p" 50
-    rm -f "$f"
+    rm -f "$f" "${f%.pid}.net"
   done
 }
 
@@ -286,8 +294,8 @@ mn_down() {
 mn_unsupported() {
   [[ $(id -u) == 0 ]] || { echo "creating network namespaces and starting slurmctld/slurmd/munged needs root"; return 0; }
   local tool
-  for tool in unshare nsenter ip; do
-    command -v "$tool" >/dev/null || { echo "no $tool (util-linux / iproute2)"; return 0; }
+  for tool in unshare nsenter setsid ip pgrep; do
+    command -v "$tool" >/dev/null || { echo "no $tool (util-linux / iproute2 / procps)"; return 0; }
   done
   # Probe the kernel: a throwaway namespace pair with a veth and a bridge.
   if ! unshare --net --uts --mount -- sh -c 'hostname probe && ip link add probe0 type veth peer name probe1 && ip link add probebr type bridge && mount -t tmpfs tmpfs /dev/shm' >/dev/null 2>&1; then

@@ -67,7 +67,8 @@ reason=$(slurm_install 2>&1) || skip "cannot install slurm-wlm/munge: $reason"
 command -v mpirun >/dev/null || skip "no mpirun (openmpi-bin)"
 /usr/bin/python3 -c 'import h5py' 2>/dev/null || skip "no /usr/bin/python3 with h5py (python3-h5py)"
 
-WORKDIR=$(mktemp -d "${DITRL_MULTINODE_TMP:-/var/tmp}/ditrl-multinode.XXXXXX")
+WORKDIR=$(mktemp -d "${DITRL_MULTINODE_TMP:-/var/tmp}/ditrl-multinode.XXXXXX") ||
+  { echo "FAIL: cannot make a run folder under ${DITRL_MULTINODE_TMP:-/var/tmp}"; exit 1; }
 export WORKDIR
 [[ $WORKDIR == /tmp/* ]] && skip "DITRL_MULTINODE_TMP is under /tmp, which each test host has privately"
 trap 'mn_down; [[ $failures == 0 ]] && rm -rf "$WORKDIR"' EXIT
@@ -92,7 +93,7 @@ QUICK=$ROOT/inputs/quickstart.toml
 # (SET, LAUNCHER and OUT_DIR may be given per call: VAR=... submit ...).
 submit() {
   on node1 env "${MPI_ENV[@]}" DITRL_SET="$SET" DITRL_LAUNCHER="${LAUNCHER:-srun}" DITRL_OUT="${OUT_DIR:-}" \
-    sbatch --parsable "$@"
+    DITRL="$DITRL" sbatch --parsable "$@"
 }
 # Submits, waits (bounded) until the job has left the queue; prints its id.
 run_job() {  # run_job SECONDS sbatch-args...
@@ -183,6 +184,22 @@ check "mpirun: placement from OMPI_COMM_WORLD_LOCAL_RANK, threads = $cores cores
 check "mpirun: no rank warned about its node-local rank" bash -c "! grep -q 'differs from' '$run'/logs/rank-*.log"
 [[ $failures == 0 ]] || tail -n 30 "mpirun-$job.out"
 
+# A step whose rank dies during MPI start-up is retried by slurm/job.sh
+# (Open MPI 4.1's TCP start-up race, see there): rank 1's first start
+# crashes here on purpose, as such a rank does.
+cat >crash-once <<SH
+#!/bin/sh
+if [ "\${SLURM_PROCID:-}" = 1 ] && mkdir "$WORKDIR/crashed-once" 2>/dev/null; then kill -SEGV \$\$; fi
+exec "$DITRL" "\$@"
+SH
+chmod +x crash-once
+job=$(DITRL=$WORKDIR/crash-once SET="train.num_rollouts=1" run_job 600 "${SIZE[@]}" -N2 --ntasks-per-node=1 \
+  -J retry -o retry-%j.out "$ROOT/slurm/multinode.sbatch" "$QUICK")
+check "start-up retry: job $job, whose rank 1 crashed at start, was retried and COMPLETED 0:0" \
+  bash -c "grep -q 'retrying it' 'retry-$job.out' && grep -qx complete 'runs/retry-$job/status' &&
+           [[ '$(job_field "$job" JobState) $(job_field "$job" ExitCode)' == 'COMPLETED 0:0' ]]"
+[[ $failures == 0 ]] || tail -n 20 "retry-$job.out"
+
 # --- 3. The cross-host checkpoint at step 2*EVERY resumed on one host by 2 ranks.
 mid=$((2 * EVERY))
 cp -a "$quick" runs/onehost
@@ -219,16 +236,29 @@ check "preempt: Restarts=1 COMPLETED 0:0" \
 check "preempt: metrics bitwise equal to the uninterrupted single-host run" "$DITRL" standard check "$run" ref.json
 [[ $failures == 0 ]] || tail -n 40 "pre-$job.out"
 
-# --- 5. A host dies mid-run.
+# --- 5. A host dies mid-run: by default a host that is not the batch host
+# (DITRL_MULTINODE_KILL=batch: the batch host itself, which takes the batch
+# script and srun with it; node1 is drained while that job starts, so it
+# lands on node2+node3 and slurmctld's host survives).
+kill_which=${DITRL_MULTINODE_KILL:-other}
+[[ $kill_which == batch || $kill_which == other ]] || { echo "FAIL: DITRL_MULTINODE_KILL=batch|other"; exit 1; }
+[[ $kill_which == batch ]] && on node1 scontrol update NodeName=node1 State=DRAIN Reason=multinode-test
 job=$(submit "${SIZE[@]}" -N2 --ntasks-per-node=2 -J dead -o dead-%j.out "$ROOT/slurm/multinode.sbatch" "$QUICK")
 run=runs/dead-$job
+if [[ $kill_which == batch ]]; then
+  waitfor 60 state_is "$job" RUNNING
+  on node1 scontrol update NodeName=node1 State=RESUME
+fi
 # After the first checkpoint, mid-rollout: ranks are in collectives.
 check "host death: job $job passed its first checkpoint" \
   waitfor 300 grep -qs "rollout $((EVERY + 1))/$ROLLOUTS " "dead-$job.out"
 nodes=$(job_field "$job" NodeList)
 batch_host=$(job_field "$job" BatchHost)
-victim=node2
-[[ $batch_host == node2 ]] && victim=node1
+if [[ $kill_which == batch ]]; then
+  victim=$batch_host survivor=$(on node1 scontrol show hostnames "$nodes" | grep -vx "$victim" | head -1)
+else
+  survivor=$batch_host victim=$(on node1 scontrol show hostnames "$nodes" | grep -vx "$batch_host" | head -1)
+fi
 latest_before=$(cat "$run/checkpoints/latest" 2>/dev/null)
 echo "     job $job on $nodes (batch host $batch_host), latest $latest_before: killing $victim"
 start=$(seconds)
@@ -238,13 +268,14 @@ check "host death: every process of $victim is gone" test -z "$(mn_host_pids "$v
 # survivors block in a collective whose peer went silent (no MPI-side
 # watchdog yet, issue 21). Informational, so a watchdog cannot break it.
 sleep 3
-echo "     3 s after the power cut, $(mn_host_pids "$batch_host" | xargs -r -n1 -I{} cat /proc/{}/comm 2>/dev/null |
-  grep -c '^ditrl$') ditrl rank(s) still run on $batch_host, blocked in MPI"
+echo "     3 s after the power cut, $(mn_host_pids "$survivor" | xargs -r -I{} cat /proc/{}/comm 2>/dev/null |
+  grep -c '^ditrl$') ditrl rank(s) still run on $survivor, blocked in MPI"
 check "host death: the job stopped running within $DEATH_BOUND_S s" waitfor "$DEATH_BOUND_S" not_running "$job"
 death_s=$(elapsed "$start")
 echo "     job left RUNNING $death_s s after the host died; now $(on node1 squeue -h -j "$job" -o '%T %r')"
 check "host death: Slurm set $victim DOWN" node_down "$victim"
-check "host death: Slurm cancelled the step for the node failure" grep -q "DUE TO NODE FAILURE" "dead-$job.out"
+check "host death: slurmctld requeued the job for $victim's failure" \
+  grep -q "requeue job JobId=$job due to failure of node $victim" "$WORKDIR/log/slurmctld.log"
 check "host death: latest still verifies" \
   bash -c "${H5CHECK[*]} verify '$run/checkpoints/'\$(cat '$run/checkpoints/latest')"
 check "host death: the job was requeued (PENDING)" waitfor 120 state_is "$job" PENDING
@@ -257,6 +288,8 @@ check "host death: Restarts=1 COMPLETED 0:0" \
   test "$(job_field "$job" Restarts) $(job_field "$job" JobState) $(job_field "$job" ExitCode)" = "1 COMPLETED 0:0"
 check "host death: metrics bitwise equal to the uninterrupted single-host run" "$DITRL" standard check "$run" ref.json
 
+retried=$(grep -l "retrying it" "$WORKDIR"/*.out 2>/dev/null | grep -vc '/retry-')
+echo "     steps retried after a failed MPI start-up (Open MPI's TCP start-up race), the forced one aside: $retried"
 if [[ $failures != 0 ]]; then
   echo "--- $failures check(s) failed; job output and daemon logs kept in $WORKDIR"
   tail -n 40 "$WORKDIR"/dead-*.out
