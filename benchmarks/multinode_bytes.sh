@@ -41,6 +41,7 @@ trap 'mn_down; echo "multinode_bytes: raw counters kept in $WORKDIR" >&2' EXIT
 trap 'exit 130' INT TERM
 mn_up 4 || exit 1
 cd "$WORKDIR"
+git -C "$ROOT" rev-parse --short HEAD >commit
 mpicc -shared -fPIC -O2 -o mpi_bytes_shim.so "$ROOT/benchmarks/mpi_bytes_shim.c" || exit 1
 cat >ditrl-counted <<SH
 #!/bin/sh
@@ -105,7 +106,7 @@ for model in $MODELS; do
 done
 fi
 
-/usr/bin/python3 - "$WORKDIR" "$OUT_MD" "$MODELS" "$LAYOUTS" "$(git -C "$ROOT" rev-parse --short HEAD)" <<'PY'
+/usr/bin/python3 - "$WORKDIR" "$OUT_MD" "$MODELS" "$LAYOUTS" "$(cat "$WORKDIR/commit" 2>/dev/null || echo unknown)" <<'PY'
 import glob, os, re, subprocess, sys, time
 work, out_md, models, layouts, commit = sys.argv[1], sys.argv[2], sys.argv[3].split(), sys.argv[4].split(), sys.argv[5]
 
@@ -151,6 +152,9 @@ def plan_units(tag):
     return units, root
 
 MiB = 1 << 20
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+machine = f"{os.cpu_count()} vCPU {cpu}, {os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / 2**30:.0f} GiB, " \
+          f"load average {open('/proc/loadavg').read().split()[0]} when the report was written"
 rows = []
 for model in models:
     for layout in layouts:
@@ -207,7 +211,8 @@ def mib(x):
 lines = [
     "# Bytes over the network per optimizer step (multi-node test cluster)",
     "",
-    f"- Driver: `benchmarks/multinode_bytes.sh` (commit {commit}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
+    f"- Driver: `benchmarks/multinode_bytes.sh` (commit {commit}; runs ended "
+    f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(max(os.path.getmtime(p) for p in glob.glob(work + '/*/after'))))})",
     "- Cluster: tests/multinode/cluster.sh: namespace hosts on one 2-core VM joined by veth + bridge; "
     "Open MPI 4.1 ob1/TCP between hosts, vader inside one; srun --mpi=pmix; slurm/multinode.sbatch",
     "- Runs: weak scaling, one micro-batch (= rollout micro-group) per rank, 1 optimizer step per rollout; tiny = "
@@ -217,7 +222,8 @@ lines = [
     "- measured (logical) = PMPI shim: bytes a rank's bulk (>= 64 KiB) MPI_Allgather receives from / MPI_Alltoall "
     "sends to the other ranks, mean over ranks; control = every other collective byte (norms, metrics, flags)",
     "- wire = eth0 bytes that left a host (kernel counters: frames with TCP/IP headers and ACKs), mean over the "
-    "job's hosts; rx is within 1% of tx everywhere",
+    "job's hosts (the mean received is the same: every frame one host sends, another receives)",
+    f"- machine: {machine}",
     "",
     "## Per rank: the plan's volumes against what ditrl's collectives moved",
     "",
