@@ -50,8 +50,8 @@ std::string layout_text(const std::vector<std::string>& hosts) {
   for (size_t begin = 0; begin < hosts.size();) {
     size_t end = begin + 1;
     while (end < hosts.size() && hosts[end] == hosts[begin]) ++end;
-    text += fmt::format("{}{} (rank{} {}{})", text.empty() ? "" : ", ", hosts[begin], end - begin > 1 ? "s" : "",
-                        begin, end - begin > 1 ? fmt::format("-{}", end - 1) : "");
+    text += fmt::format("{}{} (rank{} {}{})", text.empty() ? "" : ", ", hosts[begin], end - begin > 1 ? "s" : "", begin,
+                        end - begin > 1 ? fmt::format("-{}", end - 1) : "");
     begin = end;
   }
   std::vector<std::string> distinct = hosts;
@@ -64,8 +64,9 @@ std::string layout_text(const std::vector<std::string>& hosts) {
 
 void log_placement(const WorldInfo& world, int threads, const std::string& device, MPI_Comm comm) {
   const LocalRankCheck check = check_local_rank(world.local_rank);
-  const std::string launcher =
-      check.from_launcher >= 0 ? fmt::format("{}={}", check.launcher_variable, check.from_launcher) : "no launcher variable";
+  const std::string launcher = check.from_launcher >= 0
+                                   ? fmt::format("{}={}", check.launcher_variable, check.from_launcher)
+                                   : "no launcher variable";
   spdlog::info("placement: rank {}/{} host {} node-local rank {}/{} ({}) threads {} device {}", world.rank, world.size,
                world.host, world.local_rank, world.local_size, launcher, threads, device);
   if (!check.warning.empty()) spdlog::warn(check.warning);
