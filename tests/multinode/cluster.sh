@@ -20,7 +20,8 @@
 # on a cluster. slurmctld runs on node1, one slurmd per host (node name -N),
 # proctrack/linuxproc + task/none (no usable cgroups in these VMs).
 #
-# Needs: root, util-linux (unshare, nsenter), iproute2 (ip), slurm-wlm, munge.
+# Needs: root, util-linux (unshare, nsenter, setsid), iproute2 (ip), procps
+# (pgrep), slurm-wlm, munge.
 
 MN_NET=${MN_NET:-10.77.0}  # /24 inside the switch namespace only
 MN_MARK=ditrl-multinode-host
@@ -75,15 +76,15 @@ mn_net_bytes() {  # mn_net_bytes HOST
   on "$1" awk '/^ *eth0:/ { sub(/^ *eth0:/, ""); print $1, $9 }' /proc/net/dev
 }
 
-# Starts a namespace holder: `unshare` becomes the marker process itself (no
-# fork), so $! is the PID whose namespaces make the host.
+# Starts a namespace holder: `unshare` execs a `sleep` renamed to the marker
+# "ditrl-multinode-host WORKDIR NAME", whose namespaces make the host. It
+# runs in its own session, so a signal to the test's process group (Ctrl-C,
+# a CTest timeout) cannot take the marker before the daemons it holds; it
+# is found by that command line (setsid forks when it leads a group, so $!
+# is not always its PID).
 mn_start_holder() {  # mn_start_holder NAME unshare-flags...
   local name=$1 pid i
   shift
-  # Its own session: a signal to the test's process group (Ctrl-C, a CTest
-  # timeout) must not take the marker before the daemons it holds.
-  # (setsid forks when it is a group leader, so the marker is found by its
-  # command line, not by $!.)
   setsid unshare "$@" -- bash -c "exec -a '$MN_MARK $WORKDIR $name' sleep infinity" </dev/null >/dev/null 2>&1 &
   disown $!  # killed on purpose later: no "Killed" notice from bash
   for ((i = 0; i < 50; i++)); do
