@@ -10,6 +10,7 @@
 #               a requeued job keeps its id, so it finds its own checkpoints
 #   DITRL_LAUNCHER  srun (default; --mpi=pmix) or mpirun (Open MPI inside the allocation)
 #   DITRL_SET   extra "--set k=v" overrides, space separated
+#   DITRL_STARTUP_RETRIES  times a step that fails during MPI start-up is rerun (default 1)
 set -uo pipefail
 
 DECK=${1:?usage: sbatch slurm/train.sbatch DECK.toml}
@@ -39,13 +40,15 @@ for kv in ${DITRL_SET:-}; do args+=(--set "$kv"); done
 # One rank per task; every rank sees all of its node's GPUs and ditrl picks
 # the one of its node-local rank (no --gpus-per-task: that would hide the
 # peers from NCCL's peer-to-peer paths).
-if [[ ${DITRL_LAUNCHER:-srun} == mpirun ]]; then
-  root=(); [[ $(id -u) == 0 ]] && root=(--allow-run-as-root)
-  mpirun "${root[@]}" -np "$SLURM_NTASKS" --bind-to none "$DITRL" "${args[@]}" &
-else
-  srun --mpi=pmix --kill-on-bad-exit=1 "$DITRL" "${args[@]}" &
-fi
-step=$!
+launch() {
+  if [[ ${DITRL_LAUNCHER:-srun} == mpirun ]]; then
+    local root=(); [[ $(id -u) == 0 ]] && root=(--allow-run-as-root)
+    mpirun "${root[@]}" -np "$SLURM_NTASKS" --bind-to none "$DITRL" "${args[@]}" &
+  else
+    srun --mpi=pmix --kill-on-bad-exit=1 "$DITRL" "${args[@]}" &
+  fi
+  step=$!
+}
 
 # Slurm signals the batch shell only (--signal=B:USR1@N, scancel --batch):
 # pass it to the step (srun and mpirun forward it to every rank), which
@@ -56,11 +59,30 @@ trap 'forward USR1' USR1
 trap 'forward TERM' TERM
 # A trapped signal interrupts `wait` (status 128+signal): wait again until
 # the step itself has ended.
+wait_step() {
+  while :; do
+    wait "$step"; rc=$?
+    kill -0 "$step" 2>/dev/null || break
+  done
+  if (( rc > 128 )); then wait "$step" 2>/dev/null; again=$?; (( again != 127 )) && rc=$again; fi
+}
+
+# Rank 0 logs `layout:` once every rank is through MPI start-up (it gathers
+# their host names). A step that fails before that line is retried:
+# Open MPI 4.1's TCP transport can crash a rank inside MPI_Init when the
+# ranks leave its start-up fence at different times and a fast one's first
+# message reaches a slow one early (open-mpi/ompi#12495; seen here in ~5% of
+# multi-host starts). Nothing was computed, so nothing is lost.
+layouts() { grep -c "layout:" "$OUT/logs/rank-0.log" 2>/dev/null || true; }
+retries=${DITRL_STARTUP_RETRIES:-1}
 while :; do
-  wait "$step"; rc=$?
-  kill -0 "$step" 2>/dev/null || break
+  before=$(layouts)
+  launch
+  wait_step
+  [[ $rc == 0 || -n $signalled || $(layouts) != "$before" || $retries -le 0 ]] && break
+  retries=$((retries - 1))
+  echo "ditrl job ${SLURM_JOB_ID:-?}: the step failed (exit $rc) before every rank was through MPI start-up; retrying it"
 done
-if (( rc > 128 )); then wait "$step" 2>/dev/null; again=$?; (( again != 127 )) && rc=$again; fi
 
 status=$(cat "$OUT/status" 2>/dev/null || echo none)
 echo "ditrl job ${SLURM_JOB_ID:-?}: step exited $rc, status $status"

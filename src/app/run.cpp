@@ -78,6 +78,7 @@ std::unique_ptr<dist::Runtime> start_runtime(const config::Config& config, const
   }
   dist::setup_logging(runtime->world(), log_dir, config.run.log_level);
   at::set_num_threads(threads > 0 ? threads : runtime->default_threads());
+  dist::log_placement(runtime->world(), at::get_num_threads(), runtime->device().str(), runtime->io_comm());
   return runtime;
 }
 

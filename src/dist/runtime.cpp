@@ -25,7 +25,12 @@ std::string hostname() {
 LocalRankCheck check_local_rank(int local_rank_from_mpi) {
   LocalRankCheck check;
   check.from_mpi = local_rank_from_mpi;
-  for (const char* variable : {"SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"}) {
+  // The variable of the launcher that started this very process first:
+  // under mpirun inside a Slurm allocation every rank inherits SLURM_LOCALID
+  // from the srun step that started its node's orted (0 for all of them),
+  // while OMPI_COMM_WORLD_LOCAL_RANK (mpirun) or MPI_LOCALRANKID (Hydra) is
+  // its own. srun's direct launch sets SLURM_LOCALID alone.
+  for (const char* variable : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}) {
     const char* value = std::getenv(variable);
     if (!value || !*value) continue;
     check.launcher_variable = variable;

@@ -19,6 +19,8 @@ TEST_CASE("runtime: a rank that throws ends the whole job non-zero within 30 s",
 }
 
 TEST_CASE("runtime: the launcher's local rank is cross-checked", "[runtime]") {
+  unsetenv("OMPI_COMM_WORLD_LOCAL_RANK");  // they come first; this case is srun's
+  unsetenv("MPI_LOCALRANKID");
   setenv("SLURM_LOCALID", "3", 1);
   auto check = ditrl::dist::check_local_rank(1);
   CHECK(check.from_launcher == 3);
@@ -27,6 +29,24 @@ TEST_CASE("runtime: the launcher's local rank is cross-checked", "[runtime]") {
   setenv("SLURM_LOCALID", "1", 1);
   CHECK(ditrl::dist::check_local_rank(1).warning.empty());
   unsetenv("SLURM_LOCALID");
+}
+
+TEST_CASE("runtime: under mpirun in a Slurm allocation the stale SLURM_LOCALID is not used", "[runtime]") {
+  // mpirun's ranks inherit SLURM_LOCALID=0 from the srun step that started
+  // their node's orted; OMPI_COMM_WORLD_LOCAL_RANK is their own.
+  const char* saved = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  const std::string before = saved ? saved : "";
+  setenv("SLURM_LOCALID", "0", 1);
+  setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1", 1);
+  auto check = ditrl::dist::check_local_rank(1);
+  CHECK(check.launcher_variable == "OMPI_COMM_WORLD_LOCAL_RANK");
+  CHECK(check.from_launcher == 1);
+  CHECK(check.warning.empty());
+  unsetenv("SLURM_LOCALID");
+  if (saved)
+    setenv("OMPI_COMM_WORLD_LOCAL_RANK", before.c_str(), 1);
+  else
+    unsetenv("OMPI_COMM_WORLD_LOCAL_RANK");
 }
 
 TEST_CASE("runtime: --version lists every dependency", "[runtime][cli]") {

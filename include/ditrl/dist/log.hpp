@@ -13,4 +13,11 @@ namespace ditrl::dist {
 // out_dir empty: console only (subcommands that write no run directory).
 void setup_logging(const WorldInfo& world, const std::string& out_dir, const std::string& level = "info");
 
+// Where this rank runs, one line in its log: host, node-local rank and size
+// (with the launcher's SLURM_LOCALID / OMPI_COMM_WORLD_LOCAL_RANK next to
+// MPI's, a warning when they disagree), intra-op threads and device; rank 0
+// adds the job's layout (ranks per host). Collective over `comm`: multi-node
+// jobs and tests/multinode read placement from these lines.
+void log_placement(const WorldInfo& world, int threads, const std::string& device, MPI_Comm comm);
+
 }  // namespace ditrl::dist

@@ -28,8 +28,9 @@ struct WorldInfo {
 };
 
 // Node-local rank from MPI_Comm_split_type(MPI_COMM_TYPE_SHARED); the
-// launcher's view (SLURM_LOCALID, OMPI_COMM_WORLD_LOCAL_RANK) is compared
-// with it and a disagreement is reported in `warning`.
+// launcher's view (OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID, else
+// SLURM_LOCALID: the first one set) is compared with it and a disagreement
+// is reported in `warning`.
 struct LocalRankCheck {
   int from_mpi = 0;
   int from_launcher = -1;  // -1 when no launcher variable is set
