@@ -1,11 +1,61 @@
 # Every dependency comes through CMake's own find modules or the package's
-# config file; scripts/deps.sh installs the Debian packages that provide them.
+# config file, except LibTorch (below); scripts/deps.sh installs the Debian
+# packages and the pinned PyPI set that provide them.
 
-find_package(Torch REQUIRED)
-# LibTorch's parallel backend is OpenMP, and at::parallel_for is a header
-# template: our own parallel loops run on one thread unless we compile with
-# OpenMP too (measured: 2 threads hashed at 1.0x without it, 1.9x with).
-find_package(OpenMP REQUIRED COMPONENTS CXX)
+# LibTorch 2.x is the C++ library inside the PyPI torch wheel: the one in
+# the project venv (scripts/deps.sh), or the torch of DITRL_PYTHON (the GPU
+# machines' own python3). Its CMake config is not used: it searches the
+# system first (Debian's LibTorch 1.13 would win) and drags the CUDA toolkit
+# into CPU builds. The CPU build links libtorch_cpu + libc10 only; the CUDA
+# build adds libtorch_cuda + libc10_cuda and takes cudart and NCCL from the
+# nvidia wheels torch itself loads, so the process holds one copy of each.
+if(NOT DITRL_PYTHON)
+  if(DEFINED ENV{DITRL_VENV})
+    set(DITRL_PYTHON "$ENV{DITRL_VENV}/bin/python")
+  else()
+    set(DITRL_PYTHON "$ENV{HOME}/.cache/ditrl/venv/bin/python")
+  endif()
+endif()
+set(DITRL_PYTHON "${DITRL_PYTHON}" CACHE FILEPATH "python whose torch package provides LibTorch")
+execute_process(
+  COMMAND "${DITRL_PYTHON}" -c
+          "import os, torch; print(os.path.dirname(torch.__file__)); print(torch.__version__.split('+')[0]); print(int(torch._C._GLIBCXX_USE_CXX11_ABI)); print(int(torch.backends.cuda.is_built()))"
+  OUTPUT_VARIABLE _torch_info RESULT_VARIABLE _torch_rc ERROR_VARIABLE _torch_err OUTPUT_STRIP_TRAILING_WHITESPACE)
+if(NOT _torch_rc EQUAL 0)
+  message(FATAL_ERROR "ditrl needs LibTorch 2.x from a PyPI torch install, but `${DITRL_PYTHON} -c 'import torch'` "
+                      "failed: ${_torch_err}Run scripts/deps.sh (it makes the venv) or pass -DDITRL_PYTHON=<python with torch>.")
+endif()
+string(REPLACE "\n" ";" _torch_info "${_torch_info}")
+list(GET _torch_info 0 DITRL_TORCH_ROOT)
+list(GET _torch_info 1 DITRL_TORCH_VERSION)
+list(GET _torch_info 2 _torch_abi)
+list(GET _torch_info 3 _torch_cuda)
+if(DITRL_TORCH_VERSION VERSION_LESS 2.0)
+  message(FATAL_ERROR "ditrl needs LibTorch >= 2.0; ${DITRL_PYTHON} has torch ${DITRL_TORCH_VERSION}")
+endif()
+if(NOT _torch_abi)
+  message(FATAL_ERROR "torch ${DITRL_TORCH_VERSION} at ${DITRL_TORCH_ROOT} uses the pre-C++11 ABI; Debian's spdlog, "
+                      "Boost and toml++ use the C++11 ABI (install a torch wheel built with it, e.g. from PyPI >= 2.7)")
+endif()
+
+# torch/include carries its own fmt (12.x); our code and spdlog are built
+# against Debian's fmt 9, so that one must come first on the include path.
+set(_fmt_shim "${CMAKE_BINARY_DIR}/debian-fmt")
+file(MAKE_DIRECTORY "${_fmt_shim}")
+file(CREATE_LINK /usr/include/fmt "${_fmt_shim}/fmt" SYMBOLIC)
+
+add_library(ditrl::torch INTERFACE IMPORTED)
+set_target_properties(ditrl::torch PROPERTIES
+  INTERFACE_INCLUDE_DIRECTORIES
+    "${_fmt_shim};${DITRL_TORCH_ROOT}/include;${DITRL_TORCH_ROOT}/include/torch/csrc/api/include"
+  INTERFACE_COMPILE_DEFINITIONS "_GLIBCXX_USE_CXX11_ABI=1"
+  # libgomp is torch's own copy: our OpenMP loops (at::parallel_for is a
+  # header template) then share LibTorch's thread pool and thread count.
+  INTERFACE_LINK_LIBRARIES
+    "${DITRL_TORCH_ROOT}/lib/libtorch_cpu.so;${DITRL_TORCH_ROOT}/lib/libc10.so;${DITRL_TORCH_ROOT}/lib/libgomp.so.1"
+  INTERFACE_COMPILE_OPTIONS "-fopenmp")
+message(STATUS "ditrl: LibTorch ${DITRL_TORCH_VERSION} from ${DITRL_TORCH_ROOT}")
+
 find_package(MPI REQUIRED COMPONENTS C)
 
 set(HDF5_PREFER_PARALLEL TRUE)
@@ -33,26 +83,33 @@ if(DITRL_BUILD_TESTS)
 endif()
 
 if(DITRL_CUDA)
-  find_package(CUDAToolkit REQUIRED)
-  find_path(NCCL_INCLUDE_DIR nccl.h
-    HINTS ${CUDAToolkit_INCLUDE_DIRS} ENV NCCL_HOME PATH_SUFFIXES include)
-  find_library(NCCL_LIBRARY nccl
-    HINTS ${CUDAToolkit_LIBRARY_DIR} ENV NCCL_HOME PATH_SUFFIXES lib lib64)
-  if(NOT NCCL_INCLUDE_DIR OR NOT NCCL_LIBRARY)
-    message(FATAL_ERROR "DITRL_CUDA=ON but NCCL was not found (nccl.h / libnccl); "
-                        "set NCCL_HOME or install NCCL next to the CUDA toolkit.")
+  if(NOT _torch_cuda)
+    message(FATAL_ERROR "DITRL_CUDA=ON needs a CUDA build of torch; ${DITRL_TORCH_ROOT} is CPU-only")
   endif()
-  add_library(ditrl::nccl INTERFACE IMPORTED)
-  set_target_properties(ditrl::nccl PROPERTIES
-    INTERFACE_INCLUDE_DIRECTORIES "${NCCL_INCLUDE_DIR}"
-    INTERFACE_LINK_LIBRARIES "${NCCL_LIBRARY}")
-  # A LibTorch built with CUDA (the GPU build's 2.x) provides its current CUDA
-  # stream through libc10_cuda; the Debian CPU LibTorch has the headers only.
-  if(C10_CUDA_LIBRARY)
-    set_property(TARGET ditrl::nccl APPEND PROPERTY INTERFACE_COMPILE_DEFINITIONS DITRL_TORCH_CUDA=1)
-    set_property(TARGET ditrl::nccl APPEND PROPERTY INTERFACE_LINK_LIBRARIES "${C10_CUDA_LIBRARY}")
-  endif()
-  message(STATUS "ditrl: CUDA ${CUDAToolkit_VERSION}, NCCL ${NCCL_LIBRARY}")
+  # cudart and NCCL as torch loads them: the nvidia-* wheels beside it.
+  get_filename_component(_nvidia "${DITRL_TORCH_ROOT}/../nvidia" ABSOLUTE)
+  file(GLOB _cuda_dirs LIST_DIRECTORIES true "${_nvidia}/cu*" "${_nvidia}/cuda_runtime")
+  foreach(_dir ${_cuda_dirs})
+    list(APPEND _cuda_includes "${_dir}/include")
+    list(APPEND _cuda_libs "${_dir}/lib")
+  endforeach()
+  find_path(DITRL_CUDA_INCLUDE_DIR cuda_runtime_api.h PATHS ${_cuda_includes} NO_DEFAULT_PATH)
+  find_library(DITRL_CUDART_LIBRARY NAMES libcudart.so.13 libcudart.so.12 cudart PATHS ${_cuda_libs} NO_DEFAULT_PATH)
+  find_path(DITRL_NCCL_INCLUDE_DIR nccl.h PATHS "${_nvidia}/nccl/include" NO_DEFAULT_PATH)
+  find_library(DITRL_NCCL_LIBRARY NAMES libnccl.so.2 nccl PATHS "${_nvidia}/nccl/lib" NO_DEFAULT_PATH)
+  foreach(_found DITRL_CUDA_INCLUDE_DIR DITRL_CUDART_LIBRARY DITRL_NCCL_INCLUDE_DIR DITRL_NCCL_LIBRARY)
+    if(NOT ${_found})
+      message(FATAL_ERROR "DITRL_CUDA=ON: ${_found} not found under ${_nvidia} (the nvidia-* wheels torch "
+                          "${DITRL_TORCH_VERSION} loads: nvidia-cuda-runtime, nvidia-nccl)")
+    endif()
+  endforeach()
+  add_library(ditrl::torch_cuda INTERFACE IMPORTED)
+  set_target_properties(ditrl::torch_cuda PROPERTIES
+    INTERFACE_INCLUDE_DIRECTORIES "${DITRL_CUDA_INCLUDE_DIR};${DITRL_NCCL_INCLUDE_DIR}"
+    INTERFACE_COMPILE_DEFINITIONS "DITRL_CUDA=1"
+    INTERFACE_LINK_LIBRARIES
+      "${DITRL_TORCH_ROOT}/lib/libtorch_cuda.so;${DITRL_TORCH_ROOT}/lib/libc10_cuda.so;${DITRL_CUDART_LIBRARY};${DITRL_NCCL_LIBRARY}")
+  message(STATUS "ditrl: CUDA runtime ${DITRL_CUDART_LIBRARY}, NCCL ${DITRL_NCCL_LIBRARY}")
 endif()
 
 set(DITRL_WARNINGS -Wall -Wextra)

@@ -5,11 +5,10 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake ccache git
-  libtorch-dev libopenblas0-openmp
   libopenmpi-dev openmpi-bin
   libhdf5-openmpi-dev hdf5-tools
   libboost-json1.81-dev libtomlplusplus-dev catch2 libcli11-dev libspdlog-dev
-  python3-h5py python3-matplotlib python3-numpy python3-torch python3-venv
+  python3-h5py python3-matplotlib python3-numpy python3-venv
 )
 
 missing=()

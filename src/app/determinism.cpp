@@ -20,10 +20,7 @@ constexpr const char* kMarker = "DITRL_KERNELS_PINNED";
 
 std::vector<std::pair<std::string, std::string>> pins(int threads) {
   const std::string n = std::to_string(threads);
-  return {{"ATEN_CPU_CAPABILITY", "avx2"},
-          {"OPENBLAS_CORETYPE", "Haswell"},
-          {"OMP_NUM_THREADS", n},
-          {"OPENBLAS_NUM_THREADS", n}};
+  return {{"ATEN_CPU_CAPABILITY", "avx2"}, {"MKL_CBWR", "AVX2"}, {"OMP_NUM_THREADS", n}, {"MKL_NUM_THREADS", n}};
 }
 
 // This process's own argv, from /proc (CLI11 has consumed main's copy).

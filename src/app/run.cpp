@@ -8,6 +8,7 @@
 #include <ditrl/models/guided.hpp>
 #include <ditrl/models/weights.hpp>
 
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -78,6 +79,9 @@ std::unique_ptr<dist::Runtime> start_runtime(const config::Config& config, const
   }
   dist::setup_logging(runtime->world(), log_dir, config.run.log_level);
   at::set_num_threads(threads > 0 ? threads : runtime->default_threads());
+  // Nothing draws from the default generator; seeding it makes the
+  // checkpoints' /rng state a function of the deck too.
+  at::manual_seed(static_cast<uint64_t>(config.run.seed));
   dist::log_placement(runtime->world(), at::get_num_threads(), runtime->device().str(), runtime->io_comm());
   return runtime;
 }

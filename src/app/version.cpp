@@ -16,7 +16,6 @@
 #include <nccl.h>
 #endif
 
-#include <filesystem>
 #include <sstream>
 
 namespace ditrl::app {
@@ -45,23 +44,13 @@ std::string hdf5_library() {
   return fmt::format("{}.{}.{} ({})", major, minor, release, flavour);
 }
 
-// The BLAS LibTorch really calls is whatever libblas.so.3 the Debian
-// alternatives system points at: the reference BLAS is ~25x slower.
-std::string blas_library() {
-  std::error_code ec;
-  const auto target = std::filesystem::read_symlink("/etc/alternatives/libblas.so.3-x86_64-linux-gnu", ec);
-  return ec ? std::string("unknown (no Debian libblas.so.3 alternative)") : target.string();
-}
-
-// The "CPU capability" line of ATen's build report (the kernels it dispatches to).
-std::string torch_cpu_capability() {
+// The first line of ATen's build report containing `key`, from `key` on
+// (e.g. the "CPU capability" it dispatches to, the BLAS it was built with).
+std::string torch_config_line(const std::string& key) {
   std::istringstream config(at::show_config());
   for (std::string line; std::getline(config, line);)
-    if (line.find("CPU capability") != std::string::npos) {
-      const size_t colon = line.find(':');
-      return colon == std::string::npos ? line : line.substr(colon + 2);
-    }
-  return "unknown";
+    if (const size_t at = line.find(key); at != std::string::npos) return line.substr(at);
+  return key + " unknown";
 }
 
 }  // namespace
@@ -69,14 +58,14 @@ std::string torch_cpu_capability() {
 std::string version_text() {
   std::string text = fmt::format("ditrl {} (commit {}, {} build, {})\n", build::kVersion, build::kGitCommit,
                                  build::kBuildType, build::kCompiler);
-  text += fmt::format("  LibTorch   {} ({}, CPU capability {}, {} intra-op threads)\n", TORCH_VERSION,
+  text += fmt::format("  LibTorch   {} ({}, {}, {} intra-op threads)\n", TORCH_VERSION,
 #ifdef DITRL_CUDA
                       "CUDA build",
 #else
                       "CPU build",
 #endif
-                      torch_cpu_capability(), at::get_num_threads());
-  text += fmt::format("  BLAS       {}\n", blas_library());
+                      torch_config_line("CPU capability"), at::get_num_threads());
+  text += fmt::format("  BLAS       {}\n", torch_config_line("Math Kernel Library"));
   text += fmt::format("  MPI        {}\n", mpi_library());
   text += fmt::format("  HDF5       {}\n", hdf5_library());
   text += fmt::format("  Boost      {}.{}.{} (Boost.JSON)\n", BOOST_VERSION / 100000, BOOST_VERSION / 100 % 1000,

@@ -2,6 +2,7 @@
 #include <ditrl/rl/ema.hpp>
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 

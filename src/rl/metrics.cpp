@@ -2,6 +2,7 @@
 #include <ditrl/rl/metrics.hpp>
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <fmt/format.h>
 
 #include <algorithm>

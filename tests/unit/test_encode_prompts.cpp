@@ -72,7 +72,7 @@ TEST_CASE("encode-prompts: a TorchScript encoder over JSONL writes the dataset t
   const std::string dir = test::fresh_output_dir("encode_prompts");
   const std::string script = dir + "/make.py";
   std::ofstream(script) << kMakeEncoders;
-  const auto made = test::run_process("/usr/bin/python3 " + script + " " + dir);
+  const auto made = test::run_process(std::string(DITRL_PYTHON) + " " + script + " " + dir);
   INFO(made.output);
   REQUIRE(made.exit_code == 0);
   write_prompts(dir + "/prompts.jsonl");
@@ -109,7 +109,7 @@ TEST_CASE("encode-prompts: bad prompt files and encoders are named and write not
   const std::string dir = test::fresh_output_dir("encode_prompts_bad");
   const std::string script = dir + "/make.py";
   std::ofstream(script) << kMakeEncoders;
-  REQUIRE(test::run_process("/usr/bin/python3 " + script + " " + dir).exit_code == 0);
+  REQUIRE(test::run_process(std::string(DITRL_PYTHON) + " " + script + " " + dir).exit_code == 0);
   write_prompts(dir + "/good.jsonl");
 
   auto expect_error = [&](const std::string& command, const std::string& message) {

@@ -23,7 +23,7 @@ namespace {
 const std::string kTools = std::string(DITRL_SOURCE_DIR) + "/tools/";
 
 test::ProcessResult python(const std::string& args) {
-  return test::run_process("/usr/bin/python3 " + args);
+  return test::run_process(std::string(DITRL_PYTHON) + " " + args);
 }
 
 // One Python process exports every tiny module and scores fixed latents with

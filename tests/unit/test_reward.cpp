@@ -72,7 +72,7 @@ torch.jit.script(Two()).save(sys.argv[1] + "/two.pt")
 torch.jit.script(One()).save(sys.argv[1] + "/one.pt")
 torch.jit.script(Bad()).save(sys.argv[1] + "/bad.pt")
 )";
-  const auto made = ditrl::test::run_process("/usr/bin/python3 " + script + " " + dir);
+  const auto made = ditrl::test::run_process(std::string(DITRL_PYTHON) + " " + script + " " + dir);
   REQUIRE(made.exit_code == 0);
   const at::Tensor x = sample_latents();
   const at::Tensor index = at::tensor({4, 0, 2}, at::kLong);
@@ -107,11 +107,11 @@ with h5py.File(sys.argv[2], "w") as f:
   RewardOptions options;
   options.kind = "command";
   options.work_dir = dir;
-  options.command = "/usr/bin/python3 " + script + " {input} {output}";
+  options.command = std::string(DITRL_PYTHON) + " " + script + " {input} {output}";
   const at::Tensor r = make_reward(options)->score(x, at::arange(3, at::kLong), {"a", "bb", "ccc"});
   CHECK(at::allclose(r, x.flatten(1).mean(1) + at::tensor({1.0f, 2.0f, 3.0f})));
 
-  options.command = "/usr/bin/python3 " + script + " {input} {output} drop-one";
+  options.command = std::string(DITRL_PYTHON) + " " + script + " {input} {output} drop-one";
   CHECK_THROWS_WITH(make_reward(options)->score(x, at::arange(3, at::kLong), {"a", "b", "c"}),
                     Contains("expected a [3] tensor, got shape [2]"));
   options.command = "exit 3";

@@ -2,14 +2,13 @@
 
 // Deterministic mode ([run] deterministic = true) pins what makes CPU kernels
 // differ between runs and between machines of one kind with other CPU
-// models: the intra-op thread count, ATen's CPU capability
-// (ATEN_CPU_CAPABILITY=avx2) and OpenBLAS's kernel family
-// (OPENBLAS_CORETYPE=Haswell), which together fix every fp32 kernel. The
-// libraries read these when they load, so a process started without them
-// re-executes itself with them set (before MPI starts); values the user set
-// are kept. oneDNN's bf16 matmuls cannot be pinned the same way (capping its
-// ISA below what ATen detects makes them fail), so bf16 forwards stay
-// bitwise only on one CPU model.
+// models: the intra-op thread count (OMP_NUM_THREADS, MKL_NUM_THREADS),
+// ATen's CPU capability (ATEN_CPU_CAPABILITY=avx2) and MKL's code path
+// (MKL_CBWR=AVX2, its conditional numerical reproducibility), which together
+// fix every fp32 kernel. The libraries read these when they load, so a
+// process started without them re-executes itself with them set (before MPI
+// starts); values the user set are kept. oneDNN's bf16 matmuls are not
+// pinned, so bf16 forwards stay bitwise only on one CPU model.
 
 #include <string>
 

@@ -8,8 +8,7 @@
 // on a dedicated CUDA stream: it waits for the compute stream's work so far
 // (an event), and the compute stream waits for the collective (another event),
 // so calls return without blocking the host and later kernels see the result.
-// The compute stream is LibTorch's current stream when LibTorch has CUDA
-// (DITRL_TORCH_CUDA) and the legacy default stream otherwise.
+// The compute stream is LibTorch's current CUDA stream.
 //
 // A watchdog thread polls every pending collective and NCCL's asynchronous
 // error state; a collective not finished after collective_timeout_s, or an

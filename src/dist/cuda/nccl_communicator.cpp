@@ -1,9 +1,7 @@
 // NCCL backend of dist::Communicator (see dist/nccl_communicator.hpp).
 //
-// Only the CUDA runtime and NCCL C APIs and tensor.data_ptr() are used, so
-// the file builds against a CPU-only LibTorch too; LibTorch's current CUDA
-// stream is used only where LibTorch has CUDA (DITRL_TORCH_CUDA, set by
-// cmake/Dependencies.cmake when it finds libc10_cuda).
+// Collectives are ordered after LibTorch's current CUDA stream (the compute
+// stream) by events.
 //
 // The NCCL communicator is non-blocking (config.blocking = 0): every NCCL
 // call returns at once, possibly with ncclInProgress, so a host thread never
@@ -16,13 +14,10 @@
 #include <ditrl/error.hpp>
 
 #include <ATen/core/Tensor.h>
+#include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 #include <spdlog/spdlog.h>
-
-#if defined(DITRL_TORCH_CUDA)
-#include <c10/cuda/CUDAStream.h>
-#endif
 
 #include <chrono>
 #include <condition_variable>
@@ -83,12 +78,7 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 }
 
 cudaStream_t compute_stream(int device) {
-#if defined(DITRL_TORCH_CUDA)
   return c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
-#else
-  (void)device;
-  return cudaStreamLegacy;  // LibTorch's default stream
-#endif
 }
 
 class NcclCommunicator final : public Communicator {

@@ -9,13 +9,10 @@
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
 
-#if defined(DITRL_TORCH_CUDA)
 #include <cuda_runtime_api.h>
-#endif
 
 namespace ditrl {
 
-#if defined(DITRL_TORCH_CUDA)
 namespace {
 
 using Catch::Matchers::Contains;
@@ -91,13 +88,5 @@ TEST_CASE("nccl: a collective a peer never joins times out and aborts instead of
   }
   MPI_Barrier(MPI_COMM_WORLD);
 }
-
-#else
-
-TEST_CASE("nccl: tests need a LibTorch with CUDA", "[nccl]") {
-  WARN("this CUDA build links a LibTorch without CUDA (no libc10_cuda): no CUDA tensors, NCCL tests not run");
-}
-
-#endif
 
 }  // namespace ditrl
