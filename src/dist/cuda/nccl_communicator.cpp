@@ -170,7 +170,7 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
-  struct Pending {
+  struct InFlight {
     cudaEvent_t done;
     std::string what;
     Clock::time_point deadline;
@@ -224,7 +224,7 @@ class NcclCommunicator final : public Communicator {
       }
       comm_ = nullptr;
     }
-    for (Pending& p : pending_) cudaEventDestroy(p.done);
+    for (InFlight& p : pending_) cudaEventDestroy(p.done);
     pending_.clear();
     if (barrier_word_) cudaFree(barrier_word_);
     if (ready_) cudaEventDestroy(ready_);
@@ -335,7 +335,7 @@ class NcclCommunicator final : public Communicator {
     spdlog::error("{}", failure_);
     if (comm_) ncclCommAbort(comm_);
     comm_ = nullptr;
-    for (Pending& p : pending_) cudaEventDestroy(p.done);
+    for (InFlight& p : pending_) cudaEventDestroy(p.done);
     pending_.clear();
   }
 
@@ -372,7 +372,7 @@ class NcclCommunicator final : public Communicator {
   int* barrier_word_ = nullptr;
   std::mutex mutex_;
   std::condition_variable wake_;
-  std::deque<Pending> pending_;
+  std::deque<InFlight> pending_;
   std::string failure_;  // set once, when the communicator is aborted
   bool stop_ = false;
   std::thread watchdog_;
