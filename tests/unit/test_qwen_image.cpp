@@ -40,8 +40,9 @@ Cond qwen_cond(const ReferenceCase& c) {
 
 TEST_CASE("qwen_image: fp32 fixture cases and every intermediate match the reference", "[models][qwen_image]") {
   auto family = test::fixture_family("qwen_image");
-  test::check_fixture_case(*family, "qwen_image", "case_0", 4);
-  test::check_fixture_case(*family, "qwen_image", "case_1", 4);  // padded text (mask), odd-height grid
+  // 8 gaps: ditrl's and the reference's fp32 noise (different kernels), 4 each.
+  test::check_fixture_case(*family, "qwen_image", "case_0", 8);
+  test::check_fixture_case(*family, "qwen_image", "case_1", 8);  // padded text (mask), odd-height grid
 }
 
 TEST_CASE("qwen_image: bf16 fixture case", "[models][qwen_image]") {
@@ -139,7 +140,7 @@ TEST_CASE("qwen_image: a checkpoint that does not fit is one error listing every
   CHECK(fwd.exit_code == 0);
   CHECK(max_abs_diff(io::SafetensorsFile(out).get("output"),
                      load_reference_case(fixture_path("qwen_image/case_1.safetensors")).stored.at("output")) <=
-        4 * test::fp64_gap(fixture_path("qwen_image/case_1.json")));
+        8 * test::fp64_gap(fixture_path("qwen_image/case_1.json")));
 }
 
 TEST_CASE("qwen_image: noise_pred on unpacked latents equals the packed reference forward", "[models][qwen_image]") {
