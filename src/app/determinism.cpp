@@ -1,6 +1,7 @@
 #include <ditrl/app/determinism.hpp>
 #include <ditrl/error.hpp>
 
+#include <ATen/Context.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -20,7 +21,11 @@ constexpr const char* kMarker = "DITRL_KERNELS_PINNED";
 
 std::vector<std::pair<std::string, std::string>> pins(int threads) {
   const std::string n = std::to_string(threads);
-  return {{"ATEN_CPU_CAPABILITY", "avx2"}, {"MKL_CBWR", "AVX2"}, {"OMP_NUM_THREADS", n}, {"MKL_NUM_THREADS", n}};
+  return {{"ATEN_CPU_CAPABILITY", "avx2"},
+          {"MKL_CBWR", "AVX2"},
+          {"OMP_NUM_THREADS", n},
+          {"MKL_NUM_THREADS", n},
+          {"CUBLAS_WORKSPACE_CONFIG", ":4096:8"}};
 }
 
 // This process's own argv, from /proc (CLI11 has consumed main's copy).
@@ -51,6 +56,17 @@ void pin_cpu_kernels(int threads) {
   const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
   execv(ec ? "/proc/self/exe" : self.c_str(), argv.data());
   fail("deterministic mode: re-executing with pinned CPU kernels failed: {}", std::strerror(errno));
+}
+
+void pin_gpu_kernels() {
+  at::Context& c = at::globalContext();
+  c.setDeterministicAlgorithms(true, /*warn_only=*/false);
+  c.setDeterministicCuDNN(true);
+  c.setBenchmarkCuDNN(false);
+  c.setAllowTF32CuBLAS(false);
+  c.setAllowTF32CuDNN(false);
+  c.setAllowBF16ReductionCuBLAS(false);
+  c.setAllowFP16ReductionCuBLAS(false);
 }
 
 std::string cpu_kernel_pins() {

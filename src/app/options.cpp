@@ -17,6 +17,8 @@ namespace ditrl::app {
 
 dist::RuntimeOptions runtime_options(const config::Config& c) {
   dist::RuntimeOptions o;
+  o.device = c.run.device;
+  o.deterministic = c.run.deterministic;
   o.startup_timeout_s = c.parallel.startup_timeout_s;
   o.collective_timeout_s = c.parallel.collective_timeout_s;
   return o;

@@ -73,6 +73,7 @@ std::unique_ptr<dist::Runtime> start_runtime(const config::Config& config, const
   const int threads = config.run.deterministic && config.run.threads == 0 ? 1 : static_cast<int>(config.run.threads);
   if (config.run.deterministic) pin_cpu_kernels(threads);
   std::unique_ptr<dist::Runtime> runtime = dist::Runtime::create(runtime_options(config));
+  if (config.run.deterministic && runtime->device().is_cuda()) pin_gpu_kernels();
   if (!log_dir.empty()) {
     if (runtime->world().rank == 0) std::filesystem::create_directories(log_dir);
     runtime->host().barrier();

@@ -1,7 +1,7 @@
 #include <ditrl/config/sections.hpp>
+#include <ditrl/cuda_build.hpp>
 
 #include <fmt/format.h>
-#include <torch/version.h>
 
 namespace ditrl::config {
 
@@ -12,6 +12,10 @@ void Checker::error(const std::string& key, const std::string& message) const {
 
 void RunSection::validate(const Checker& c) const {
   if (out_dir.empty()) c.error("out_dir", "must not be empty");
+  if (device == "cuda" && !kCudaBuild)
+    c.error("device",
+            "= \"cuda\" needs a CUDA build of ditrl (configure with -DDITRL_CUDA=ON); this one runs on the "
+            "CPU only (use \"cpu\" or \"auto\")");
 }
 
 void ModelSection::validate(const Checker& c) const {
@@ -24,16 +28,12 @@ void ModelSection::validate(const Checker& c) const {
 
 void PrecisionSection::validate(const Checker& c) const {
   for (size_t i = 0; i < overrides.size(); ++i)
-    if (overrides[i].pattern.empty())
-      c.error(fmt::format("override[{}].pattern", i), "must not be empty");
+    if (overrides[i].pattern.empty()) c.error(fmt::format("override[{}].pattern", i), "must not be empty");
   if (master != "fp32" && master != forward)
     c.error("master", "below fp32 must equal the forward dtype (masters are what the optimizer updates)");
-#if !defined(DITRL_CUDA) || TORCH_VERSION_MAJOR < 2
-  if (attention != "math")
-    c.error("attention", fmt::format("= \"{}\" needs a CUDA build with LibTorch >= 2.0 (this build has "
-                                     "neither; use \"math\")",
-                                     attention));
-#endif
+  if (attention != "math" && !kCudaBuild)
+    c.error("attention",
+            fmt::format("= \"{}\" runs on CUDA only and this build of ditrl is CPU-only; use \"math\"", attention));
 }
 
 void RolloutSection::validate(const Checker& c) const {
@@ -46,8 +46,7 @@ void RolloutSection::validate(const Checker& c) const {
     c.error("sde_steps", fmt::format("must not exceed steps ({})", steps));
   }
   if (strategy == "epoch_global_random_choice") {
-    if (candidate_steps.empty())
-      c.error("candidate_steps", "is required by strategy \"epoch_global_random_choice\"");
+    if (candidate_steps.empty()) c.error("candidate_steps", "is required by strategy \"epoch_global_random_choice\"");
     for (int64_t s : candidate_steps)
       if (s >= steps) c.error("candidate_steps", fmt::format("entry {} is not a step index below {}", s, steps));
   }

@@ -154,7 +154,11 @@ StepResult sde_step(const StepKernel& kernel, const at::Tensor& velocity, const 
 
   switch (target.kind()) {
     case StepTarget::Kind::Draw: {
-      const at::Tensor eps = at::randn(sample.sizes(), target.generator(), x.options());
+      // Drawn by the generator's own device (a CPU generator for a GPU step:
+      // the same noise on either) and copied to the step's.
+      const at::Generator& gen = target.generator();
+      const at::Tensor eps =
+          at::randn(sample.sizes(), gen, x.options().device(gen.defined() ? gen.device() : x.device())).to(x.device());
       r.next = (r.mean + r.noise_std * eps).detach();
       break;
     }

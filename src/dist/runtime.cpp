@@ -1,13 +1,20 @@
+#include <ditrl/dist/device.hpp>
 #include <ditrl/dist/mpi_error.hpp>
 #include <ditrl/dist/runtime.hpp>
 #include <ditrl/error.hpp>
 
+#ifdef DITRL_CUDA
+#include <ditrl/dist/nccl_communicator.hpp>
+#endif
+
+#include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <iostream>
+#include <optional>
 #include <thread>
 
 namespace ditrl::dist {
@@ -18,6 +25,24 @@ std::string hostname() {
   char name[256] = {0};
   gethostname(name, sizeof(name) - 1);
   return name;
+}
+
+// Runs `step` on every rank and agrees on the outcome over `host`: when any
+// rank failed, each one raises an AgreedError carrying its own reason, so
+// every rank reports it and no rank is left waiting for a peer.
+template <class Step>
+auto on_every_rank(Communicator& host, Step step) -> decltype(step()) {
+  std::string failure;
+  std::optional<decltype(step())> result;
+  try {
+    result = step();
+  } catch (const Error& e) {
+    failure = e.what();
+  }
+  at::Tensor failed = at::full({1}, failure.empty() ? 0 : 1, at::kInt);
+  host.all_reduce(failed, ReduceOp::Max);
+  if (failed.item<int>() == 0) return std::move(*result);
+  throw AgreedError(failure.empty() ? std::string("another rank failed at the same step (see its message)") : failure);
 }
 
 }  // namespace
@@ -84,10 +109,23 @@ bool MpiRuntime::active() {
 }
 
 Runtime::Runtime(const RuntimeOptions& options) : mpi_(nullptr, nullptr), options_(options) {
-  if (!options_.device.is_cpu())
-    fail("device {}: this build of ditrl runs on the CPU only (its data communicator is MPI)", options_.device.str());
   host_ = make_mpi_communicator(mpi_.comm());
-  data_ = make_mpi_communicator(mpi_.comm());
+  device_ = on_every_rank(*host_, [&] { return choose_device(options_.device, world()); });
+  data_ = on_every_rank(*host_, [&] { return make_data_communicator(); });
+}
+
+std::unique_ptr<Communicator> Runtime::make_data_communicator() const {
+  if (device_.is_cpu()) return make_mpi_communicator(mpi_.comm());
+#ifdef DITRL_CUDA
+  NcclOptions nccl;
+  nccl.device = device_.index();
+  nccl.startup_timeout_s = options_.startup_timeout_s;
+  nccl.collective_timeout_s = options_.collective_timeout_s;
+  nccl.deterministic = options_.deterministic;
+  return make_nccl_communicator(mpi_.comm(), nccl);
+#else
+  fail("device {} needs a CUDA build of ditrl", device_.str());
+#endif
 }
 
 std::unique_ptr<Runtime> Runtime::create(const RuntimeOptions& options) {
@@ -109,7 +147,8 @@ int report_fatal(const std::exception& error) {
     logger->error(message);
     logger->flush();
   }
-  if (mpi && size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+  // Agreed errors are raised by every rank, which all end here by themselves.
+  if (mpi && size > 1 && !dynamic_cast<const AgreedError*>(&error)) MPI_Abort(MPI_COMM_WORLD, 1);
   if (mpi) MPI_Finalize();
   return 1;
 }

@@ -5,8 +5,8 @@
 #include <ditrl/io/sha256.hpp>
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <unistd.h>
@@ -59,6 +59,28 @@ struct Entry {
   int64_t begin = 0;
   at::Tensor values;  // fp32, flat
 };
+
+// Where the rank's state lives (every tensor of it is on one device).
+c10::Device state_device(const std::vector<Entry>& list) {
+  for (const Entry& e : list)
+    if (e.values.defined()) return e.values.device();
+  return c10::kCPU;
+}
+
+// The generators a run on `device` draws from, as dataset paths: the CPU
+// one always, the device's own on CUDA. A checkpoint loads on either: a
+// generator missing from the file, or not in this run, is left as seeded.
+std::vector<std::pair<std::string, c10::Device>> generators(c10::Device device) {
+  std::vector<std::pair<std::string, c10::Device>> list = {{"/rng/torch_cpu", c10::kCPU}};
+  if (device.is_cuda()) list.emplace_back("/rng/torch_cuda", device);
+  return list;
+}
+
+c10::Device loaded_device(const TrainingState& state) {
+  for (const StateTensor& t : state.tensors)
+    if (t.master.defined()) return t.master.device();
+  return c10::kCPU;
+}
 
 std::vector<Entry> entries(const TrainingState& state) {
   std::vector<Entry> list;
@@ -250,16 +272,22 @@ std::string save_checkpoint(const std::string& out_dir, const TrainingState& sta
     }
     // One worker more than compute threads: the disk is kept busy while the
     // others copy and hash.
-    const std::vector<std::string> digests = write_hashed(tmp_path.string(), slabs, {at::get_num_threads() + 1});
+    const c10::Device device = state_device(list);
+    // The slabs were computed on the device's streams; the staging copies run on others.
+    if (device.is_cuda()) c10::impl::VirtualGuardImpl(device.type()).synchronizeDevice(device.index());
+    const std::vector<std::string> digests =
+        write_hashed(tmp_path.string(), slabs, {at::get_num_threads() + 1, /*direct=*/true, device});
     kill_point(comm, meta.step);
     std::string manifest = gather_manifest(list, digests, comm);
 
-    // Rank 0's generator state lands (Dataset::write); its digest is shared.
-    at::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
-    MPI_Bcast(rng.data_ptr(), static_cast<int>(rng.numel()), MPI_BYTE, 0, comm);
-    h5::Dataset rng_set = file.create_dataset("/rng/torch_cpu", at::kByte, {static_cast<hsize_t>(rng.numel())});
-    rng_set.write(rng);
-    manifest += fmt::format("/rng/torch_cpu 0 {} {}\n", rng.numel(), digest(rng));
+    // Rank 0's generator states land (Dataset::write); their digests are shared.
+    for (const auto& [path, on] : generators(device)) {
+      at::Tensor rng = at::globalContext().defaultGenerator(on).get_state();
+      MPI_Bcast(rng.data_ptr(), static_cast<int>(rng.numel()), MPI_BYTE, 0, comm);
+      h5::Dataset rng_set = file.create_dataset(path, at::kByte, {static_cast<hsize_t>(rng.numel())});
+      rng_set.write(rng);
+      manifest += fmt::format("{} 0 {} {}\n", path, rng.numel(), digest(rng));
+    }
     file.set_attr("sha256_manifest", manifest);
 
     file.set_attr("format", kFormat);
@@ -330,11 +358,13 @@ CheckpointMeta load_checkpoint(const std::string& path, const TrainingState& sta
     for (size_t k = 0; k < state.extra_sets.size(); ++k)
       load("/extra/" + state.extra_sets[k] + "/" + t.name, t.extra.at(k));
   }
-  const h5::Dataset rng = file.open_dataset("/rng/torch_cpu");
-  const std::vector<hsize_t> rng_shape = rng.shape();
-  at::Generator generator = at::detail::getDefaultCPUGenerator();
-  generator.set_state(read_range(file, manifest, "/rng/torch_cpu", {rng_shape.begin(), rng_shape.end()}, 0,
-                                 static_cast<int64_t>(rng_shape.at(0))));
+  for (const auto& [path, on] : generators(loaded_device(state))) {
+    if (!file.exists(path)) continue;
+    const std::vector<hsize_t> rng_shape = file.open_dataset(path).shape();
+    at::Generator generator = at::globalContext().defaultGenerator(on);
+    generator.set_state(read_range(file, manifest, path, {rng_shape.begin(), rng_shape.end()}, 0,
+                                   static_cast<int64_t>(rng_shape.at(0))));
+  }
 
   CheckpointMeta meta;
   meta.step = file.int_attr("step");

@@ -2,6 +2,7 @@
 #include <ditrl/io/hashed_write.hpp>
 #include <ditrl/io/sha256.hpp>
 
+#include <ATen/ATen.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -91,17 +92,55 @@ class Target {
   std::atomic<bool> direct_ok_{false};
 };
 
+// A worker's staging buffer: aligned host memory for host ranges; pinned
+// memory, filled by a device -> host copy, for ranges in GPU memory.
+class Stage {
+ public:
+  explicit Stage(const std::string& path, c10::Device source) : source_(source) {
+    if (source.is_cpu()) {
+      host_.reset(static_cast<char*>(std::aligned_alloc(kDirectAlignment, kStage)));
+      if (!host_) fail("{}: cannot allocate a {}-byte staging buffer", path, kStage);
+      data_ = host_.get();
+    } else {
+      pinned_ = at::empty({kStage}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+      data_ = static_cast<char*>(pinned_.data_ptr());
+      if (reinterpret_cast<uintptr_t>(data_) % kDirectAlignment != 0)
+        fail("{}: the pinned staging buffer is not {}-byte aligned", path, kDirectAlignment);
+    }
+  }
+  bool host_source() const { return source_.is_cpu(); }
+  // The n <= kStage bytes at `src`, in the stage.
+  const char* fill(const char* src, int64_t n) {
+    if (host_source()) {
+      std::memcpy(data_, src, static_cast<size_t>(n));
+    } else {
+      const at::Tensor from =
+          at::from_blob(const_cast<char*>(src), {n}, at::TensorOptions().dtype(at::kByte).device(source_));
+      pinned_.narrow(0, 0, n).copy_(from);
+    }
+    return data_;
+  }
+
+ private:
+  c10::Device source_;
+  std::unique_ptr<char, AlignedFree> host_;
+  at::Tensor pinned_;
+  char* data_ = nullptr;
+};
+
 // Copies, hashes and writes one range: the hash reads the staged bytes while
-// they are in cache, and is of exactly what was written.
-std::string write_range(const ByteRange& range, Target& target, char* stage) {
+// they are in cache, and is of exactly what was written. Host bytes outside
+// the direct interior are hashed and written where they are.
+std::string write_range(const ByteRange& range, Target& target, Stage& stage) {
   Sha256 hash;
   const char* data = static_cast<const char*>(range.data);
   int64_t offset = range.offset, left = range.size;
   auto buffered = [&](int64_t n) {
     for (int64_t done = 0; done < n;) {
       const int64_t piece = std::min(kStage, n - done);
-      hash.update(data + done, static_cast<size_t>(piece));
-      target.write_buffered(data + done, piece, offset + done);
+      const char* bytes = stage.host_source() ? data + done : stage.fill(data + done, piece);
+      hash.update(bytes, static_cast<size_t>(piece));
+      target.write_buffered(bytes, piece, offset + done);
       done += piece;
     }
     data += n, offset += n, left -= n;
@@ -110,9 +149,9 @@ std::string write_range(const ByteRange& range, Target& target, char* stage) {
     buffered(std::min(left, (kDirectAlignment - offset % kDirectAlignment) % kDirectAlignment));
     while (left >= kDirectAlignment && target.direct_ok()) {
       const int64_t n = std::min(kStage, left / kDirectAlignment * kDirectAlignment);
-      std::memcpy(stage, data, static_cast<size_t>(n));
-      hash.update(stage, static_cast<size_t>(n));
-      target.write_direct(stage, n, offset);
+      const char* bytes = stage.fill(data, n);
+      hash.update(bytes, static_cast<size_t>(n));
+      target.write_direct(bytes, n, offset);
       data += n, offset += n, left -= n;
     }
   }
@@ -137,10 +176,9 @@ std::vector<std::string> write_hashed(const std::string& path, const std::vector
   std::mutex error_mutex;
   auto work = [&] {
     try {
-      std::unique_ptr<char, AlignedFree> stage(static_cast<char*>(std::aligned_alloc(kDirectAlignment, kStage)));
-      if (!stage) fail("{}: cannot allocate a {}-byte staging buffer", path, kStage);
+      Stage stage(path, options.source);
       for (size_t i = next++; i < order.size() && !failed; i = next++)
-        digests[order[i]] = write_range(ranges[order[i]], target, stage.get());
+        digests[order[i]] = write_range(ranges[order[i]], target, stage);
     } catch (...) {
       failed = true;
       std::lock_guard<std::mutex> lock(error_mutex);

@@ -1,8 +1,9 @@
 #include <ditrl/error.hpp>
 #include <ditrl/models/attention.hpp>
 
+#include <ditrl/cuda_build.hpp>
+
 #include <ATen/ATen.h>
-#include <torch/version.h>
 
 #include <cmath>
 #include <limits>
@@ -14,13 +15,6 @@
 namespace ditrl::models {
 
 namespace {
-
-constexpr bool kFusedAttention =
-#if defined(DITRL_CUDA) && TORCH_VERSION_MAJOR >= 2
-    true;
-#else
-    false;
-#endif
 
 // The reference harness's math SDPA: half inputs are computed in fp32 and the
 // result cast back, a bool mask puts -inf where it is false, a float mask is added.
@@ -44,27 +38,21 @@ at::Tensor math_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
 
 AttentionBackend parse_attention_backend(const std::string& name) {
   if (name == "math") return AttentionBackend::Math;
-  if (name != "flash" && name != "efficient")
-    fail("unknown attention backend '{}': expected math, flash or efficient", name);
-  if (!kFusedAttention)
-    fail("attention backend '{}' needs a CUDA build with LibTorch >= 2.0 (this build: {}, LibTorch {}); use \"math\"",
-         name,
-#ifdef DITRL_CUDA
-         "CUDA",
-#else
-         "CPU only",
-#endif
-         TORCH_VERSION);
-  return name == "flash" ? AttentionBackend::Flash : AttentionBackend::Efficient;
+  if (name != "flash" && name != "efficient" && name != "cudnn")
+    fail("unknown attention backend '{}': expected math, flash, efficient or cudnn", name);
+  if (!kCudaBuild)
+    fail("attention backend '{}' runs on CUDA only and this build of ditrl is CPU-only; use \"math\"", name);
+  if (name == "flash") return AttentionBackend::Flash;
+  return name == "efficient" ? AttentionBackend::Efficient : AttentionBackend::Cudnn;
 }
 
 at::Tensor scaled_dot_product_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                         const at::Tensor& mask, AttentionBackend backend) {
   if (backend == AttentionBackend::Math) return math_attention(q, k, v, mask);
 #ifdef DITRL_CUDA
-  return fused_attention(q, k, v, mask, backend == AttentionBackend::Flash);
+  return fused_attention(q, k, v, mask, backend);
 #else
-  fail("attention backend flash/efficient is not in this CPU build");
+  fail("attention backends other than math are not in this CPU build");
 #endif
 }
 

@@ -53,9 +53,13 @@ GroupResult denoise(models::Family& family, const models::ForwardContext& ctx, c
   const diffusion::StepKernel ode{diffusion::SdeType::Ode, 0.0};
   for (int64_t i = 0; i < schedule.steps(); ++i) {
     if (contains(steps.return_latents, i)) out.kept.push_back(x);
-    const at::Tensor t = schedule.timesteps.narrow(0, i, 1).expand({m}).contiguous();
-    const at::Tensor sigma = schedule.sigmas.narrow(0, i, 1).expand({m}).contiguous();
-    const at::Tensor sigma_next = schedule.sigmas.narrow(0, i + 1, 1).expand({m}).contiguous();
+    // The schedule is host data: each step's values travel once, as copies.
+    const auto on_device = [&](const at::Tensor& grid, int64_t k) {
+      return grid.narrow(0, k, 1).expand({m}).contiguous().to(options.device);
+    };
+    const at::Tensor t = on_device(schedule.timesteps, i);
+    const at::Tensor sigma = on_device(schedule.sigmas, i);
+    const at::Tensor sigma_next = on_device(schedule.sigmas, i + 1);
     const bool sde = contains(steps.sde_steps, i);
     const std::unique_ptr<models::Tap> tap = step_tap(i, sde);
     models::ForwardContext step_ctx = ctx;

@@ -15,7 +15,7 @@ void GradReducer::reduce(size_t unit, const std::vector<at::Tensor>& grads) {
   for (size_t g = 0; g < groups.size(); ++g) {
     if (!groups[g].trainable) continue;
     const int64_t padded = groups[g].shard * comm_.size();
-    at::Tensor flat = scratch(flat_, padded, groups[g].reduce);
+    at::Tensor flat = buffer(flat_, padded, groups[g].reduce);
     for (const Slot& slot : groups[g].slots) {
       const at::Tensor& grad = grads.at(k++);
       at::Tensor part = flat.narrow(0, slot.offset, slot.numel);
@@ -25,12 +25,37 @@ void GradReducer::reduce(size_t unit, const std::vector<at::Tensor>& grads) {
         part.zero_();
     }
     flat.narrow(0, groups[g].numel, padded - groups[g].numel).zero_();
-    at::Tensor mine = scratch(mine_, groups[g].shard, groups[g].reduce);
+    at::Tensor mine = buffer(mine_, groups[g].shard, groups[g].reduce);
+    at::Tensor& target = slices_.units[unit][g].grad;
     const auto start = std::chrono::steady_clock::now();
-    comm_.reduce_scatter(flat, mine, dist::ReduceOp::Avg);
+    if (overlap()) {
+      drain();
+      in_flight_ = {comm_.reduce_scatter_async(flat, mine, dist::ReduceOp::Avg), mine, &target};
+    } else {
+      comm_.reduce_scatter(flat, mine, dist::ReduceOp::Avg);
+      target.add_(mine);
+    }
     seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    slices_.units[unit][g].grad.add_(mine);
   }
+}
+
+void GradReducer::drain() {
+  if (!in_flight_.target) return;
+  in_flight_.pending.wait();
+  in_flight_.target->add_(in_flight_.mine);
+  in_flight_ = {};
+}
+
+bool GradReducer::overlap() const {
+  return slices_.device.is_cuda();
+}
+
+// On CUDA each call takes fresh buffers from the caching allocator, so a
+// reduce-scatter in flight keeps its own; on the CPU they are reused (a fresh
+// multi-MiB buffer per call costs its page faults every time).
+at::Tensor GradReducer::buffer(at::Tensor& holder, int64_t elements, c10::ScalarType dtype) const {
+  if (overlap()) return at::empty({elements}, slices_.on(dtype));
+  return scratch(holder, elements, dtype);
 }
 
 at::Tensor GradReducer::scratch(at::Tensor& holder, int64_t elements, c10::ScalarType dtype) const {

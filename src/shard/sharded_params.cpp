@@ -54,6 +54,7 @@ void ShardedParams::finish_backward() {
   std::vector<at::Tensor> params = trainable_params(root), grads;
   for (at::Tensor& p : params) grads.push_back(p.grad());
   reducer_.reduce(root, grads);
+  reducer_.drain();
   for (at::Tensor& p : params) p.mutable_grad().reset();
 }
 

@@ -1,4 +1,5 @@
 #include <ditrl/config/deck.hpp>
+#include <ditrl/cuda_build.hpp>
 #include <ditrl/error.hpp>
 
 #include <catch2/catch.hpp>
@@ -193,8 +194,13 @@ TEST_CASE("config: section rules report the offending key", "[config]") {
              Contains("'rollout.candidate_steps' is required"));
   CHECK_THAT(deck_error(std::string(kMinimal) + "[reward]\nkind = \"torchscript\"\n"),
              Contains("'reward.module' is required"));
-  CHECK_THAT(deck_error(std::string(kMinimal) + "[precision]\nattention = \"flash\"\n"),
-             Contains("needs a CUDA build"));
+  if (!ditrl::kCudaBuild) {
+    CHECK_THAT(deck_error(std::string(kMinimal) + "[precision]\nattention = \"flash\"\n"),
+               Contains("runs on CUDA only"));
+    CHECK_THAT(deck_error(std::string(kMinimal) + "[run]\ndevice = \"cuda\"\n"),
+               Contains("'run.device' = \"cuda\" needs a CUDA build of ditrl"));
+  }
+  CHECK_THAT(deck_error(std::string(kMinimal) + "[run]\ndevice = \"gpu\"\n"), Contains("run.device"));
 }
 
 TEST_CASE("config: `ditrl check` prints the effective deck, or the problem and exits non-zero", "[config][cli]") {

@@ -9,6 +9,12 @@
 // process started without them re-executes itself with them set (before MPI
 // starts); values the user set are kept. oneDNN's bf16 matmuls are not
 // pinned, so bf16 forwards stay bitwise only on one CPU model.
+//
+// On CUDA it also makes LibTorch pick deterministic kernels only (an op that
+// has none is an error), cuBLAS a fixed workspace (CUBLAS_WORKSPACE_CONFIG
+// =:4096:8, read when cuBLAS starts, so it is pinned with the CPU ones),
+// no TF32, no reduced-precision bf16/fp16 accumulation in matmuls, and no
+// cuDNN autotuning.
 
 #include <string>
 
@@ -16,6 +22,9 @@ namespace ditrl::app {
 
 // Returns only when the environment already pins the kernels.
 void pin_cpu_kernels(int threads);
+
+// LibTorch's CUDA switches for deterministic mode (process-wide).
+void pin_gpu_kernels();
 
 // The pins in effect, for the log.
 std::string cpu_kernel_pins();

@@ -36,6 +36,8 @@ struct RunSection {
   bool deterministic = false;
   int64_t threads = 0;  // intra-op threads per rank; 0 = cores / ranks on the node
   std::string log_level = "info";
+  // "auto": the rank's GPU when this is a CUDA build and one is visible.
+  std::string device = "auto";
 
   template <class V>
   void fields(V& v) {
@@ -45,6 +47,7 @@ struct RunSection {
     v("deterministic", deterministic);
     v("threads", threads, Between{0, 4096});
     v("log_level", log_level, OneOf{"trace", "debug", "info", "warn", "error"});
+    v("device", device, OneOf{"auto", "cpu", "cuda"});
   }
   void validate(const Checker& c) const;
 };
@@ -133,7 +136,7 @@ struct PrecisionSection {
     v("master", master, dtype);
     v("reduce", reduce, dtype);
     v("forward", forward, dtype);
-    v("attention", attention, OneOf{"math", "flash", "efficient"});
+    v("attention", attention, OneOf{"math", "flash", "efficient", "cudnn"});
     v.tables("override", overrides);
     v("family_overrides", family_overrides);
     v.table("inputs", inputs);
@@ -170,7 +173,7 @@ struct RolloutSection {
   int64_t samples_per_prompt = 4;
   int64_t batch = 2;  // prompts per rollout
   std::string strategy = "sde_window";
-  int64_t sde_steps = 1;  // window size / number of SDE steps drawn
+  int64_t sde_steps = 1;                 // window size / number of SDE steps drawn
   std::vector<int64_t> window;           // [lo, hi); empty = [0, steps)
   std::vector<int64_t> candidate_steps;  // epoch_global_random_choice
   double timestep_fraction = 0.99;

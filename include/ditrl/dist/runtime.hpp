@@ -4,11 +4,13 @@
 // - MpiRuntime: MPI bootstrap (a single process works too: Open MPI starts as
 //   a singleton); world and node-local ranks.
 // - Runtime: built once per distributed subcommand by Runtime::create; owns
-//   the MpiRuntime, the device every allocation goes to, a host communicator
-//   (MPI: scalars, control, stop flags) and a data communicator (parameters,
-//   gradients, metric and reward tensors on the device: MPI on CPU).
+//   the MpiRuntime, the device every allocation goes to (dist/device.hpp), a
+//   host communicator (MPI: scalars, control, stop flags) and a data
+//   communicator (parameters, gradients, metric and reward tensors on the
+//   device: MPI on CPU, NCCL on CUDA).
 
 #include <ditrl/dist/communicator.hpp>
+#include <ditrl/error.hpp>
 
 #include <c10/core/Device.h>
 #include <mpi.h>
@@ -60,7 +62,8 @@ class MpiRuntime {
 };
 
 struct RuntimeOptions {
-  c10::Device device = c10::kCPU;
+  std::string device = "cpu";         // [run] device: "auto" | "cpu" | "cuda"
+  bool deterministic = true;          // [run] deterministic: fixed-order reductions on NCCL too
   double startup_timeout_s = 300;     // [parallel] startup_timeout_s
   double collective_timeout_s = 100;  // [parallel] collective_timeout_s
 };
@@ -73,7 +76,7 @@ class Runtime {
   Runtime& operator=(const Runtime&) = delete;
 
   const WorldInfo& world() const { return mpi_.world(); }
-  const c10::Device& device() const { return options_.device; }
+  const c10::Device& device() const { return device_; }
   const RuntimeOptions& options() const { return options_; }
   Communicator& host() { return *host_; }
   Communicator& data() { return *data_; }
@@ -83,11 +86,20 @@ class Runtime {
 
  private:
   explicit Runtime(const RuntimeOptions& options);
+  std::unique_ptr<Communicator> make_data_communicator() const;
 
   MpiRuntime mpi_;
   RuntimeOptions options_;
+  c10::Device device_ = c10::kCPU;
   std::unique_ptr<Communicator> host_;
   std::unique_ptr<Communicator> data_;
+};
+
+// Raised by every rank at the same point with its own reason (the ranks
+// agreed that one of them failed), so the job can end without MPI_Abort.
+class AgreedError : public Error {
+ public:
+  using Error::Error;
 };
 
 // Reports an exception with the rank that raised it and ends the whole job:

@@ -7,7 +7,7 @@
 //   /model/<canonical name>                     master values
 //   /optimizer/<canonical name>/exp_avg, exp_avg_sq
 //   /extra/<set>/<canonical name>               per-parameter state such as the NFT EMA shadow
-//   /rng/torch_cpu                              the default CPU generator's state
+//   /rng/torch_cpu, /rng/torch_cuda             the default CPU generator's state; the GPU's on CUDA runs
 //   root attributes: format, step, rollout_id (the next rollout), world_size,
 //   adam_step, data_position, deck, complete (written last) and
 //   sha256_manifest (written after all data): one line per
@@ -71,7 +71,7 @@ std::string save_checkpoint(const std::string& out_dir, const TrainingState& sta
 std::string resolve_checkpoint(const std::string& out_dir, const std::string& which);
 
 // Collective. Writes the stored values into `state`'s views (masters,
-// moments, extra sets), restores the CPU generator and returns the metadata
+// moments, extra sets), restores the CPU (and CUDA) generators and returns the metadata
 // (the AdamW step counter among it).
 CheckpointMeta load_checkpoint(const std::string& path, const TrainingState& state, MPI_Comm comm);
 

@@ -11,6 +11,13 @@
 // which neighbouring writers may share, are written through the page cache.
 // Where the file system refuses O_DIRECT, everything is written buffered.
 // Nothing is synced: the caller fsyncs the file before publishing it.
+//
+// Ranges in GPU memory (HashedWriteOptions::source on CUDA) are staged
+// device -> host chunk by chunk into each worker's pinned, 4 KiB-aligned
+// buffer and hashed and written from there; with two or more workers one
+// copies while another hashes and writes.
+
+#include <c10/core/Device.h>
 
 #include <cstdint>
 #include <string>
@@ -31,8 +38,9 @@ struct ByteRange {
 };
 
 struct HashedWriteOptions {
-  int threads = 2;     // workers; each copies, hashes and writes whole ranges
-  bool direct = true;  // false: buffered writes only
+  int threads = 2;                 // workers; each copies, hashes and writes whole ranges
+  bool direct = true;              // false: buffered writes only
+  c10::Device source = c10::kCPU;  // where every range's bytes are
 };
 
 // Writes every range into `path` and returns the SHA-256 (lower-case hex) of

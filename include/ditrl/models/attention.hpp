@@ -20,12 +20,13 @@ namespace ditrl::models {
 
 enum class AttentionBackend {
   Math,       // portable and deterministic; half inputs computed in fp32
-  Flash,      // LibTorch's fused SDPA, flash kernel (CUDA build, LibTorch >= 2.0)
-  Efficient,  // LibTorch's fused SDPA, memory-efficient kernel (same)
+  Flash,      // LibTorch's fused SDPA kernels, CUDA builds only: flash (no mask),
+  Efficient,  // memory-efficient,
+  Cudnn,      // cuDNN; exactly the chosen one is enabled (no fallback)
 };
 
-// "math" | "flash" | "efficient"; a backend this build lacks is an error
-// saying which build has it.
+// "math" | "flash" | "efficient" | "cudnn"; a backend this build lacks is an
+// error saying which build has it.
 AttentionBackend parse_attention_backend(const std::string& name);
 
 // softmax(q k^T / sqrt(Dh) + mask) v for q (B, H, Lq, Dh), k and v (B, H, Lk, Dh).

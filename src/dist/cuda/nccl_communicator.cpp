@@ -1,7 +1,16 @@
 // NCCL backend of dist::Communicator (see dist/nccl_communicator.hpp).
 //
-// Collectives are ordered after LibTorch's current CUDA stream (the compute
-// stream) by events.
+// Collectives run on the communicator's own stream, ordered after LibTorch's
+// current CUDA stream (the compute stream) by an event; the compute stream
+// waits for a collective's completion event at once (synchronous forms) or
+// when the Pending handle is waited on (*_async), so nothing blocks the host.
+//
+// Deterministic reductions (NcclOptions::deterministic) never use NCCL's
+// reduction kernels, whose order of additions depends on the algorithm and
+// topology NCCL picks: each rank receives the chunks it owns from every rank
+// (grouped ncclSend/ncclRecv, an all-to-all) and adds them on its stream in
+// rank order, accumulating like the MPI backend (fp32 for 16-bit floats), so
+// the result is bitwise the MPI backend's for the same inputs.
 //
 // The NCCL communicator is non-blocking (config.blocking = 0): every NCCL
 // call returns at once, possibly with ncclInProgress, so a host thread never
@@ -13,7 +22,9 @@
 #include <ditrl/dist/nccl_communicator.hpp>
 #include <ditrl/error.hpp>
 
-#include <ATen/core/Tensor.h>
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -22,6 +33,9 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
+#include <initializer_list>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -81,6 +95,39 @@ cudaStream_t compute_stream(int device) {
   return c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
 }
 
+// A collective's completion, shared by the watchdog and a Pending handle.
+class Event {
+ public:
+  Event() { check_cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreateWithFlags"); }
+  ~Event() { cudaEventDestroy(event_); }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+// The accumulation dtype of a deterministic sum, as in the MPI backend.
+c10::ScalarType accumulation_dtype(c10::ScalarType dtype) {
+  return dtype == at::kBFloat16 || dtype == at::kHalf ? at::kFloat : dtype;
+}
+
+// output = chunks[0] (op) chunks[1] (op) ... in rank order; chunks is [ranks, n].
+void reduce_chunks_in_order(const at::Tensor& chunks, at::Tensor& output, ReduceOp op) {
+  const int64_t ranks = chunks.size(0);
+  if (op == ReduceOp::Max || op == ReduceOp::Min) {
+    output.copy_(chunks[0]);
+    for (int64_t r = 1; r < ranks; ++r)
+      op == ReduceOp::Max ? at::maximum_out(output, output, chunks[r]) : at::minimum_out(output, output, chunks[r]);
+    return;
+  }
+  at::Tensor acc = chunks[0].to(accumulation_dtype(output.scalar_type()), /*non_blocking=*/false, /*copy=*/true);
+  for (int64_t r = 1; r < ranks; ++r) acc.add_(chunks[r]);
+  if (op == ReduceOp::Avg) acc.div_(static_cast<double>(ranks));
+  output.view({-1}).copy_(acc);
+}
+
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(MPI_Comm owned, const NcclOptions& options) : mpi_(owned), options_(options) {
@@ -99,67 +146,54 @@ class NcclCommunicator final : public Communicator {
   int size() const override { return size_; }
 
   void all_gather(const at::Tensor& input, at::Tensor& output) override {
-    check_tensor(input, "all_gather", "input");
-    check_tensor(output, "all_gather", "output");
-    check_same_dtype(input, output, "all_gather");
-    if (output.numel() != input.numel() * size_)
-      fail("Communicator(NCCL)::all_gather: output has {} elements, expected {} ranks x {}", output.numel(), size_,
-           input.numel());
-    // Raw bytes: any dtype gathers bit-exactly.
-    enqueue("all_gather", [&](ncclComm_t comm, cudaStream_t stream) {
-      return ncclAllGather(input.data_ptr(), output.data_ptr(), input.nbytes(), ncclUint8, comm, stream);
-    });
+    wait_on_compute(issue_all_gather(input, output));
   }
 
   void reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op) override {
-    check_tensor(input, "reduce_scatter", "input");
-    check_tensor(output, "reduce_scatter", "output");
-    check_same_dtype(input, output, "reduce_scatter");
-    if (input.numel() != output.numel() * size_)
-      fail("Communicator(NCCL)::reduce_scatter: input has {} elements, expected {} ranks x {}", input.numel(), size_,
-           output.numel());
-    const ncclDataType_t dtype = nccl_dtype(input.scalar_type());
-    enqueue("reduce_scatter", [&](ncclComm_t comm, cudaStream_t stream) {
-      return ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(), dtype, nccl_op(op), comm, stream);
-    });
+    wait_on_compute(issue_reduce_scatter(input, output, op));
   }
 
   void all_reduce(at::Tensor& tensor, ReduceOp op) override {
     check_tensor(tensor, "all_reduce", "tensor");
-    const ncclDataType_t dtype = nccl_dtype(tensor.scalar_type());
-    enqueue("all_reduce", [&](ncclComm_t comm, cudaStream_t stream) {
-      return ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(), dtype, nccl_op(op), comm, stream);
-    });
+    check_reducible(tensor.scalar_type(), op);
+    if (!options_.deterministic) {
+      const ncclDataType_t dtype = nccl_dtype(tensor.scalar_type());
+      wait_on_compute(enqueue("all_reduce", {tensor}, [&](ncclComm_t comm, cudaStream_t stream) {
+        return ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(), dtype, nccl_op(op), comm, stream);
+      }));
+      return;
+    }
+    // Every rank gathers every copy and reduces them in rank order: the same
+    // sums as the MPI backend's reduce-scatter + all-gather.
+    const at::Tensor flat = tensor.view({-1});
+    at::Tensor copies = at::empty({size_, flat.numel()}, tensor.options());
+    wait_on_compute(issue_all_gather(flat, copies));
+    at::Tensor out = tensor;
+    reduce_chunks_in_order(copies, out, op);
   }
 
   void broadcast(at::Tensor& tensor, int root) override {
     check_tensor(tensor, "broadcast", "tensor");
     if (root < 0 || root >= size_) fail("Communicator(NCCL)::broadcast: root {} outside [0, {})", root, size_);
-    enqueue("broadcast", [&](ncclComm_t comm, cudaStream_t stream) {
+    wait_on_compute(enqueue("broadcast", {tensor}, [&](ncclComm_t comm, cudaStream_t stream) {
       return ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), tensor.nbytes(), ncclUint8, root, comm, stream);
-    });
+    }));
   }
 
   // An all-reduce of one integer that the host waits for: every rank has
   // reached it when it returns (or the watchdog's timeout throws).
   void barrier() override {
-    enqueue("barrier", [&](ncclComm_t comm, cudaStream_t stream) {
+    enqueue("barrier", {}, [&](ncclComm_t comm, cudaStream_t stream) {
       return ncclAllReduce(barrier_word_, barrier_word_, 1, ncclInt32, ncclSum, comm, stream);
     });
     wait_for_stream();
   }
 
-  // Already asynchronous: the collective is queued on the communication
-  // stream and the compute stream waits for it by event.
   Pending all_gather_async(const at::Tensor& input, const at::Tensor& output) override {
-    at::Tensor out = output;
-    all_gather(input, out);
-    return {};
+    return stream_wait(issue_all_gather(input, output));
   }
   Pending reduce_scatter_async(const at::Tensor& input, const at::Tensor& output, ReduceOp op) override {
-    at::Tensor out = output;
-    reduce_scatter(input, out, op);
-    return {};
+    return stream_wait(issue_reduce_scatter(input, output, op));
   }
 
   std::unique_ptr<Communicator> split(int color, int key) override {
@@ -171,10 +205,76 @@ class NcclCommunicator final : public Communicator {
 
  private:
   struct InFlight {
-    cudaEvent_t done;
+    std::shared_ptr<Event> done;
     std::string what;
     Clock::time_point deadline;
   };
+
+  std::shared_ptr<Event> issue_all_gather(const at::Tensor& input, const at::Tensor& output) {
+    check_tensor(input, "all_gather", "input");
+    check_tensor(output, "all_gather", "output");
+    check_same_dtype(input, output, "all_gather");
+    if (output.numel() != input.numel() * size_)
+      fail("Communicator(NCCL)::all_gather: output has {} elements, expected {} ranks x {}", output.numel(), size_,
+           input.numel());
+    // Raw bytes: any dtype gathers bit-exactly.
+    return enqueue("all_gather", {input, output}, [&](ncclComm_t comm, cudaStream_t stream) {
+      return ncclAllGather(input.data_ptr(), output.data_ptr(), input.nbytes(), ncclUint8, comm, stream);
+    });
+  }
+
+  std::shared_ptr<Event> issue_reduce_scatter(const at::Tensor& input, const at::Tensor& output, ReduceOp op) {
+    check_tensor(input, "reduce_scatter", "input");
+    check_tensor(output, "reduce_scatter", "output");
+    check_same_dtype(input, output, "reduce_scatter");
+    check_reducible(input.scalar_type(), op);
+    if (input.numel() != output.numel() * size_)
+      fail("Communicator(NCCL)::reduce_scatter: input has {} elements, expected {} ranks x {}", input.numel(), size_,
+           output.numel());
+    if (!options_.deterministic) {
+      const ncclDataType_t dtype = nccl_dtype(input.scalar_type());
+      return enqueue("reduce_scatter", {input, output}, [&](ncclComm_t comm, cudaStream_t stream) {
+        return ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(), dtype, nccl_op(op), comm, stream);
+      });
+    }
+    const int64_t bytes = output.nbytes();
+    at::Tensor chunks;
+    return enqueue(
+        "reduce_scatter", {input, output},
+        [&](ncclComm_t comm, cudaStream_t stream) {
+          chunks = at::empty({size_, output.numel()}, output.options());  // on the communication stream
+          auto* send = static_cast<const char*>(input.data_ptr());
+          auto* recv = static_cast<char*>(chunks.data_ptr());
+          ncclResult_t state = ncclGroupStart();
+          for (int peer = 0; peer < size_ && state == ncclSuccess; ++peer) {
+            state = ncclSend(send + peer * bytes, bytes, ncclUint8, peer, comm, stream);
+            if (state == ncclSuccess) state = ncclRecv(recv + peer * bytes, bytes, ncclUint8, peer, comm, stream);
+          }
+          const ncclResult_t ended = ncclGroupEnd();
+          return state == ncclSuccess ? ended : state;
+        },
+        [&] {
+          at::Tensor out = output;
+          reduce_chunks_in_order(chunks, out, op);
+        });
+  }
+
+  static void check_reducible(c10::ScalarType dtype, ReduceOp op) {
+    if (dtype == at::kBool || at::isComplexType(dtype))
+      fail("Communicator(NCCL): cannot reduce {} tensors", c10::toString(dtype));
+    if (op == ReduceOp::Avg && !at::isFloatingType(dtype))
+      fail("Communicator(NCCL): Avg needs a floating-point tensor (got {})", c10::toString(dtype));
+  }
+
+  void wait_on_compute(const std::shared_ptr<Event>& done) const {
+    check_cuda(cudaStreamWaitEvent(compute_stream(options_.device), done->get(), 0), "cudaStreamWaitEvent");
+  }
+
+  // The handle's wait() orders the stream current at that moment after the
+  // collective; the host does not block.
+  Pending stream_wait(std::shared_ptr<Event> done) const {
+    return Pending([this, done = std::move(done)] { wait_on_compute(done); });
+  }
 
   void open() {
     check_mpi(MPI_Comm_rank(mpi_, &rank_), "MPI_Comm_rank");
@@ -224,7 +324,6 @@ class NcclCommunicator final : public Communicator {
       }
       comm_ = nullptr;
     }
-    for (InFlight& p : pending_) cudaEventDestroy(p.done);
     pending_.clear();
     if (barrier_word_) cudaFree(barrier_word_);
     if (ready_) cudaEventDestroy(ready_);
@@ -237,24 +336,34 @@ class NcclCommunicator final : public Communicator {
 
   // Orders the collective after the compute stream's queued work, issues it
   // on the communication stream, makes the compute stream wait for it and
-  // hands its completion event to the watchdog.
+  // hands its completion event to the watchdog. `then` (kernels of ours on the
+  // communication stream after the NCCL call) runs before the event is recorded.
+  // The tensors are marked as used by the communication stream, so the caching
+  // allocator never hands their memory out before the collective is done.
   template <class Call>
-  void enqueue(const char* what, Call call) {
+  std::shared_ptr<Event> enqueue(const char* what, std::initializer_list<at::Tensor> tensors, Call call,
+                                 const std::function<void()>& then = {}) {
     std::unique_lock<std::mutex> lock(mutex_);
     throw_if_failed();
     check_cuda(cudaSetDevice(options_.device), "cudaSetDevice");
-    const cudaStream_t compute = compute_stream(options_.device);
-    check_cuda(cudaEventRecord(ready_, compute), "cudaEventRecord");
+    check_cuda(cudaEventRecord(ready_, compute_stream(options_.device)), "cudaEventRecord");
     check_cuda(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
-    const ncclResult_t issued = call(comm_, stream_);
-    wait_in_progress(lock, issued, what, deadline_after(options_.collective_timeout_s), options_.collective_timeout_s);
-    cudaEvent_t done = nullptr;
-    check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-    check_cuda(cudaEventRecord(done, stream_), "cudaEventRecord");
-    check_cuda(cudaStreamWaitEvent(compute, done, 0), "cudaStreamWaitEvent");
+    const c10::cuda::CUDAStream side =
+        c10::cuda::getStreamFromExternal(stream_, static_cast<c10::DeviceIndex>(options_.device));
+    for (const at::Tensor& t : tensors) c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), side);
+    {
+      const c10::cuda::CUDAStreamGuard on_side(side);
+      const ncclResult_t issued = call(comm_, stream_);
+      wait_in_progress(lock, issued, what, deadline_after(options_.collective_timeout_s),
+                       options_.collective_timeout_s);
+      if (then) then();
+    }
+    auto done = std::make_shared<Event>();
+    check_cuda(cudaEventRecord(done->get(), stream_), "cudaEventRecord");
     pending_.push_back({done, what, deadline_after(options_.collective_timeout_s)});
     lock.unlock();
     wake_.notify_all();
+    return done;
   }
 
   // A non-blocking NCCL call may still be in progress when it returns; poll
@@ -307,9 +416,8 @@ class NcclCommunicator final : public Communicator {
     std::unique_lock<std::mutex> lock(mutex_);
     while (!stop_) {
       while (!pending_.empty()) {
-        const cudaError_t state = cudaEventQuery(pending_.front().done);
+        const cudaError_t state = cudaEventQuery(pending_.front().done->get());
         if (state == cudaErrorNotReady) break;
-        cudaEventDestroy(pending_.front().done);
         const std::string what = pending_.front().what;
         pending_.pop_front();
         if (state != cudaSuccess)
@@ -335,7 +443,6 @@ class NcclCommunicator final : public Communicator {
     spdlog::error("{}", failure_);
     if (comm_) ncclCommAbort(comm_);
     comm_ = nullptr;
-    for (InFlight& p : pending_) cudaEventDestroy(p.done);
     pending_.clear();
   }
 

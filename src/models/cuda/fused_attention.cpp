@@ -3,55 +3,79 @@
 #include <ditrl/error.hpp>
 
 #include <ATen/ATen.h>
-#include <torch/version.h>
+#include <ATen/Context.h>
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
 
 namespace ditrl::models {
 
-#if TORCH_VERSION_MAJOR >= 2
-
 namespace {
 
-// Enables exactly one fused backend for the duration of a call and restores
-// the global switches afterwards.
+const char* backend_name(AttentionBackend backend) {
+  switch (backend) {
+    case AttentionBackend::Flash:
+      return "flash";
+    case AttentionBackend::Efficient:
+      return "efficient";
+    case AttentionBackend::Cudnn:
+      return "cudnn";
+    case AttentionBackend::Math:
+      break;
+  }
+  return "math";
+}
+
+// Enables exactly one SDPA kernel for the duration of a call (LibTorch's
+// dispatcher then errors instead of falling back) and restores the process's
+// switches afterwards.
 class SdpBackendGuard {
  public:
-  explicit SdpBackendGuard(bool flash)
-      : flash_(at::globalContext().userEnabledFlashSDP()),
-        efficient_(at::globalContext().userEnabledMemEfficientSDP()),
-        math_(at::globalContext().userEnabledMathSDP()) {
-    at::globalContext().setSDPUseFlash(flash);
-    at::globalContext().setSDPUseMemEfficient(!flash);
-    at::globalContext().setSDPUseMath(false);
+  explicit SdpBackendGuard(AttentionBackend backend) {
+    at::Context& c = at::globalContext();
+    saved_ = {c.userEnabledFlashSDP(), c.userEnabledMemEfficientSDP(), c.userEnabledCuDNNSDP(), c.userEnabledMathSDP()};
+    set({backend == AttentionBackend::Flash, backend == AttentionBackend::Efficient, backend == AttentionBackend::Cudnn,
+         false});
   }
-  ~SdpBackendGuard() {
-    at::globalContext().setSDPUseFlash(flash_);
-    at::globalContext().setSDPUseMemEfficient(efficient_);
-    at::globalContext().setSDPUseMath(math_);
-  }
+  ~SdpBackendGuard() { set(saved_); }
   SdpBackendGuard(const SdpBackendGuard&) = delete;
   SdpBackendGuard& operator=(const SdpBackendGuard&) = delete;
 
  private:
-  bool flash_, efficient_, math_;
+  struct Switches {
+    bool flash, efficient, cudnn, math;
+  };
+  static void set(const Switches& s) {
+    at::Context& c = at::globalContext();
+    c.setSDPUseFlash(s.flash);
+    c.setSDPUseMemEfficient(s.efficient);
+    c.setSDPUseCuDNN(s.cudnn);
+    c.setSDPUseMath(s.math);
+  }
+  Switches saved_{};
 };
+
+std::string describe(const at::Tensor& t) {
+  return fmt::format("{} {}", c10::toString(t.scalar_type()), fmt::join(t.sizes(), "x"));
+}
 
 }  // namespace
 
 at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
-                           bool flash) {
-  if (!q.is_cuda()) fail("attention backend {} runs on CUDA tensors only", flash ? "flash" : "efficient");
-  if (flash && mask.defined()) fail("the flash attention kernel takes no mask; use \"efficient\" or \"math\"");
-  SdpBackendGuard guard(flash);
-  return at::scaled_dot_product_attention(q, k, v, mask.defined() ? c10::optional<at::Tensor>(mask) : c10::nullopt, 0.0,
-                                          false);
+                           AttentionBackend backend) {
+  const char* name = backend_name(backend);
+  if (!q.is_cuda()) fail("attention backend \"{}\" runs on CUDA tensors only (q is on {})", name, q.device().str());
+  if (backend == AttentionBackend::Flash && mask.defined())
+    fail(
+        "attention backend \"flash\" takes no mask (this model's attention is masked); use \"efficient\", \"cudnn\" "
+        "or \"math\"");
+  SdpBackendGuard guard(backend);
+  try {
+    return at::scaled_dot_product_attention(q, k, v, mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt,
+                                            0.0, false);
+  } catch (const c10::Error& e) {
+    fail("attention backend \"{}\" cannot take q {}, k {}, v {}{}: {}", name, describe(q), describe(k), describe(v),
+         mask.defined() ? " with mask " + describe(mask) : std::string(), e.what_without_backtrace());
+  }
 }
-
-#else
-
-at::Tensor fused_attention(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, bool flash) {
-  fail("attention backend {} needs LibTorch >= 2.0 (this build has {})", flash ? "flash" : "efficient", TORCH_VERSION);
-}
-
-#endif
 
 }  // namespace ditrl::models

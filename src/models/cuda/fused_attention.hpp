@@ -1,14 +1,18 @@
 #pragma once
 
-// LibTorch's fused SDPA kernels (CUDA build only; needs LibTorch >= 2.0).
+// LibTorch's fused SDPA kernels on CUDA tensors (CUDA build only).
+
+#include <ditrl/models/attention.hpp>
 
 #include <ATen/core/Tensor.h>
 
 namespace ditrl::models {
 
-// Flash (`flash` true) or memory-efficient SDPA over CUDA tensors; `mask` as
-// in scaled_dot_product_attention.
+// SDPA through exactly one of LibTorch's fused kernels (Flash, Efficient or
+// Cudnn): a shape, dtype or mask that kernel cannot take is an error naming
+// it, never a quiet fallback to another kernel. `mask` as in
+// scaled_dot_product_attention.
 at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
-                           bool flash);
+                           AttentionBackend backend);
 
 }  // namespace ditrl::models

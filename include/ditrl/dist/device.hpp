@@ -1,0 +1,24 @@
+#pragma once
+
+// The device a rank computes on: `[run] device` resolved against this build
+// and the GPUs the process sees, and the GPU bound before any other CUDA call.
+
+#include <c10/core/Device.h>
+
+#include <string>
+
+namespace ditrl::dist {
+
+struct WorldInfo;
+
+// GPUs this process may use (CUDA_VISIBLE_DEVICES applies); 0 in a CPU build.
+int visible_gpus();
+
+// "cpu" -> CPU; "cuda" -> the rank's GPU, an error when this is a CPU build or
+// no GPU is visible; "auto" -> the GPU when there is one, else the CPU.
+// The rank's GPU is its node-local rank among the visible GPUs, or the only
+// visible one (Slurm's --gpus-per-task gives each task one). Binds it as the
+// current device.
+c10::Device choose_device(const std::string& request, const WorldInfo& world);
+
+}  // namespace ditrl::dist

@@ -1,0 +1,67 @@
+#include <ditrl/cuda_build.hpp>
+#include <ditrl/dist/device.hpp>
+#include <ditrl/dist/runtime.hpp>
+#include <ditrl/error.hpp>
+
+#ifdef DITRL_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+#include <cstdlib>
+
+namespace ditrl::dist {
+
+namespace {
+
+std::string visible_devices_variable() {
+  const char* value = std::getenv("CUDA_VISIBLE_DEVICES");
+  return value ? fmt::format("CUDA_VISIBLE_DEVICES={}", value) : std::string("CUDA_VISIBLE_DEVICES unset");
+}
+
+int gpu_of(const WorldInfo& world, int gpus) {
+  if (gpus == 1) return 0;
+  if (world.local_rank < gpus) return world.local_rank;
+  fail(
+      "run.device: node-local rank {} of {} on {} has no GPU of its own: {} GPU(s) visible ({}); start at most one "
+      "rank per GPU, or give each task one GPU (srun --gpus-per-task=1)",
+      world.local_rank, world.local_size, world.host, gpus, visible_devices_variable());
+}
+
+void bind_gpu(int index) {
+#ifdef DITRL_CUDA
+  c10::cuda::set_device(static_cast<c10::DeviceIndex>(index));
+#else
+  (void)index;
+#endif
+}
+
+}  // namespace
+
+int visible_gpus() {
+#ifdef DITRL_CUDA
+  return static_cast<int>(c10::cuda::device_count());
+#else
+  return 0;
+#endif
+}
+
+c10::Device choose_device(const std::string& request, const WorldInfo& world) {
+  if (request == "cpu") return c10::kCPU;
+  if (request != "cuda" && request != "auto")
+    fail("run.device = \"{}\": expected \"auto\", \"cpu\" or \"cuda\"", request);
+  if (!kCudaBuild) {
+    if (request == "auto") return c10::kCPU;
+    fail("run.device = \"cuda\" but this build of ditrl is CPU-only (configure with -DDITRL_CUDA=ON)");
+  }
+  const int gpus = visible_gpus();
+  if (gpus == 0) {
+    if (request == "auto") return c10::kCPU;
+    fail("run.device = \"cuda\" but no GPU is visible to rank {} on {} ({})", world.rank, world.host,
+         visible_devices_variable());
+  }
+  const int index = gpu_of(world, gpus);
+  bind_gpu(index);
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
+}
+
+}  // namespace ditrl::dist
