@@ -11,12 +11,11 @@ bool uses_cfg(const Family& family, const GuidanceOptions& guidance, double time
 
 at::Tensor guided_velocity(Family& family, const GuidedInputs& in, const GuidanceOptions& guidance,
                            const ForwardContext& ctx) {
-  // Every pair of a batch shares one step (phase-pure micro-batches), so the
-  // first timestep decides the guidance of the whole batch.
-  const double t = in.timesteps[0].item<double>();
+  const double t = in.step_timestep;
   if (!uses_cfg(family, guidance, t)) return family.noise_pred(in.latents, in.timesteps, in.sigmas, *in.cond, ctx);
-  if (!in.negative) fail("{}: guidance scale {} > 1 needs negative-prompt conditioning", family.family_name(),
-                         family.guidance_scale(guidance, t));
+  if (!in.negative)
+    fail("{}: guidance scale {} > 1 needs negative-prompt conditioning", family.family_name(),
+         family.guidance_scale(guidance, t));
   Cond joint;
   for (const auto& [name, tensor] : in.cond->tensors) joint.tensors[name] = at::cat({tensor, in.negative->at(name)}, 0);
   const at::Tensor v = family.noise_pred(at::cat({in.latents, in.latents}, 0), at::cat({in.timesteps, in.timesteps}, 0),

@@ -27,8 +27,9 @@ at::Tensor Policy::velocity(const TrainingRollout& rollout, const PreparedBatch&
   const models::Cond cond = rows_of(rollout.cond, b.prompt_indices);
   if (!guided) return family->noise_pred(latents, b.timesteps, b.sigmas, cond, ctx);
   const models::Cond negative = needs_negative ? rows_of(rollout.negative, b.prompt_indices) : models::Cond{};
-  return models::guided_velocity(*family, {latents, b.timesteps, b.sigmas, &cond, needs_negative ? &negative : nullptr},
-                                 guidance, ctx);
+  return models::guided_velocity(
+      *family, {latents, b.timesteps, b.sigmas, &cond, needs_negative ? &negative : nullptr, b.step_timestep}, guidance,
+      ctx);
 }
 
 std::unique_ptr<models::Tap> Policy::train_tap(int64_t rollout_id, const PreparedBatch& b) const {

@@ -65,11 +65,12 @@ PreparedBatch prepare_batch(const std::vector<TrainPair>& pairs, c10::Device dev
   b.timesteps = entries.timesteps.to(device);
   b.sigmas = entries.sigmas.to(device);
   b.sigmas_next = entries.sigmas_next.to(device);
-  b.step_indices = entries.indices.to(device);
+  b.step_indices = entries.indices;
   b.log_prob_old = log_prob_old.to(device);
   b.advantages = advantages.to(device);
-  b.sample_indices = samples.to(device);
-  b.prompt_indices = prompts.to(device);
+  b.sample_indices = samples;
+  b.prompt_indices = prompts;
+  b.step_timestep = entries.timesteps[0].item<float>();
   b.snapshot = pairs[0].snapshot;
   return b;
 }

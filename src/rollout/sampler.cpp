@@ -64,7 +64,9 @@ GroupResult denoise(models::Family& family, const models::ForwardContext& ctx, c
     const std::unique_ptr<models::Tap> tap = step_tap(i, sde);
     models::ForwardContext step_ctx = ctx;
     if (tap) step_ctx.tap = tap.get();
-    const at::Tensor v = models::guided_velocity(family, {x, t, sigma, &cond, negative}, options.guidance, step_ctx);
+    const at::Tensor v = models::guided_velocity(
+        family, {x, t, sigma, &cond, negative, static_cast<double>(schedule.timesteps[i].item<float>())},
+        options.guidance, step_ctx);
     const diffusion::StepSigmas sigmas{sigma, sigma_next, schedule.sigma(1)};
     if (sde) {
       std::vector<at::Tensor> eps;

@@ -439,7 +439,7 @@ TEST_CASE("wan: the guided velocity runs each phase's expert with that phase's g
     test::RecordingRunner runner;
     ForwardContext ctx;
     ctx.runner = &runner;
-    const at::Tensor v = guided_velocity(*family, {x, t, sigma, &pos, &neg}, g, ctx);
+    const at::Tensor v = guided_velocity(*family, {x, t, sigma, &pos, &neg, t_value}, g, ctx);
     CHECK(runner.order == expert_units);  // one joint [pos; neg] forward on the phase's expert
     const at::Tensor vp = family->noise_pred(x, t, sigma, pos, {}), vn = family->noise_pred(x, t, sigma, neg, {});
     CHECK(max_abs_diff(v, vn + scale * (vp - vn)) <= 1e-5);

@@ -16,6 +16,10 @@ struct GuidedInputs {
   at::Tensor sigmas;     // (B,) snapshot sigma at the same indices
   const Cond* cond = nullptr;
   const Cond* negative = nullptr;  // required when guidance applies
+  // timesteps[0] as a host value: every pair of a batch shares one step
+  // (phase-pure micro-batches), so it decides the guidance of the batch
+  // without reading the device.
+  double step_timestep = 0;
 };
 
 // True when this step runs two predictions (pos, neg) and combines them.

@@ -29,16 +29,18 @@ struct TrainPair {
 };
 
 struct PreparedBatch {
-  at::Tensor latents;                                   // (B, ...) fp32
-  at::Tensor next_latents;                              // (B, ...) fp32, or undefined when the pairs have none
-  at::Tensor timesteps;                                 // (B,) fp32 snapshot t
-  at::Tensor sigmas;                                    // (B,) fp32 snapshot sigma at the same index
-  at::Tensor sigmas_next;                               // (B,) fp32 snapshot sigma at index + 1
+  at::Tensor latents;       // (B, ...) fp32
+  at::Tensor next_latents;  // (B, ...) fp32, or undefined when the pairs have none
+  at::Tensor timesteps;     // (B,) fp32 snapshot t
+  at::Tensor sigmas;        // (B,) fp32 snapshot sigma at the same index
+  at::Tensor sigmas_next;   // (B,) fp32 snapshot sigma at index + 1
+  at::Tensor log_prob_old;  // (B,) fp32
+  at::Tensor advantages;    // (B,) fp32
+  // Host bookkeeping (CPU tensors on every device: reading them is no sync).
   at::Tensor step_indices;                              // (B,) int64 index into the snapshot
-  at::Tensor log_prob_old;                              // (B,) fp32
-  at::Tensor advantages;                                // (B,) fp32
   at::Tensor sample_indices;                            // (B,) int64
   at::Tensor prompt_indices;                            // (B,) int64 rows of the cond store
+  float step_timestep = 0;                              // timesteps[0], which decides the guidance
   std::shared_ptr<const diffusion::Schedule> snapshot;  // shared by every pair
 
   int64_t size() const { return timesteps.defined() ? timesteps.size(0) : 0; }
@@ -48,7 +50,7 @@ struct PreparedBatch {
 
 // Stacks the pairs (latents upcast to fp32), checks every pair carries a
 // snapshot bitwise equal to the first pair's, and looks each pair's t up in it.
-// The tensors are placed on `device`.
+// The tensors are placed on `device`, except the host bookkeeping.
 PreparedBatch prepare_batch(const std::vector<TrainPair>& pairs, c10::Device device);
 
 }  // namespace ditrl::rl
