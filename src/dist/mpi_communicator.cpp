@@ -23,6 +23,7 @@
 
 #include <ditrl/dist/communicator.hpp>
 #include <ditrl/dist/mpi_error.hpp>
+#include <ditrl/dist/reduction.hpp>
 #include <ditrl/error.hpp>
 
 #include <ATen/ATen.h>
@@ -209,7 +210,7 @@ class MpiCommunicator final : public Communicator {
     if (input.numel() != output.numel() * size_)
       fail("Communicator(MPI)::reduce_scatter: input has {} elements, expected {} ranks x {}", input.numel(), size_,
            output.numel());
-    check_reducible(input.scalar_type(), op);
+    check_reducible("MPI", input.scalar_type(), op);
     const int bytes = byte_count(output.nbytes(), "reduce_scatter");
     void* chunks = scratch(input.nbytes());
     check_mpi(MPI_Alltoall(input.data_ptr(), bytes, MPI_BYTE, chunks, bytes, MPI_BYTE, comm_), "MPI_Alltoall");
@@ -219,13 +220,13 @@ class MpiCommunicator final : public Communicator {
                    op == ReduceOp::Avg);
       });
     } else {
-      extremum_chunks(at::from_blob(chunks, {size_, output.numel()}, output.options()), output, op);
+      extremum_of_chunks(at::from_blob(chunks, {size_, output.numel()}, output.options()), output, op);
     }
   }
 
   void all_reduce(at::Tensor& tensor, ReduceOp op) override {
     check_cpu_contiguous(tensor, "all_reduce", "tensor");
-    check_reducible(tensor.scalar_type(), op);
+    check_reducible("MPI", tensor.scalar_type(), op);
     const int64_t n = tensor.numel();
     const int64_t padded = padded_to(std::max<int64_t>(n, 1), size_);
     at::Tensor flat = tensor.view({-1});
@@ -274,24 +275,6 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
-  static void check_reducible(c10::ScalarType dtype, ReduceOp op) {
-    if (dtype == at::kBool || at::isComplexType(dtype))
-      fail("Communicator(MPI): cannot reduce {} tensors", c10::toString(dtype));
-    if (op == ReduceOp::Avg && !at::isFloatingType(dtype))
-      fail("Communicator(MPI): Avg needs a floating-point tensor (got {})", c10::toString(dtype));
-  }
-
-  // Max / Min are exact in any order.
-  void extremum_chunks(const at::Tensor& chunks, at::Tensor& output, ReduceOp op) const {
-    output.copy_(chunks[0]);
-    for (int r = 1; r < size_; ++r) {
-      if (op == ReduceOp::Max)
-        at::maximum_out(output, output, chunks[r]);
-      else
-        at::minimum_out(output, output, chunks[r]);
-    }
-  }
-
   // Receive buffer kept between calls: a fresh multi-MiB allocation per call
   // costs its page faults every time.
   void* scratch(int64_t bytes) {

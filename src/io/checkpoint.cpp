@@ -60,13 +60,6 @@ struct Entry {
   at::Tensor values;  // fp32, flat
 };
 
-// Where the rank's state lives (every tensor of it is on one device).
-c10::Device state_device(const std::vector<Entry>& list) {
-  for (const Entry& e : list)
-    if (e.values.defined()) return e.values.device();
-  return c10::kCPU;
-}
-
 // The generators a run on `device` draws from, as dataset paths: the CPU
 // one always, the device's own on CUDA. A checkpoint loads on either: a
 // generator missing from the file, or not in this run, is left as seeded.
@@ -76,7 +69,8 @@ std::vector<std::pair<std::string, c10::Device>> generators(c10::Device device) 
   return list;
 }
 
-c10::Device loaded_device(const TrainingState& state) {
+// Where the rank's state lives (every tensor of it is on one device).
+c10::Device state_device(const TrainingState& state) {
   for (const StateTensor& t : state.tensors)
     if (t.master.defined()) return t.master.device();
   return c10::kCPU;
@@ -272,7 +266,7 @@ std::string save_checkpoint(const std::string& out_dir, const TrainingState& sta
     }
     // One worker more than compute threads: the disk is kept busy while the
     // others copy and hash.
-    const c10::Device device = state_device(list);
+    const c10::Device device = state_device(state);
     // The slabs were computed on the device's streams; the staging copies run on others.
     if (device.is_cuda()) c10::impl::VirtualGuardImpl(device.type()).synchronizeDevice(device.index());
     const std::vector<std::string> digests =
@@ -358,7 +352,7 @@ CheckpointMeta load_checkpoint(const std::string& path, const TrainingState& sta
     for (size_t k = 0; k < state.extra_sets.size(); ++k)
       load("/extra/" + state.extra_sets[k] + "/" + t.name, t.extra.at(k));
   }
-  for (const auto& [path, on] : generators(loaded_device(state))) {
+  for (const auto& [path, on] : generators(state_device(state))) {
     if (!file.exists(path)) continue;
     const std::vector<hsize_t> rng_shape = file.open_dataset(path).shape();
     at::Generator generator = at::globalContext().defaultGenerator(on);

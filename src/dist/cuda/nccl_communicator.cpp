@@ -20,6 +20,7 @@
 
 #include <ditrl/dist/mpi_error.hpp>
 #include <ditrl/dist/nccl_communicator.hpp>
+#include <ditrl/dist/reduction.hpp>
 #include <ditrl/error.hpp>
 
 #include <ATen/ATen.h>
@@ -116,12 +117,7 @@ c10::ScalarType accumulation_dtype(c10::ScalarType dtype) {
 // output = chunks[0] (op) chunks[1] (op) ... in rank order; chunks is [ranks, n].
 void reduce_chunks_in_order(const at::Tensor& chunks, at::Tensor& output, ReduceOp op) {
   const int64_t ranks = chunks.size(0);
-  if (op == ReduceOp::Max || op == ReduceOp::Min) {
-    output.copy_(chunks[0]);
-    for (int64_t r = 1; r < ranks; ++r)
-      op == ReduceOp::Max ? at::maximum_out(output, output, chunks[r]) : at::minimum_out(output, output, chunks[r]);
-    return;
-  }
+  if (op == ReduceOp::Max || op == ReduceOp::Min) return extremum_of_chunks(chunks, output, op);
   at::Tensor acc = chunks[0].to(accumulation_dtype(output.scalar_type()), /*non_blocking=*/false, /*copy=*/true);
   for (int64_t r = 1; r < ranks; ++r) acc.add_(chunks[r]);
   if (op == ReduceOp::Avg) acc.div_(static_cast<double>(ranks));
@@ -155,7 +151,7 @@ class NcclCommunicator final : public Communicator {
 
   void all_reduce(at::Tensor& tensor, ReduceOp op) override {
     check_tensor(tensor, "all_reduce", "tensor");
-    check_reducible(tensor.scalar_type(), op);
+    check_reducible("NCCL", tensor.scalar_type(), op);
     if (!options_.deterministic) {
       const ncclDataType_t dtype = nccl_dtype(tensor.scalar_type());
       wait_on_compute(enqueue("all_reduce", {tensor}, [&](ncclComm_t comm, cudaStream_t stream) {
@@ -227,7 +223,7 @@ class NcclCommunicator final : public Communicator {
     check_tensor(input, "reduce_scatter", "input");
     check_tensor(output, "reduce_scatter", "output");
     check_same_dtype(input, output, "reduce_scatter");
-    check_reducible(input.scalar_type(), op);
+    check_reducible("NCCL", input.scalar_type(), op);
     if (input.numel() != output.numel() * size_)
       fail("Communicator(NCCL)::reduce_scatter: input has {} elements, expected {} ranks x {}", input.numel(), size_,
            output.numel());
@@ -257,13 +253,6 @@ class NcclCommunicator final : public Communicator {
           at::Tensor out = output;
           reduce_chunks_in_order(chunks, out, op);
         });
-  }
-
-  static void check_reducible(c10::ScalarType dtype, ReduceOp op) {
-    if (dtype == at::kBool || at::isComplexType(dtype))
-      fail("Communicator(NCCL): cannot reduce {} tensors", c10::toString(dtype));
-    if (op == ReduceOp::Avg && !at::isFloatingType(dtype))
-      fail("Communicator(NCCL): Avg needs a floating-point tensor (got {})", c10::toString(dtype));
   }
 
   void wait_on_compute(const std::shared_ptr<Event>& done) const {
