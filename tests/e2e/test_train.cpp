@@ -49,7 +49,7 @@ std::streamoff data_offset(const std::string& path, const std::string& dataset) 
 
 }  // namespace
 
-TEST_CASE("train: a 2-rank run writes metrics, checkpoints and reproduces the rollout forward exactly",
+TEST_CASE("train: a 2-rank run writes metrics / checkpoints and reproduces the rollout forward exactly",
           "[e2e][train]") {
   const std::string out = test::fresh_output_dir("e2e_basic");
   const auto r = test::train(kDeck, out, 2, "--set train.num_rollouts=2");
@@ -133,7 +133,7 @@ TEST_CASE("train: a checkpoint written by 2 ranks resumes on 1 and on 4 ranks", 
   }
 }
 
-TEST_CASE("train: corrupted and truncated checkpoints are named, and the previous one still loads",
+TEST_CASE("train: corrupted and truncated checkpoints are named / and the previous one still loads",
           "[e2e][checkpoint]") {
   const std::string out = test::fresh_output_dir("e2e_corrupt");
   REQUIRE(test::train(kDeck, out, 2, "--set train.num_rollouts=2").exit_code == 0);
@@ -205,7 +205,8 @@ TEST_CASE("train: bad decks fail before any rank does work", "[e2e][deck]") {
   for (const char* d : {"a", "b", "c", "d"}) CHECK_FALSE(std::filesystem::exists(out + "/" + d + "/metrics.h5"));
 }
 
-TEST_CASE("train: rollouts written by `ditrl rollout` train like sampled ones, bad files are named", "[e2e][rollout]") {
+TEST_CASE("train: rollouts written by `ditrl rollout` train like sampled ones / bad files are named",
+          "[e2e][rollout]") {
   const std::string out = test::fresh_output_dir("e2e_traj");
   const std::string traj = out + "/rollout-0.h5";
   const auto rollout = test::run_process(fmt::format("{} -np 2 {} rollout {} --out {} --set run.out_dir={}",
@@ -232,7 +233,7 @@ TEST_CASE("train: rollouts written by `ditrl rollout` train like sampled ones, b
   CHECK_THAT(bad.output, Contains("trajectories " + traj + ": log_probs has shape [8, 3], expected [8, 2]"));
 }
 
-TEST_CASE("export: a checkpoint's weights as a diffusers model folder, a LoRA run's as PEFT and diffusers files",
+TEST_CASE("export: a checkpoint's weights as a diffusers model folder / a LoRA run's as PEFT and diffusers files",
           "[e2e][export]") {
   const std::string out = test::fresh_output_dir("e2e_export");
   REQUIRE(test::train(kDeck, out, 2, "--set train.num_rollouts=1").exit_code == 0);
@@ -309,9 +310,8 @@ TEST_CASE("export: a two-expert Wan2.2 run writes each expert into its pipeline 
                Contains("\"_class_name\":\"WanTransformer3DModel\""));
   }
   // The two experts were trained apart: their adapters differ.
-  CHECK_FALSE(at::equal(
-      io::Checkpoint(out + "/export/transformer/adapter_model.safetensors")
-          .get("base_model.model.blocks.0.attn1.to_q.lora_B.weight"),
-      io::Checkpoint(out + "/export/transformer_2/adapter_model.safetensors")
-          .get("base_model.model.blocks.0.attn1.to_q.lora_B.weight")));
+  CHECK_FALSE(at::equal(io::Checkpoint(out + "/export/transformer/adapter_model.safetensors")
+                            .get("base_model.model.blocks.0.attn1.to_q.lora_B.weight"),
+                        io::Checkpoint(out + "/export/transformer_2/adapter_model.safetensors")
+                            .get("base_model.model.blocks.0.attn1.to_q.lora_B.weight")));
 }
