@@ -171,21 +171,33 @@ TEST_CASE("train: a rank killed in the middle of a checkpoint leaves `latest` lo
 
 TEST_CASE("train: SIGTERM checkpoints at the next rollout boundary and exits 0", "[e2e][signal]") {
   const std::string out = test::fresh_output_dir("e2e_sigterm");
-  // The job runs in the background; once its first rollout is logged, every
-  // rank gets SIGTERM (as Slurm sends it before a time limit).
+  // The job runs in the background; once its first rollout is logged, each of
+  // its ranks (the ditrl children of this job's mpiexec, no other process on
+  // the machine) gets SIGTERM, as Slurm sends it to a step's tasks.
   const std::string script = out + "/sigterm.sh";
   std::ofstream(script) << fmt::format(
       "{} -np 2 {} train {} --set run.out_dir={} --set train.num_rollouts=200 --set checkpoint.every=0 > {}/job.log "
       "2>&1 &\njob=$!\nfor i in $(seq 600); do grep -q 'rollout 1/200' {}/job.log && break; sleep 0.1; done\n"
-      "pkill -TERM -x ditrl\nwait $job\necho exit=$?\n",
+      "echo signalled=$(pkill -TERM -e -P $job -x ditrl | wc -l)\nwait $job\necho exit=$?\n",
       DITRL_MPIEXEC, DITRL_BINARY, kDeck, out, out, out);
   const auto r = test::run_process("timeout 300 bash " + script);
   INFO(r.output << read_file(out + "/job.log"));
+  CHECK_THAT(r.output, Contains("signalled=2"));
   CHECK_THAT(r.output, Contains("exit=0"));
   CHECK(read_file(out + "/status") == "preempted\n");
   CHECK_THAT(read_file(out + "/job.log"), Contains("signal 15 received"));
-  CHECK(std::filesystem::exists(out + "/checkpoints/latest"));
-  CHECK(test::metrics_of(out).steps.size() < 200);
+  REQUIRE(std::filesystem::exists(out + "/checkpoints/latest"));
+  const size_t done = test::metrics_of(out).steps.size();
+  CHECK(done < 200);
+  // The preempted run resumes from its boundary checkpoint and goes on.
+  const auto resumed = test::train(
+      kDeck, out, 2, fmt::format("--set train.num_rollouts={} --set checkpoint.every=0 --resume latest", done + 1));
+  INFO(resumed.output);
+  CHECK(resumed.exit_code == 0);
+  CHECK_THAT(resumed.output, Contains("resumed from " + out + "/checkpoints/"));
+  CHECK_THAT(resumed.output, Contains(fmt::format("rollout {}/{}", done + 1, done + 1)));
+  CHECK(test::metrics_of(out).steps.size() == done + 1);
+  CHECK(read_file(out + "/status") != "preempted\n");
 }
 
 TEST_CASE("train: bad decks fail before any rank does work", "[e2e][deck]") {
