@@ -36,9 +36,9 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, R
     if (is_half(weight.scalar_type())) y = y.to(weight.scalar_type());
     return y * weight;
   }
-  const at::Tensor xf = is_half(x.scalar_type()) ? x.to(at::kFloat) : x;
-  at::Tensor y = (xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps)).to(x.scalar_type());
-  return weight.defined() ? y * weight : y;
+  // The op the references call (F.rms_norm / nn.RMSNorm) on this LibTorch: for
+  // half inputs it multiplies the weight in fp32 and rounds once.
+  return at::rms_norm(x, {x.size(-1)}, weight.defined() ? std::optional<at::Tensor>(weight) : std::nullopt, eps);
 }
 
 RMSNorm::RMSNorm(int64_t dim, double eps, RmsFlavour flavour, const at::TensorOptions& options)

@@ -8,7 +8,7 @@
 using namespace ditrl;
 using Catch::Matchers::Contains;
 
-TEST_CASE("standards: tiny SD3 GRPO, NFT and SFT runs reproduce their recorded metrics", "[e2e][standard]") {
+TEST_CASE("standards: tiny SD3 GRPO / NFT and SFT runs reproduce their recorded metrics", "[e2e][standard]") {
   for (const std::string name : {"sd3_grpo", "sd3_nft", "sd3_sft"}) {
     const std::string dir = std::string(DITRL_SOURCE_DIR) + "/tests/standards/";
     const std::string out = test::fresh_output_dir("standard_" + name);

@@ -49,7 +49,7 @@ std::streamoff data_offset(const std::string& path, const std::string& dataset) 
 
 }  // namespace
 
-TEST_CASE("train: a 2-rank run writes metrics, checkpoints and reproduces the rollout forward exactly",
+TEST_CASE("train: a 2-rank run writes metrics / checkpoints and reproduces the rollout forward exactly",
           "[e2e][train]") {
   const std::string out = test::fresh_output_dir("e2e_basic");
   const auto r = test::train(kDeck, out, 2, "--set train.num_rollouts=2");
@@ -133,7 +133,7 @@ TEST_CASE("train: a checkpoint written by 2 ranks resumes on 1 and on 4 ranks", 
   }
 }
 
-TEST_CASE("train: corrupted and truncated checkpoints are named, and the previous one still loads",
+TEST_CASE("train: corrupted and truncated checkpoints are named / and the previous one still loads",
           "[e2e][checkpoint]") {
   const std::string out = test::fresh_output_dir("e2e_corrupt");
   REQUIRE(test::train(kDeck, out, 2, "--set train.num_rollouts=2").exit_code == 0);
@@ -171,21 +171,33 @@ TEST_CASE("train: a rank killed in the middle of a checkpoint leaves `latest` lo
 
 TEST_CASE("train: SIGTERM checkpoints at the next rollout boundary and exits 0", "[e2e][signal]") {
   const std::string out = test::fresh_output_dir("e2e_sigterm");
-  // The job runs in the background; once its first rollout is logged, every
-  // rank gets SIGTERM (as Slurm sends it before a time limit).
+  // The job runs in the background; once its first rollout is logged, each of
+  // its ranks (the ditrl children of this job's mpiexec, no other process on
+  // the machine) gets SIGTERM, as Slurm sends it to a step's tasks.
   const std::string script = out + "/sigterm.sh";
   std::ofstream(script) << fmt::format(
       "{} -np 2 {} train {} --set run.out_dir={} --set train.num_rollouts=200 --set checkpoint.every=0 > {}/job.log "
       "2>&1 &\njob=$!\nfor i in $(seq 600); do grep -q 'rollout 1/200' {}/job.log && break; sleep 0.1; done\n"
-      "pkill -TERM -x ditrl\nwait $job\necho exit=$?\n",
+      "echo signalled=$(pkill -TERM -e -P $job -x ditrl | wc -l)\nwait $job\necho exit=$?\n",
       DITRL_MPIEXEC, DITRL_BINARY, kDeck, out, out, out);
   const auto r = test::run_process("timeout 300 bash " + script);
   INFO(r.output << read_file(out + "/job.log"));
+  CHECK_THAT(r.output, Contains("signalled=2"));
   CHECK_THAT(r.output, Contains("exit=0"));
   CHECK(read_file(out + "/status") == "preempted\n");
   CHECK_THAT(read_file(out + "/job.log"), Contains("signal 15 received"));
-  CHECK(std::filesystem::exists(out + "/checkpoints/latest"));
-  CHECK(test::metrics_of(out).steps.size() < 200);
+  REQUIRE(std::filesystem::exists(out + "/checkpoints/latest"));
+  const size_t done = test::metrics_of(out).steps.size();
+  CHECK(done < 200);
+  // The preempted run resumes from its boundary checkpoint and goes on.
+  const auto resumed = test::train(
+      kDeck, out, 2, fmt::format("--set train.num_rollouts={} --set checkpoint.every=0 --resume latest", done + 1));
+  INFO(resumed.output);
+  CHECK(resumed.exit_code == 0);
+  CHECK_THAT(resumed.output, Contains("resumed from " + out + "/checkpoints/"));
+  CHECK_THAT(resumed.output, Contains(fmt::format("rollout {}/{}", done + 1, done + 1)));
+  CHECK(test::metrics_of(out).steps.size() == done + 1);
+  CHECK(read_file(out + "/status") != "preempted\n");
 }
 
 TEST_CASE("train: bad decks fail before any rank does work", "[e2e][deck]") {
@@ -205,7 +217,8 @@ TEST_CASE("train: bad decks fail before any rank does work", "[e2e][deck]") {
   for (const char* d : {"a", "b", "c", "d"}) CHECK_FALSE(std::filesystem::exists(out + "/" + d + "/metrics.h5"));
 }
 
-TEST_CASE("train: rollouts written by `ditrl rollout` train like sampled ones, bad files are named", "[e2e][rollout]") {
+TEST_CASE("train: rollouts written by `ditrl rollout` train like sampled ones / bad files are named",
+          "[e2e][rollout]") {
   const std::string out = test::fresh_output_dir("e2e_traj");
   const std::string traj = out + "/rollout-0.h5";
   const auto rollout = test::run_process(fmt::format("{} -np 2 {} rollout {} --out {} --set run.out_dir={}",
@@ -232,7 +245,7 @@ TEST_CASE("train: rollouts written by `ditrl rollout` train like sampled ones, b
   CHECK_THAT(bad.output, Contains("trajectories " + traj + ": log_probs has shape [8, 3], expected [8, 2]"));
 }
 
-TEST_CASE("export: a checkpoint's weights as a diffusers model folder, a LoRA run's as PEFT and diffusers files",
+TEST_CASE("export: a checkpoint's weights as a diffusers model folder / a LoRA run's as PEFT and diffusers files",
           "[e2e][export]") {
   const std::string out = test::fresh_output_dir("e2e_export");
   REQUIRE(test::train(kDeck, out, 2, "--set train.num_rollouts=1").exit_code == 0);
@@ -309,9 +322,8 @@ TEST_CASE("export: a two-expert Wan2.2 run writes each expert into its pipeline 
                Contains("\"_class_name\":\"WanTransformer3DModel\""));
   }
   // The two experts were trained apart: their adapters differ.
-  CHECK_FALSE(at::equal(
-      io::Checkpoint(out + "/export/transformer/adapter_model.safetensors")
-          .get("base_model.model.blocks.0.attn1.to_q.lora_B.weight"),
-      io::Checkpoint(out + "/export/transformer_2/adapter_model.safetensors")
-          .get("base_model.model.blocks.0.attn1.to_q.lora_B.weight")));
+  CHECK_FALSE(at::equal(io::Checkpoint(out + "/export/transformer/adapter_model.safetensors")
+                            .get("base_model.model.blocks.0.attn1.to_q.lora_B.weight"),
+                        io::Checkpoint(out + "/export/transformer_2/adapter_model.safetensors")
+                            .get("base_model.model.blocks.0.attn1.to_q.lora_B.weight")));
 }

@@ -72,7 +72,7 @@ TEST_CASE("trajectories: the NFT proxy's pure-ODE rollout is written whole and t
   CHECK(std::abs(x0.std().item<double>() - 1.0) < 0.1);
 }
 
-TEST_CASE("trajectories: GRPO with sde = \"ode\" writes an empty SDE set; CPS rollouts replay exactly",
+TEST_CASE("trajectories: GRPO with sde = ode writes an empty SDE set - CPS rollouts replay exactly",
           "[e2e][trajectories]") {
   const std::string dir = test::fresh_output_dir("e2e_traj_kernels");
   const std::string ode = dir + "/ode.h5";
@@ -111,7 +111,7 @@ TEST_CASE("rollout: a standalone rollout's parity dumps go to its own folder", "
   CHECK(std::filesystem::exists(dir + "/mine/dump-rank1.h5"));
 }
 
-TEST_CASE("train: the progress line shows the first optimizer step's log-prob difference, labelled", "[e2e][train]") {
+TEST_CASE("train: the progress line shows the first optimizer step's log-prob difference / labelled", "[e2e][train]") {
   const std::string dir = test::fresh_output_dir("e2e_progress");
   const auto r = test::train(kDeck, dir, 2,
                              "--set train.num_rollouts=1 --set train.global_batch=4 --set train.steps_per_rollout=2");

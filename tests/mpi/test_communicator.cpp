@@ -90,7 +90,7 @@ TEST_CASE("communicator: bf16 reductions accumulate in fp32 and round once", "[c
   CHECK(at::equal(a, b));
 }
 
-TEST_CASE("communicator: all_reduce of any size, broadcast, barrier", "[communicator]") {
+TEST_CASE("communicator: all_reduce of any size / broadcast / barrier", "[communicator]") {
   auto comm = dist::make_mpi_communicator();
   const int n = comm->size();
   for (const c10::ScalarType dtype : kFloatDtypes) {
@@ -116,7 +116,7 @@ TEST_CASE("communicator: all_reduce of any size, broadcast, barrier", "[communic
   comm->barrier();
 }
 
-TEST_CASE("communicator: split makes sub-communicators by color, ordered by key", "[communicator]") {
+TEST_CASE("communicator: split makes sub-communicators by color / ordered by key", "[communicator]") {
   auto comm = dist::make_mpi_communicator();
   const int n = comm->size();
   // Even and odd ranks, reversed order inside each group.

@@ -32,7 +32,7 @@ std::pair<int64_t, int64_t> row_range(int64_t rows, int r, int n) {
 
 }  // namespace
 
-TEST_CASE("h5: every rank writes its rows of one dataset collectively, rank 0 reads it back exactly", "[h5]") {
+TEST_CASE("h5: every rank writes its rows of one dataset collectively / rank 0 reads it back exactly", "[h5]") {
   const std::string path = shared_dir("h5_collective") + "/matrix.h5";
   const int64_t rows = 37, cols = 5;  // uneven split on purpose
   const at::Tensor full = at::arange(rows * cols, at::kFloat).reshape({rows, cols}).mul_(0.25).add_(-3.0);
@@ -136,7 +136,6 @@ TEST_CASE("h5: datasets with a zero extent are written and read collectively", "
   h5::File file = h5::File::open(path, h5::File::Mode::ReadOnly, MPI_COMM_WORLD);
   CHECK(file.open_dataset("steps").read().numel() == 0);
   CHECK(file.open_dataset("log_probs").shape() == std::vector<hsize_t>{static_cast<hsize_t>(rows), 0});
-  CHECK(file.open_dataset("log_probs").read_rows(3 * rank(), 3, /*collective=*/true).sizes() ==
-        at::IntArrayRef{3, 0});
+  CHECK(file.open_dataset("log_probs").read_rows(3 * rank(), 3, /*collective=*/true).sizes() == at::IntArrayRef{3, 0});
   CHECK(file.open_dataset("none").read_rows(0, 0, true).sizes() == at::IntArrayRef{0, 4});
 }

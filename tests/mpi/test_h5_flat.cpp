@@ -12,7 +12,7 @@ namespace h5 = ditrl::io::h5;
 using ditrl::test::rank;
 using ditrl::test::world;
 
-TEST_CASE("h5 flat ranges: ranks write arbitrary flat slices of N-D datasets, any split reads them back",
+TEST_CASE("h5 flat ranges: ranks write arbitrary flat slices of N-D datasets / any split reads them back",
           "[h5][flat]") {
   const std::string dir = std::string(DITRL_TEST_OUTPUT_DIR) + "/h5_flat-np" + std::to_string(world());
   if (rank() == 0) ditrl::test::fresh_output_dir("h5_flat-np" + std::to_string(world()));

@@ -57,7 +57,7 @@ std::string read_file(const std::string& path) {
 
 }  // namespace
 
-TEST_CASE("write_hashed: ranks' ranges land byte-exact, digests are of the bytes, direct and buffered",
+TEST_CASE("write_hashed: ranks' ranges land byte-exact / digests are of the bytes / direct and buffered",
           "[io][hashed_write]") {
   const auto ranges = layout();
   const int64_t end = ranges.back().first + ranges.back().second;

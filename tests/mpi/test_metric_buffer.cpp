@@ -21,7 +21,7 @@ rl::MetricSchema schema() {
 
 }  // namespace
 
-TEST_CASE("metric buffer: MEAN is item-weighted over all ranks, MAX is the global max", "[metric_buffer]") {
+TEST_CASE("metric buffer: MEAN is item-weighted over all ranks / MAX is the global max", "[metric_buffer]") {
   auto comm = dist::make_mpi_communicator();
   const int n = comm->size();
   const int r = comm->rank();

@@ -195,7 +195,7 @@ std::unique_ptr<dist::Communicator> self_comm(dist::Communicator& world_comm) {
 
 }  // namespace
 
-TEST_CASE("shard: fp32 stack, 3 AdamW steps, equals the data-parallel AdamW reference bitwise", "[shard]") {
+TEST_CASE("shard: fp32 stack / 3 AdamW steps / equals the data-parallel AdamW reference bitwise", "[shard]") {
   auto comm = dist::make_mpi_communicator();
   Spec spec;
   const Result sharded = train_sharded(*comm, spec);
@@ -528,7 +528,7 @@ TEST_CASE("shard: checkpoint pieces written at N ranks load at M ranks", "[shard
                     Contains("'head.weight' with shape [2, 2] but the parameter has shape [3, 7]"));
 }
 
-TEST_CASE("shard: run() passes undefined and integer inputs, undefined and pass-through outputs", "[shard]") {
+TEST_CASE("shard: run() passes undefined and integer inputs / undefined and pass-through outputs", "[shard]") {
   auto comm = dist::make_mpi_communicator();
   Spec spec;
   auto model = make_model(spec);
@@ -552,7 +552,6 @@ TEST_CASE("shard: run() passes undefined and integer inputs, undefined and pass-
   CHECK_THROWS_WITH(params.run(3, {x}, [](const models::Tensors& in) { return in; }),
                     Contains("unit index 3 outside the 3 wrap units"));
 }
-
 
 TEST_CASE("shard: keep_gathered holds every unit across no-grad calls and changes no result", "[shard]") {
   auto comm = dist::make_mpi_communicator();

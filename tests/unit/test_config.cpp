@@ -63,7 +63,7 @@ TEST_CASE("config: an unknown key with nothing close lists the known keys", "[co
   CHECK_THAT(error, Contains("known keys here: every"));
 }
 
-TEST_CASE("config: wrong type names key, expected type and location", "[config]") {
+TEST_CASE("config: wrong type names key / expected type and location", "[config]") {
   const std::string error = deck_error(std::string(kMinimal) + "[train]\nlr = \"fast\"\n");
   CHECK_THAT(error, Contains("deck.toml:5:6"));
   CHECK_THAT(error, Contains("'train.lr' must be a number, got a string"));
@@ -75,7 +75,7 @@ TEST_CASE("config: integers are accepted for number keys but not the reverse", "
              Contains("'rollout.steps' must be a integer, got a number"));
 }
 
-TEST_CASE("config: out-of-range values name key, value and range", "[config]") {
+TEST_CASE("config: out-of-range values name key / value and range", "[config]") {
   const std::string error = deck_error(std::string(kMinimal) + "[rollout]\nsteps = 0\n");
   CHECK_THAT(error, Contains("deck.toml:5:9"));
   CHECK_THAT(error, Contains("'rollout.steps' = 0 is out of range: expected a value in [1, 1000]"));
@@ -203,7 +203,7 @@ TEST_CASE("config: section rules report the offending key", "[config]") {
   CHECK_THAT(deck_error(std::string(kMinimal) + "[run]\ndevice = \"gpu\"\n"), Contains("run.device"));
 }
 
-TEST_CASE("config: `ditrl check` prints the effective deck, or the problem and exits non-zero", "[config][cli]") {
+TEST_CASE("config: `ditrl check` prints the effective deck / or the problem and exits non-zero", "[config][cli]") {
   const std::string dir = ditrl::test::fresh_output_dir("config_cli");
   const std::string good = dir + "/good.toml", bad = dir + "/bad.toml";
   std::ofstream(good) << kMinimal;

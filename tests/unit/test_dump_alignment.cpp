@@ -50,7 +50,7 @@ TEST_CASE("align: relative error is max|a-b| / max|b| with the zero reference ha
   CHECK(signed_zero.rel == 0.0);
 }
 
-TEST_CASE("align: dtype, shape and non-finite values", "[align]") {
+TEST_CASE("align: dtype / shape and non-finite values", "[align]") {
   const at::Tensor b = f32({0.5f, 1.0f, -2.0f, 3.0f});
   // bf16 represents these exactly: equal values, different bytes.
   const auto bf16 = compare_tensors(b.to(at::kBFloat16), b);
@@ -72,7 +72,7 @@ TEST_CASE("align: dtype, shape and non-finite values", "[align]") {
   CHECK(compare_tensors(f32({std::numeric_limits<float>::infinity(), 1.0f}), f32({1.0f, 1.0f})).rel == kInf);
 }
 
-TEST_CASE("align: pairing by key and path, in forward order, with unpaired names", "[align]") {
+TEST_CASE("align: pairing by key and path / in forward order / with unpaired names", "[align]") {
   const std::vector<DumpEntry> a = {{"r0_s0_t1", "sde/mean", 5},
                                     {"r0_s0_t1", "pos_embed/out0", 0},
                                     {"r0_s0_t1", "proj_out/out0", 4},
@@ -91,7 +91,7 @@ TEST_CASE("align: pairing by key and path, in forward order, with unpaired names
   CHECK(p.only_b == std::vector<std::string>{"r0_s0_t2/pos_embed/out0"});
 }
 
-TEST_CASE("align: summary counts, median, peak, worst ten and first divergence", "[align]") {
+TEST_CASE("align: summary counts / median / peak / worst ten and first divergence", "[align]") {
   std::vector<AlignedPair> pairs = {pair("k/a/out0", 0, true), pair("k/b/out0", 0.2, false),
                                     pair("k/c/out0", 0.05, false), pair("k/d/out0", 0, true),
                                     pair("k/e/out0", kInf, false)};

@@ -99,7 +99,7 @@ TEST_CASE("layers: patch embedding crops the table at the centre", "[models][lay
   CHECK(max_abs_diff(tokens[0][1 * 6 + 4], expected) < 1e-5);
 }
 
-TEST_CASE("layers: unpatchify puts feature (py, px, c) of token (r, w) at pixel (r p + py, w p + px)",
+TEST_CASE("layers: unpatchify puts feature (py px c) of token (r w) at pixel (r p + py / w p + px)",
           "[models][layers]") {
   const int64_t h = 3, w = 4, p = 2, channels = 5;
   const at::Tensor x = at::arange(2 * h * w * p * p * channels, at::kFloat).reshape({2, h * w, p * p * channels});
@@ -125,14 +125,14 @@ TEST_CASE("layers: RMSNorm flavours round where their references do", "[models][
   CHECK(at::equal(diffusers, normed.to(at::kBFloat16) * w));
   // diffusers with an fp32 weight keeps fp32.
   CHECK(rms_norm(x, w.to(at::kFloat), 1e-6, RmsFlavour::Diffusers).scalar_type() == at::kFloat);
-  // torch composite: cast back to the input dtype, then times the weight.
-  CHECK(at::equal(rms_norm(x, w.to(at::kFloat), 1e-6, RmsFlavour::Torch), normed.to(at::kBFloat16) * w.to(at::kFloat)));
+  // torch F.rms_norm: the weight multiplied in fp32, one rounding to bf16.
+  CHECK(at::equal(rms_norm(x, w, 1e-6, RmsFlavour::Torch), (normed * w.to(at::kFloat)).to(at::kBFloat16)));
   CHECK(at::equal(rms_norm(x, {}, 1e-6, RmsFlavour::Torch), normed.to(at::kBFloat16)));
   const at::Tensor y = rms_norm(at::randn({4, 32}) * 7, {}, 1e-6, RmsFlavour::Diffusers);
   CHECK(max_abs_diff(y.pow(2).mean(-1), at::ones({4})) < 1e-5);
 }
 
-TEST_CASE("layers: LayerNorm without affine, and the fp32 affine variant", "[models][layers]") {
+TEST_CASE("layers: LayerNorm without affine / and the fp32 affine variant", "[models][layers]") {
   const at::Tensor x = at::randn({2, 5, 32}) * 3 + 1;
   const at::Tensor y = layer_norm(x, 1e-6);
   CHECK(max_abs_diff(y.mean(-1), at::zeros({2, 5})) < 1e-5);
@@ -145,7 +145,7 @@ TEST_CASE("layers: LayerNorm without affine, and the fp32 affine variant", "[mod
   CHECK(ln->named_parameters().size() == 2);
 }
 
-TEST_CASE("layers: math attention, masks and joint attention orders", "[models][layers]") {
+TEST_CASE("layers: math attention / masks and joint attention orders", "[models][layers]") {
   const at::Tensor q = at::randn({2, 3, 5, 8}), k = at::randn({2, 3, 7, 8}), v = at::randn({2, 3, 7, 8});
   const auto naive = [&](const at::Tensor& bias) {
     const at::Tensor s = at::matmul(q.to(at::kDouble), k.to(at::kDouble).transpose(-2, -1)) / std::sqrt(8.0) + bias;

@@ -68,7 +68,7 @@ TEST_CASE("lora: a Linear adds (x A^T) B^T alpha/r after the base", "[models][lo
   CHECK_THROWS_WITH(linear.attach_lora(2, 1.0), Contains("already attached"));
 }
 
-TEST_CASE("lora: B = 0 leaves the base output bit for bit, only adapters train", "[models][lora]") {
+TEST_CASE("lora: B = 0 leaves the base output bit for bit / only adapters train", "[models][lora]") {
   auto base = create_family(tiny_sd3(false));
   auto adapted = create_family(tiny_sd3(true));
   const Batch batch;

@@ -48,7 +48,7 @@ std::string file_in(const std::string& dir, const std::string& name) {
 
 }  // namespace
 
-TEST_CASE("lora files: PEFT, diffusers and LTX-2 files read back as the adapter written", "[lora][lora_files]") {
+TEST_CASE("lora files: PEFT / diffusers and LTX-2 files read back as the adapter written", "[lora][lora_files]") {
   const std::string dir = test::fresh_output_dir("lora_files_roundtrip");
   const models::LoraAdapter adapter = sample_adapter();
   models::write_peft_adapter(dir + "/peft", adapter, {});
@@ -175,7 +175,7 @@ TEST_CASE("lora adapter: attaching to a model and loading into its deck adapters
                     Contains("transformer_blocks.0.norm1.nonexistent (not a linear layer of the model)"));
 }
 
-TEST_CASE("sharded safetensors: shards below the limit, an index, stale files removed", "[safetensors][lora_files]") {
+TEST_CASE("sharded safetensors: shards below the limit / an index / stale files removed", "[safetensors][lora_files]") {
   const std::string dir = test::fresh_output_dir("sharded_safetensors");
   io::NamedTensors tensors;
   for (int i = 0; i < 5; ++i)

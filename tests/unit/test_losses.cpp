@@ -130,7 +130,7 @@ TEST_CASE("nft loss: small hand-computed case", "[rl][loss]") {
   }
 }
 
-TEST_CASE("nft loss: beta 1 with v == v_old pulls x0 toward the target, reward weights", "[rl][loss]") {
+TEST_CASE("nft loss: beta 1 with v == v_old pulls x0 toward the target / reward weights", "[rl][loss]") {
   const at::Tensor x0 = at::randn({2, 4, 3, 3});
   const at::Tensor eps = at::randn({2, 4, 3, 3});
   const at::Tensor sigmas = f32({0.3f, 0.9f});
@@ -217,7 +217,7 @@ TEST_CASE("advantages: per-group and global statistics with either std conventio
   CHECK_THROWS_WITH(group_advantages(f32({1.0f, NAN}), o), Catch::Contains("sample 1 is not finite"));
 }
 
-TEST_CASE("ema: decay schedule, update and swap", "[rl][ema]") {
+TEST_CASE("ema: decay schedule / update and swap", "[rl][ema]") {
   at::Tensor p = f32({1.0f, 2.0f});
   EmaShadow ema({p}, EmaOptions{0.001, 0.1, 0.5, 2});
   CHECK(ema.decay_at(1) == 0.001);

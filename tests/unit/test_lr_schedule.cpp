@@ -4,7 +4,7 @@
 
 using ditrl::rl::LrSchedule;
 
-TEST_CASE("lr schedule: constant, linear warmup, warmup + cosine", "[lr]") {
+TEST_CASE("lr schedule: constant / linear warmup / warmup + cosine", "[lr]") {
   CHECK(LrSchedule{"constant", 1e-4, 0, 10}.at(7) == 1e-4);
   const LrSchedule warm{"warmup", 1e-3, 4, 100};
   CHECK(warm.at(0) == Approx(2.5e-4));

@@ -26,15 +26,6 @@ using test::max_abs_diff;
 
 namespace {
 
-// The reference's own fp32 rounding noise per output (fp32 vs fp64 forward).
-std::map<std::string, double> fp64_gaps(const std::string& sidecar) {
-  std::map<std::string, double> out;
-  const boost::json::value doc = test::read_json(sidecar);
-  for (const auto& [name, check] : doc.at("fp64_check").as_object())
-    out[std::string(name)] = check.at("max_abs_diff_fp32_vs_fp64").to_number<double>();
-  return out;
-}
-
 LtxConfig fixture_config(const std::string& family) {
   std::ifstream in(fixture_path(family + "/config.json"));
   std::ostringstream text;
@@ -92,37 +83,22 @@ class ListTap : public Tap {
   std::map<std::string, at::Tensor> tensors;
 };
 
-// fp32 parity of every case of a fixture family: each output within 4x the
-// reference's fp32-vs-fp64 gap of that output, every stored intermediate
-// within 4x the case's largest gap.
+// fp32 parity of every case of a fixture family: every output and stored
+// intermediate within kFixtureFp32Ulps, nothing recorded but the stored
+// intermediates and parity dump points.
 void check_fp32_cases(const std::string& family, const std::vector<std::string>& cases) {
   auto model = fixture_model(family, fixture_config(family));
   for (const std::string& name : cases) {
     INFO(family << "/" << name);
     const ReferenceCase c = load_reference_case(fixture_path(family + "/" + name + ".safetensors"));
     const auto out = run_reference_case(*model, c, /*intermediates=*/true);
-    const auto gaps = fp64_gaps(fixture_path(family + "/" + name + ".json"));
-    double largest = 0;
-    for (const auto& [output, gap] : gaps) {
-      INFO(output);
-      REQUIRE(out.count(output));
-      const double err = max_abs_diff(out.at(output), c.stored.at(output));
-      WARN(family << "/" << name << " " << output << ": max |ditrl - reference| = " << err
-                  << ", reference fp32-vs-fp64 gap = " << gap);
-      CHECK(err <= 4 * gap);
-      largest = std::max(largest, gap);
-    }
-    CHECK(out.count("output.audio") == gaps.count("output.audio"));
+    CHECK(out.count("output.audio") == c.stored.count("output.audio"));
     const std::set<std::string> expected = intermediates(c.stored);
     for (const std::string& key : intermediates(out)) {
       INFO(key);
       CHECK((expected.count(key) == 1 || is_dump_point(key)));
     }
-    for (const std::string& key : expected) {
-      INFO(key);
-      REQUIRE(out.count(key));
-      CHECK(max_abs_diff(out.at(key), c.stored.at(key)) <= 4 * largest);
-    }
+    test::check_fp32_tensors(family + "/" + name, out, c.stored, test::kFixtureFp32Ulps);
   }
 }
 
@@ -140,7 +116,7 @@ TEST_CASE("ltx: LTX-2 (19B-style) fixture cases match ltx_core", "[models][ltx]"
   check_fp32_cases("ltx_2_0", {"case_0", "case_1"});
 }
 
-TEST_CASE("ltx: parity dump points (AdaLN sigma input, modulation, attention outputs, proj_out)", "[models][ltx]") {
+TEST_CASE("ltx: parity dump points (AdaLN sigma input / modulation / attention outputs / proj_out)", "[models][ltx]") {
   auto model = fixture_model("ltx", fixture_config("ltx"));
   torch::NoGradGuard no_grad;
   for (const std::string name : {"case_0", "case_2"}) {
@@ -208,7 +184,7 @@ TEST_CASE("ltx: parity dump points (AdaLN sigma input, modulation, attention out
                                         context_of(c.inputs.at("video.context")), {})));
 }
 
-TEST_CASE("ltx: bf16 fixture cases, output tail rounding points", "[models][ltx]") {
+TEST_CASE("ltx: bf16 fixture cases / output tail rounding points", "[models][ltx]") {
   for (const std::string family : {"ltx", "ltx_2_0"}) {
     INFO(family);
     const auto sidecar = test::read_json(fixture_path(family + "/case_bf16.json"));
@@ -239,10 +215,8 @@ TEST_CASE("ltx: bf16 fixture cases, output tail rounding points", "[models][ltx]
                   << " with ltx_core's eager bf16 output tail, " << tail_err << " with the fp32 tail (|output| max "
                   << absmax << ")");
       // ltx_core's fixture forward runs every op in bf16 and this port
-      // reproduces its rounding points op for op (bit for bit on the
-      // fixtures' torch 1.13); LibTorch 2.x rounds its bf16 GEMMs elsewhere:
-      // 2 bf16 ulps at |out| < 8 (check_bf16_output).
-      test::check_bf16_output(family + " " + output, eager, ref, 1.0 / 16);
+      // reproduces its rounding points op for op: bit for bit.
+      test::check_bf16_output(family + " " + output, eager, ref);
       // The fp32 tail rounds once instead of after the LayerNorm, the product
       // and the sum: a few bf16 ulps of the output, never more.
       CHECK(tail_err <= 4.0 / 16);
@@ -250,7 +224,7 @@ TEST_CASE("ltx: bf16 fixture cases, output tail rounding points", "[models][ltx]
   }
 }
 
-TEST_CASE("ltx: RoPE frequency grid, pixel coordinates and table layout", "[models][ltx]") {
+TEST_CASE("ltx: RoPE frequency grid / pixel coordinates and table layout", "[models][ltx]") {
   // numpy's float64 recipe rounded to fp32 (values from ltx_core's
   // generate_freq_grid_np on CPU): entries and the sequential float64 sum.
   struct Grid {
@@ -327,7 +301,7 @@ TEST_CASE("ltx: RoPE frequency grid, pixel coordinates and table layout", "[mode
   CHECK(at::equal(r.select(1, 1), h.select(1, 0)));
 }
 
-TEST_CASE("ltx: video latent patchify/unpatchify, token order matches the RoPE positions", "[models][ltx]") {
+TEST_CASE("ltx: video latent patchify/unpatchify / token order matches the RoPE positions", "[models][ltx]") {
   const int64_t b = 2, c = 3, f = 3, h = 2, w = 4;
   const at::Tensor latent = at::randn({b, c, f, h, w});
   const at::Tensor tokens = ltx_patchify(latent);
@@ -344,7 +318,7 @@ TEST_CASE("ltx: video latent patchify/unpatchify, token order matches the RoPE p
   CHECK_THROWS_WITH(ltx_unpatchify(tokens, f, h, w + 1), Contains("latent grid 3x2x5"));
 }
 
-TEST_CASE("ltx: single-file checkpoint names load, non-DiT tensors are skipped", "[models][ltx]") {
+TEST_CASE("ltx: single-file checkpoint names load / non-DiT tensors are skipped", "[models][ltx]") {
   const io::SafetensorsFile weights(fixture_path("ltx/weights.safetensors"));
   io::NamedTensors plain, bundle;
   for (const std::string& name : weights.names()) {
@@ -378,7 +352,7 @@ TEST_CASE("ltx: single-file checkpoint names load, non-DiT tensors are skipped",
   CHECK_FALSE(model->checkpoint_name("model.diffusion_model.audio_embeddings_connector.x"));
 }
 
-TEST_CASE("ltx: config from config.json, from checkpoint metadata, and its errors", "[models][ltx]") {
+TEST_CASE("ltx: config from config.json / from checkpoint metadata / and its errors", "[models][ltx]") {
   const LtxConfig c = fixture_config("ltx");
   CHECK(c.inner_dim() == 64);
   CHECK(c.audio_inner_dim() == 32);
@@ -431,7 +405,7 @@ TEST_CASE("ltx: config from config.json, from checkpoint metadata, and its error
   CHECK_THROWS_WITH(LtxConfig::preset("ltx-3"), Contains("unknown ltx preset 'ltx-3'") && Contains("ltx-2.3"));
 }
 
-TEST_CASE("ltx: presets have the released parameter counts, built on the meta device", "[models][ltx]") {
+TEST_CASE("ltx: presets have the released parameter counts / built on the meta device", "[models][ltx]") {
   struct Expected {
     const char* preset;
     int64_t params;
@@ -471,7 +445,7 @@ TEST_CASE("ltx: presets have the released parameter counts, built on the meta de
   CHECK_FALSE(names.contains("caption_projection.linear_1.weight"));
 }
 
-TEST_CASE("ltx: noise_pred reads sigma, builds positions from the grid, round-trips through x0", "[models][ltx]") {
+TEST_CASE("ltx: noise_pred reads sigma / builds positions from the grid / round-trips through x0", "[models][ltx]") {
   // case_2 is the video-only path of the A+V model: one sigma for every token.
   FamilyOptions o;
   o.latent_grid = {2, 2, 3, 24.0};
@@ -491,8 +465,9 @@ TEST_CASE("ltx: noise_pred reads sigma, builds positions from the grid, round-tr
   const at::Tensor raw = family->reference_forward(inputs, "{}", {}).at("output.video");
   const at::Tensor x0 = x - raw * sigma.view({1, 1, 1});
   CHECK(at::equal(v, (x - x0) / sigma.view({1, 1, 1})));
-  CHECK(max_abs_diff(v, c.stored.at("output.video")) <=
-        4 * fp64_gaps(fixture_path("ltx/case_2.json")).at("output.video"));
+  // One AdaLN row per sample instead of one per token changes the GEMM's
+  // shape and so its blocking: measured 6 fp32 ulps of the output's max.
+  CHECK(test::fp32_ulps_off(v, c.stored.at("output.video")) <= 12);
   // The timesteps array is never read; a different sigma is a different velocity.
   CHECK(at::equal(v, family->noise_pred(x, at::full({1}, NAN), sigma, cond, {})));
   CHECK_FALSE(at::equal(v, family->noise_pred(x, sigma * 1000, sigma * 0.999f, cond, {})));
@@ -533,7 +508,7 @@ TEST_CASE("ltx: noise_pred reads sigma, builds positions from the grid, round-tr
   CHECK(at::equal(vb, ((xb - x0b) / sb).to(at::kBFloat16)));
 }
 
-TEST_CASE("ltx: blocks run through the unit runner, audio is frozen and unused on the video path", "[models][ltx]") {
+TEST_CASE("ltx: blocks run through the unit runner / audio is frozen and unused on the video path", "[models][ltx]") {
   FamilyOptions o;
   o.family = "ltx";
   o.init_seed = 5;

@@ -56,7 +56,7 @@ MetricSchema small_schema() {
 
 }  // namespace
 
-TEST_CASE("metric buffer: item-weighted means, maxima and replicated values", "[rl][metrics]") {
+TEST_CASE("metric buffer: item-weighted means / maxima and replicated values", "[rl][metrics]") {
   MetricBuffer m(small_schema(), c10::kCPU);
   m.emit_mean("loss", at::scalar_tensor(6.0, at::kFloat), 2);  // micro-batch 1: 2 pairs, sum 6
   m.emit_mean("loss", 1.0, 4);                                 // micro-batch 2: 4 pairs, sum 1
@@ -75,7 +75,7 @@ TEST_CASE("metric buffer: item-weighted means, maxima and replicated values", "[
   CHECK(m.local().empty());
 }
 
-TEST_CASE("metric buffer: reduce goes through the communicator (SUM for means, MAX for maxima)", "[rl][metrics]") {
+TEST_CASE("metric buffer: reduce goes through the communicator (SUM for means / MAX for maxima)", "[rl][metrics]") {
   MetricBuffer m(small_schema(), c10::kCPU);
   m.emit_mean("loss", 3.0, 2);
   m.emit_max("model_output_max_abs_diff", 0.125);

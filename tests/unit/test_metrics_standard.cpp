@@ -23,7 +23,7 @@ void write_rows(MetricsWriter& w, int64_t from, int64_t to) {
 
 }  // namespace
 
-TEST_CASE("metrics: rows align by step, late series are NaN-padded", "[metrics]") {
+TEST_CASE("metrics: rows align by step / late series are NaN-padded", "[metrics]") {
   const std::string dir = ditrl::test::fresh_output_dir("metrics_rows");
   MetricsWriter writer(dir + "/metrics.h5", "[model]\nfamily = 'sd3'\n", false, 0);
   write_rows(writer, 0, 4);
@@ -58,7 +58,7 @@ TEST_CASE("metrics: a resumed run drops the rows after its checkpoint and contin
   CHECK(check_standard(make_standard(b, "deck"), a).empty());
 }
 
-TEST_CASE("standard: round trip, bitwise check, tolerances with reasons", "[standard]") {
+TEST_CASE("standard: round trip / bitwise check / tolerances with reasons", "[standard]") {
   const std::string dir = ditrl::test::fresh_output_dir("standard");
   {
     MetricsWriter writer(dir + "/metrics.h5", "deck", false, 0);

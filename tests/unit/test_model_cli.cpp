@@ -85,7 +85,7 @@ TEST_CASE("cli: ditrl inspect lists tensors and validates them against a family"
   CHECK_THAT(hostile.output, Contains(bad) && Contains("header length"));
 }
 
-TEST_CASE("cli: ditrl forward --checkpoint / --lora refuse what does not fit, naming it", "[app][cli]") {
+TEST_CASE("cli: ditrl forward --checkpoint / --lora refuse what does not fit / naming it", "[app][cli]") {
   const std::string dir = test::fresh_output_dir("cli_forward_sources");
   const std::string inputs = fixture_path("sd3/case_0.safetensors");
   const auto neither =

@@ -43,7 +43,7 @@ TEST_CASE("parity dump: tensors keep dtype and record order under /<side>/<key>/
                     Contains(path) && Contains("no side 'sde'") && Contains("rollout, train"));
 }
 
-TEST_CASE("parity dump: another engine's bf16 bits as uint16 read back as bf16; bad depth is named", "[dump]") {
+TEST_CASE("parity dump: another engine's bf16 bits as uint16 read back as bf16 - bad depth is named", "[dump]") {
   const std::string path = test::fresh_output_dir("parity_dump_external") + "/engine.h5";
   const at::Tensor v = at::randn({5}, at::kFloat).to(at::kBFloat16);
   {
@@ -66,7 +66,7 @@ TEST_CASE("parity dump: another engine's bf16 bits as uint16 read back as bf16; 
   CHECK_THROWS_WITH(io::list_tensor_dump(f, "train"), Contains("stray") && Contains("expected a module group here"));
 }
 
-TEST_CASE("parity dump: a chosen sample keeps its rows of the batch, CFG halves included", "[dump]") {
+TEST_CASE("parity dump: a chosen sample keeps its rows of the batch / CFG halves included", "[dump]") {
   const at::Tensor joint = at::arange(12, at::kFloat).view({6, 2});  // [pos; neg] of 3 samples
   CHECK(at::equal(rl::sample_rows(joint, 1, 3), joint.index_select(0, at::tensor({1, 4}, at::kLong))));
   CHECK(at::equal(rl::sample_rows(joint.narrow(0, 0, 3), 2, 3), joint.narrow(0, 2, 1)));

@@ -22,7 +22,7 @@ struct Planned {
 
 }  // namespace
 
-TEST_CASE("plan report: every parameter with its unit, range, dtypes and rule, totals per rank", "[shard][plan]") {
+TEST_CASE("plan report: every parameter with its unit / range / dtypes and rule / totals per rank", "[shard][plan]") {
   Planned p;
   p.model->blocks->ptr<test::BlockImpl>(2)->fc2->weight.requires_grad_(false);
   const int world = 4;

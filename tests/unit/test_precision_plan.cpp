@@ -30,7 +30,7 @@ DtypeRule rule(const std::string& pattern, c10::ScalarType dtype, const std::str
 
 }  // namespace
 
-TEST_CASE("plan: defaults, ordered overrides, later rules win", "[precision][plan]") {
+TEST_CASE("plan: defaults / ordered overrides / later rules win", "[precision][plan]") {
   const PrecisionPlan plan(at::kFloat, at::kFloat, at::kBFloat16,
                            {rule("*.norm2.*", at::kFloat, "r0"), rule("transformer_blocks.1.*", at::kHalf, "r1")});
   const CompiledPlan compiled = plan.compile(kNames);
@@ -138,7 +138,7 @@ TEST_CASE("plan: regression: a plan for a LoRA model resolves every PEFT-wrapped
   CHECK(from_peft.entries().count("transformer_blocks.0.attn.to_q.weight") == 1);
 }
 
-TEST_CASE("plan: from the deck's [precision] section, family rules first", "[precision][plan]") {
+TEST_CASE("plan: from the deck's [precision] section / family rules first", "[precision][plan]") {
   const ditrl::config::Config config = ditrl::config::parse_deck(R"(
 [model]
 family = "sd3"
@@ -166,7 +166,7 @@ dtype = "bf16"
       at::kHalf);
 }
 
-TEST_CASE("input policy: default, fixed dtypes and passthrough casts", "[precision][plan]") {
+TEST_CASE("input policy: default / fixed dtypes and passthrough casts", "[precision][plan]") {
   const at::Tensor latents = at::randn({2, 3});  // fp32
   const at::Tensor cond = at::randn({2, 4}, at::kDouble);
   const at::Tensor timestep = at::rand({2}).to(at::kHalf);

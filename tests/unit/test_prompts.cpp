@@ -29,7 +29,7 @@ models::Cond make_cond(int64_t n) {
 
 }  // namespace
 
-TEST_CASE("prompts: a dataset round-trips row by row, with its negative prompt", "[prompts]") {
+TEST_CASE("prompts: a dataset round-trips row by row / with its negative prompt", "[prompts]") {
   const std::string dir = test::fresh_output_dir("prompts_dataset");
   models::Cond negative;
   negative.tensors["pooled_projections"] = at::full({1, 6}, 0.5f);
@@ -68,7 +68,7 @@ TEST_CASE("prompts: a dataset that does not fit the family is rejected naming ev
   CHECK_THROWS_WITH(rollout::open_prompt_dataset(dir + "/absent.h5", spec()), Contains("absent.h5"));
 }
 
-TEST_CASE("prompts: synthetic prompts are seeded per prompt, independent of batching", "[prompts]") {
+TEST_CASE("prompts: synthetic prompts are seeded per prompt / independent of batching", "[prompts]") {
   auto a = rollout::synthetic_prompts(spec(), 10, 3);
   auto b = rollout::synthetic_prompts(spec(), 10, 3);
   auto c = rollout::synthetic_prompts(spec(), 10, 4);

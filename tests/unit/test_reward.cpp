@@ -54,7 +54,7 @@ TEST_CASE("reward: target_pattern is highest at the target and falls with distan
   CHECK((far < near).all().item<bool>());
 }
 
-TEST_CASE("reward: a TorchScript module, with and without prompt indices", "[reward][torchscript]") {
+TEST_CASE("reward: a TorchScript module / with and without prompt indices", "[reward][torchscript]") {
   const std::string dir = ditrl::test::fresh_output_dir("reward_ts");
   const std::string script = dir + "/make.py";
   std::ofstream(script) << R"(

@@ -55,7 +55,7 @@ NamedTensors sample_tensors() {
 
 }  // namespace
 
-TEST_CASE("safetensors: every dtype, scalars, empty tensors and metadata round-trip", "[io][safetensors]") {
+TEST_CASE("safetensors: every dtype / scalars / empty tensors and metadata round-trip", "[io][safetensors]") {
   const std::string dir = ditrl::test::fresh_output_dir("safetensors_roundtrip");
   const std::string path = dir + "/t.safetensors";
   const std::map<std::string, std::string> meta = {{"format", "pt"}, {"config", R"({"a": [1, 2]})"}};

@@ -20,12 +20,6 @@ using test::max_abs_diff;
 
 namespace {
 
-// The fp32 rounding noise of the reference itself (fp32 vs fp64 forward).
-double fp64_gap(const std::string& sidecar) {
-  const auto doc = test::read_json(sidecar);
-  return doc.at("fp64_check").at("output").at("max_abs_diff_fp32_vs_fp64").to_number<double>();
-}
-
 // Counts and forwards unit calls; `repeat` runs each unit twice like a
 // recomputing sharded runner would.
 class CountingRunner : public UnitRunner {
@@ -58,39 +52,26 @@ TEST_CASE("sd3: fp32 fixture cases and every intermediate match the reference", 
     INFO(name);
     const ReferenceCase c = load_reference_case(fixture_path("sd3/" + name + ".safetensors"));
     const auto out = run_reference_case(*family, c, /*intermediates=*/true);
-    const double gap = fp64_gap(fixture_path("sd3/" + name + ".json"));
-    const double err = max_abs_diff(out.at("output"), c.stored.at("output"));
-    WARN(name << ": max |ditrl - reference| = " << err << ", reference fp32-vs-fp64 gap = " << gap);
-    CHECK(err <= 8 * gap);  // ditrl's and the reference's fp32 noise (different kernels), 4 gaps each
     std::set<std::string> expected, got;
     for (const auto& [key, value] : c.stored)
       if (key.rfind("intermediate.", 0) == 0) expected.insert(key);
     for (const auto& [key, value] : out)
       if (key.rfind("intermediate.", 0) == 0) got.insert(key);
     CHECK(got == expected);
-    for (const std::string& key : expected) {
-      INFO(key);
-      const double e = max_abs_diff(out.at(key), c.stored.at(key));
-      // Intermediates carry their own rounding noise, larger than the output's
-      // near its norm_out (measured 8.9e-6 on case_0 against a 7.6e-7 output gap).
-      CHECK(e <= test::fp32_tolerance(16, gap, c.stored.at(key), c.stored.at("output")));
-    }
+    test::check_fp32_tensors("sd3/" + name, out, c.stored, test::kFixtureFp32Ulps);
   }
 }
 
 TEST_CASE("sd3: bf16 fixture case", "[models][sd3]") {
   // Every op runs in the reference's dtype at the reference's rounding points
   // (bf16 linears, norms and modulation, fp32 sinusoid cast to bf16, fp32
-  // softmax inside the math attention), so this LibTorch reproduces the bf16
-  // output bit for bit (measured: max error 0). Tolerance for other BLAS or
-  // oneDNN builds, which may round a bf16 GEMM differently: 2 bf16 ulps at the
-  // output's magnitude (2^-5 for |out| < 4, ~1% of the 2.34 absmax) and 95% of
-  // the elements bit-identical.
+  // softmax inside the math attention), so the bf16 output is the
+  // reference's bit for bit (fixtures made on the LibTorch ditrl links).
   auto family = test::fixture_family("sd3");
-  test::check_bf16_fixture_case(*family, "sd3", 1.0 / 32);
+  test::check_bf16_fixture_case(*family, "sd3");
 }
 
-TEST_CASE("sd3: presets have the released parameter counts, built on the meta device", "[models][sd3]") {
+TEST_CASE("sd3: presets have the released parameter counts / built on the meta device", "[models][sd3]") {
   struct Expected {
     const char* preset;
     int64_t params;
@@ -179,7 +160,7 @@ TEST_CASE("sd3: a checkpoint that does not fit is one error listing every proble
                     Contains("meta device"));
 }
 
-TEST_CASE("sd3: pos_embed comes from the checkpoint, or the exact fp32-coordinate recipe", "[models][sd3]") {
+TEST_CASE("sd3: pos_embed comes from the checkpoint / or the exact fp32-coordinate recipe", "[models][sd3]") {
   const io::SafetensorsFile weights(fixture_path("sd3/weights.safetensors"));
   FamilyOptions o;
   o.family = "sd3";
@@ -198,7 +179,7 @@ TEST_CASE("sd3: pos_embed comes from the checkpoint, or the exact fp32-coordinat
                   run_reference_case(*loaded, c, false).at("output")));
 }
 
-TEST_CASE("sd3: noise_pred reads the trajectory timesteps t, never sigma", "[models][sd3]") {
+TEST_CASE("sd3: noise_pred reads the trajectory timesteps t / never sigma", "[models][sd3]") {
   // The rollout ships two arrays: the timesteps t the scheduler fed the DiT
   // and the sigma snapshot. They are rounded separately (algorithms.md §1.3):
   // the scheduler computes sigma in float64 and t = fl32(sigma64 * 1000) with
@@ -245,7 +226,7 @@ TEST_CASE("sd3: noise_pred applies the input policy at the boundary", "[models][
   CHECK(family->default_input_policy(at::kBFloat16).timestep == std::nullopt);
 }
 
-TEST_CASE("sd3: every block runs through the unit runner, in order, recomputable", "[models][sd3]") {
+TEST_CASE("sd3: every block runs through the unit runner / in order / recomputable", "[models][sd3]") {
   FamilyOptions o;
   o.family = "sd3";
   o.init_seed = 7;
@@ -294,7 +275,7 @@ TEST_CASE("sd3: gradients reach every parameter", "[models][sd3]") {
   }
 }
 
-TEST_CASE("families: registry, conditioning lookup and CFG combine", "[models][family]") {
+TEST_CASE("families: registry / conditioning lookup and CFG combine", "[models][family]") {
   CHECK(family_names() == std::vector<std::string>{"ltx", "qwen_image", "sd3", "wan"});
   FamilyOptions o;
   o.family = "flux";

@@ -86,7 +86,7 @@ TEST_CASE("sde step: sigma == 1 uses the snapshot's sigmas[1] and gives s = eta"
   CHECK(r.noise_std.flatten()[0].item<double>() == Approx(0.7).margin(1e-6));
 }
 
-TEST_CASE("sde step: gradients flow through the mean only, in fp32 for bf16 inputs", "[diffusion][sde]") {
+TEST_CASE("sde step: gradients flow through the mean only / in fp32 for bf16 inputs", "[diffusion][sde]") {
   const auto fx = fixture("sde_3");
   const at::Tensor v = fx.at("model_output").clone().set_requires_grad(true);
   const StepResult r =

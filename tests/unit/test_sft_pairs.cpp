@@ -32,7 +32,7 @@ size_t expert_of(float t) {
 
 }  // namespace
 
-TEST_CASE("sft pairs: one expert per micro-batch, identical across ranks, both experts trained", "[rl][sft]") {
+TEST_CASE("sft pairs: one expert per micro-batch / identical across ranks / both experts trained", "[rl][sft]") {
   const rl::RolloutView rank0 = view_of_rank(0), rank1 = view_of_rank(8);
   std::vector<size_t> experts;
   for (int64_t i = 0; i < rank0.snapshot->steps(); ++i) experts.push_back(expert_of(rank0.snapshot->timestep(i)));

@@ -50,7 +50,7 @@ TEST_CASE("lookup: exact match returns the snapshot's sigmas (miles' CPU test)",
   CHECK_THROWS_WITH(lookup_sigmas(s, at::tensor({123.456f})), Catch::Contains("not found"));
 }
 
-TEST_CASE("lookup: ULP-apart t and sigma: the lookup returns sigma's bits, rescaling t would not", "[rl][lookup]") {
+TEST_CASE("lookup: ULP-apart t and sigma: the lookup returns sigma's bits / rescaling t would not", "[rl][lookup]") {
   // miles' example: sigma 0.8474337458610535 -> t 847.4337158203125, t / 1000 = 0.8474336862564087 (-1 ULP).
   const float sigma = 0.8474337458610535f;
   const diffusion::Schedule s = snapshot_of({1.0f, sigma, 0.5f});
@@ -76,7 +76,7 @@ TEST_CASE("lookup: ULP-apart t and sigma: the lookup returns sigma's bits, resca
   CHECK(ulp_distance(grid.sigma(11), rescaled_all[11].item<float>()) == 1);
 }
 
-TEST_CASE("lookup: a miss names the value, its bits and the nearest entries with ULP distances", "[rl][lookup]") {
+TEST_CASE("lookup: a miss names the value / its bits and the nearest entries with ULP distances", "[rl][lookup]") {
   const diffusion::Schedule grid = sd35_40();
   const float t9 = grid.timestep(9);
   const float off = std::nextafter(t9, 2000.0f);  // one ULP above step 9's t
@@ -113,7 +113,7 @@ TEST_CASE("lookup: duplicate snapshot values are ambiguous", "[rl][lookup]") {
   CHECK_THROWS_WITH(lookup_sigmas(s, at::tensor({500.0f})), Catch::Contains("[1] and [2]"));
 }
 
-TEST_CASE("prepared batch: stacks pairs, carries both domains and the conditioning rows", "[rl][lookup]") {
+TEST_CASE("prepared batch: stacks pairs / carries both domains and the conditioning rows", "[rl][lookup]") {
   auto snap = std::make_shared<diffusion::Schedule>(sd35_40());
   std::vector<TrainPair> pairs;
   for (int64_t i = 0; i < 3; ++i) {
@@ -150,7 +150,7 @@ TEST_CASE("prepared batch: stacks pairs, carries both domains and the conditioni
   CHECK(at::equal(ss.sigma, b.sigmas));
 }
 
-TEST_CASE("prepared batch: samples with different snapshots are rejected, naming the sample", "[rl][lookup]") {
+TEST_CASE("prepared batch: samples with different snapshots are rejected / naming the sample", "[rl][lookup]") {
   auto snap = std::make_shared<diffusion::Schedule>(sd35_40());
   auto other =
       std::make_shared<diffusion::Schedule>(diffusion::Schedule{snap->timesteps.clone(), snap->sigmas.clone()});

@@ -33,7 +33,7 @@ TEST_CASE("torch randperm from a seeded CPU generator matches Python torch", "[r
   }
 }
 
-TEST_CASE("sde_window: the reference's window for a seed, with the pair latents", "[rl][strategy]") {
+TEST_CASE("sde_window: the reference's window for a seed / with the pair latents", "[rl][strategy]") {
   for (const auto& ref : ditrl::test::sde_window_references()) {
     INFO("seed " << ref.seed << " window " << ref.window << " in [" << ref.lo << ", " << ref.hi << ")");
     const StepSelection s = sde_window(ref.steps, ref.window, ref.lo, ref.hi, ref.seed);
@@ -56,7 +56,7 @@ TEST_CASE("sde_window: the reference's window for a seed, with the pair latents"
   CHECK_THROWS_WITH(sde_window(10, 0, 0, 10, 1), Catch::Contains(">= 1"));
 }
 
-TEST_CASE("epoch_global_random_choice: documented sets per epoch, shared within an epoch", "[rl][strategy]") {
+TEST_CASE("epoch_global_random_choice: documented sets per epoch / shared within an epoch", "[rl][strategy]") {
   // rollout_seed 42, candidates 0..9, 3 steps: epoch e draws randperm(10) from a CPU generator seeded 42 + e.
   const std::vector<int64_t> candidates = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
   StepStrategyOptions o;

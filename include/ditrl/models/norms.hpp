@@ -36,9 +36,9 @@ enum class RmsFlavour {
   // normalised value is rounded to the weight dtype before the multiply; with
   // an fp32 weight the output stays fp32 (SD3.5 and Qwen q/k norms).
   Diffusers,
-  // torch F.rms_norm composite: statistic in fp32 for half types, the
-  // normalised value cast back to the input dtype, then times the weight
-  // (Wan and LTX q/k norms, LTX weightless rms_norm).
+  // torch F.rms_norm (at::rms_norm): statistic in fp32 for half types, the
+  // weight multiplied in fp32, one rounding to the input dtype (Wan and LTX
+  // q/k norms, LTX weightless rms_norm).
   Torch,
 };
 

@@ -39,7 +39,7 @@ at::TensorOptions on(int device, c10::ScalarType dtype) {
 
 }  // namespace
 
-TEST_CASE("nccl: all_gather, reduce_scatter, all_reduce, broadcast, barrier, split on CUDA tensors", "[nccl]") {
+TEST_CASE("nccl: all_gather / reduce_scatter / all_reduce / broadcast / barrier / split on CUDA tensors", "[nccl]") {
   const int device = local_device();
   if (device < 0) return;
   auto comm = dist::make_nccl_communicator(MPI_COMM_WORLD, {device, 60, 30});
