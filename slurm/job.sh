@@ -52,9 +52,17 @@ launch() {
 
 # Slurm signals the batch shell only (--signal=B:USR1@N, scancel --batch):
 # pass it to the step (srun and mpirun forward it to every rank), which
-# checkpoints at the next rollout boundary and exits 0.
+# checkpoints at the next rollout boundary and exits 0. Open MPI's mpirun
+# answers TERM by killing its ranks about a second later (whatever they are
+# doing), but forwards USR1 and lets them finish; ditrl treats both alike, so
+# the mpirun step always gets USR1.
 signalled=""
-forward() { signalled=$1; kill -"$1" "$step" 2>/dev/null; }
+forward() {
+  signalled=$1
+  local signal=$1
+  [[ ${DITRL_LAUNCHER:-srun} == mpirun ]] && signal=USR1
+  kill -"$signal" "$step" 2>/dev/null
+}
 trap 'forward USR1' USR1
 trap 'forward TERM' TERM
 # A trapped signal interrupts `wait` (status 128+signal): wait again until

@@ -1,25 +1,71 @@
-#include <ditrl/app/commands.hpp>
-#include <ditrl/config/deck.hpp>
+// `ditrl check DECK`: everything `ditrl train` would reject in its first
+// seconds, found before a job waits in a queue for hours: the deck's keys
+// and rules, the model (family, preset or config.json, precision plan) built
+// on the meta device, the batch knobs against `--ranks`, the input files and
+// a writable run.out_dir.
 
+#include <ditrl/app/commands.hpp>
+#include <ditrl/app/options.hpp>
+#include <ditrl/app/run.hpp>
+#include <ditrl/config/deck.hpp>
+#include <ditrl/error.hpp>
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <iostream>
 
 namespace ditrl::app {
+
+namespace {
+
+// The nearest existing folder of out_dir must take new entries: train
+// creates out_dir, its logs and checkpoints there.
+void check_writable(const config::Config& config) {
+  std::filesystem::path dir = std::filesystem::absolute(config.run.out_dir);
+  while (!dir.empty() && !std::filesystem::exists(dir) && dir != dir.parent_path()) dir = dir.parent_path();
+  if (!std::filesystem::is_directory(dir))
+    fail("{}: run.out_dir = \"{}\": {} is not a folder", config.source, config.run.out_dir, dir.string());
+  if (access(dir.c_str(), W_OK | X_OK) != 0)
+    fail("{}: run.out_dir = \"{}\": {} is not writable: {} (errno {})", config.source, config.run.out_dir, dir.string(),
+         std::strerror(errno), errno);
+}
+
+int check(const std::string& deck, const std::vector<std::string>& overrides, int ranks, bool files) {
+  const config::Config config = config::load_deck(deck, overrides);
+  check_run_inputs(config, ranks, files);
+  const std::shared_ptr<models::Family> family = models::create_family(family_options(config, c10::kMeta));
+  compiled_plan(config, *family);
+  check_writable(config);
+  std::cout << "# effective configuration of " << deck << " (checked for " << ranks << " rank(s))\n"
+            << config::to_toml(config);
+  return 0;
+}
+
+}  // namespace
 
 void add_check_command(CLI::App& app, Command& selected) {
   struct Options {
     std::string deck;
     std::vector<std::string> overrides;
+    int ranks = 1;
+    bool without_files = false;
   };
   auto options = std::make_shared<Options>();
-  CLI::App* sub = app.add_subcommand("check", "Load and validate a deck and print the effective configuration");
+  CLI::App* sub = app.add_subcommand(
+      "check",
+      "Validate a deck as `train` would at start-up (model, batching for --ranks, files, out_dir) and print "
+      "the effective configuration");
   sub->add_option("deck", options->deck, "TOML deck")->required();
   sub->add_option("--set", options->overrides, "Override a deck key: section.key=value (repeatable)");
+  sub->add_option("--ranks", options->ranks, "World size the job will run with (batch splits are checked for it)")
+      ->check(CLI::Range(1, 1 << 20));
+  sub->add_flag("--without-files", options->without_files,
+                "Do not require the weights and prompt files to exist yet (a deck checked before they are staged)");
   sub->callback([options, &selected] {
-    selected = [options] {
-      const config::Config config = config::load_deck(options->deck, options->overrides);
-      std::cout << "# effective configuration of " << options->deck << "\n" << config::to_toml(config);
-      return 0;
-    };
+    selected = [options] { return check(options->deck, options->overrides, options->ranks, !options->without_files); };
   });
 }
 

@@ -3,6 +3,7 @@
 
 #include <ATen/Context.h>
 #include <fmt/format.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -54,7 +55,17 @@ void pin_cpu_kernels(int threads) {
   // The binary's real path, so the process keeps its name ("ditrl", not "exe").
   std::error_code ec;
   const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  // exec resets signal handlers but keeps the mask and pending signals: a
+  // preemption signal that arrives while the new image loads waits for the
+  // handler `train` installs first thing (which unblocks them).
+  sigset_t stops;
+  sigemptyset(&stops);
+  sigaddset(&stops, SIGTERM);
+  sigaddset(&stops, SIGUSR1);
+  sigset_t before;
+  sigprocmask(SIG_BLOCK, &stops, &before);
   execv(ec ? "/proc/self/exe" : self.c_str(), argv.data());
+  sigprocmask(SIG_SETMASK, &before, nullptr);
   fail("deterministic mode: re-executing with pinned CPU kernels failed: {}", std::strerror(errno));
 }
 

@@ -75,6 +75,14 @@ int forward(ForwardOptions o) {
            o.lora);
     models::attach_lora_adapter(*family, models::read_lora_file(o.lora), o.lora);
   }
+  // Checked before the cast: a bf16 cast can also overflow finite weights,
+  // but what is reported here is what the file holds.
+  std::vector<models::NonFinite> nonfinite;
+  for (const auto& [name, tensor] : models::state_tensors(*family))
+    if (auto found = models::find_nonfinite(name, tensor)) nonfinite.push_back(*found);
+  if (!nonfinite.empty())
+    fail("{}: {} weight tensor(s) hold non-finite values: {}", o.checkpoint.empty() ? o.weights : o.checkpoint,
+         nonfinite.size(), models::describe_nonfinite(nonfinite));
   const c10::ScalarType dtype = precision::parse_dtype(o.dtype);
   models::cast_parameters(*family, dtype, family->default_overrides());
   const models::ReferenceCase reference_case = models::load_reference_case(o.inputs);

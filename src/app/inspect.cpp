@@ -1,4 +1,5 @@
 #include <ditrl/app/commands.hpp>
+#include <ditrl/error.hpp>
 #include <ditrl/io/safetensors.hpp>
 #include <ditrl/models/family.hpp>
 #include <ditrl/models/weights.hpp>
@@ -17,6 +18,7 @@ struct InspectOptions {
   std::string family;
   std::string preset = "tiny";
   std::string config;
+  bool values = true;
 };
 
 int inspect(const InspectOptions& o) {
@@ -27,9 +29,21 @@ int inspect(const InspectOptions& o) {
                            checkpoint.files().size());
   for (const auto& [key, value] : checkpoint.metadata())
     std::cout << fmt::format("# metadata {} = {}\n", key, value.size() > 100 ? value.substr(0, 97) + "..." : value);
+  std::vector<models::NonFinite> nonfinite;
   for (const std::string& name : checkpoint.names()) {
     const io::TensorInfo& t = checkpoint.info(name);
-    std::cout << fmt::format("{}  {}  [{}]  {}\n", name, t.dtype, fmt::join(t.shape, ", "), t.nbytes());
+    std::string line = fmt::format("{}  {}  [{}]  {}", name, t.dtype, fmt::join(t.shape, ", "), t.nbytes());
+    if (o.values)
+      if (auto found = models::find_nonfinite(name, checkpoint.view(name))) {
+        line += fmt::format("  NON-FINITE: {} NaN, {} Inf", found->nan, found->inf);
+        nonfinite.push_back(*found);
+      }
+    std::cout << line << "\n";
+  }
+  if (!nonfinite.empty()) {
+    std::cout << std::flush;
+    fail("{}: {} tensor(s) hold non-finite values: {}", o.file, nonfinite.size(),
+         models::describe_nonfinite(nonfinite));
   }
   if (o.family.empty()) return 0;
   models::FamilyOptions options;
@@ -59,6 +73,8 @@ void add_inspect_command(CLI::App& app, Command& selected) {
   sub->add_option("--family", o->family, "validate names and shapes against this model family");
   sub->add_option("--preset", o->preset, "size preset of the family (default tiny)");
   sub->add_option("--config", o->config, "config.json of the model (replaces --preset)");
+  sub->add_flag("!--no-values", o->values,
+                "skip reading the values (by default every floating tensor is checked for NaN/Inf, which is an error)");
   sub->callback([o, &selected] { selected = [o] { return inspect(*o); }; });
 }
 

@@ -5,6 +5,7 @@
 
 #include <ditrl/app/commands.hpp>
 #include <ditrl/app/run.hpp>
+#include <ditrl/dist/watchdog.hpp>
 #include <ditrl/io/checkpoint.hpp>
 
 #include <ATen/ATen.h>
@@ -43,6 +44,7 @@ int rollout_command(const RolloutCli& cli) {
     run.params->refresh_compute();
     run.params->set_step_count(meta.adam_step);
   }
+  dist::Watchdog::mark_started();
   const rollout::RolloutBatch batch = run.collector->collect(cli.rollout_id);
   run.collector->save(batch, cli.out,
                       {{"family", config.model.family}, {"sde", config.rollout.sde}, {"deck", run.deck_text}},

@@ -67,6 +67,11 @@ std::unique_ptr<rl::ParityDump> open_parity_dump(const config::Config& c, const 
 
 }  // namespace
 
+void check_run_inputs(const config::Config& config, int world, bool files) {
+  check_batching(config, rl::algorithm_traits(config.train.loss), world);
+  if (files) check_files(config);
+}
+
 std::unique_ptr<dist::Runtime> start_runtime(const config::Config& config, const std::string& log_dir) {
   // Deterministic runs pin their kernels and one thread per rank unless
   // run.threads says otherwise; the pin re-executes the process before MPI starts.
@@ -95,8 +100,7 @@ Run open_run(const config::Config& config, dist::Runtime& runtime, const std::st
   const config::Config& c = run.config;
   const int world = runtime.world().size;
   run.traits = rl::algorithm_traits(c.train.loss);
-  check_batching(c, run.traits, world);
-  check_files(c);
+  check_run_inputs(c, world);
 
   run.family = deck_model(c, runtime.device());
   run.prompts = c.data.prompts.empty()

@@ -15,6 +15,7 @@
 #include <ditrl/app/progress.hpp>
 #include <ditrl/app/run.hpp>
 #include <ditrl/app/run_checkpoints.hpp>
+#include <ditrl/dist/watchdog.hpp>
 #include <ditrl/error.hpp>
 #include <ditrl/io/metrics.hpp>
 #include <ditrl/rl/loss_window.hpp>
@@ -23,6 +24,7 @@
 #include <ATen/Parallel.h>
 #include <spdlog/spdlog.h>
 
+#include <signal.h>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -56,9 +58,10 @@ std::string trajectory_path(const std::string& pattern, int64_t rollout_id) {
 struct TrainCli {
   std::string deck;
   std::vector<std::string> overrides;
-  std::string resume;        // "", "latest", "auto" or a checkpoint path
-  int64_t max_rollouts = 0;  // > 0: run at most this many rollouts, checkpoint, exit (time-boxed jobs)
-  std::string trajectories;  // rollouts from files instead of the sampler; "{rollout}" -> rollout id
+  std::string resume;               // "", "latest", "auto" or a checkpoint path
+  int64_t max_rollouts = 0;         // > 0: run at most this many rollouts, checkpoint, exit (time-boxed jobs)
+  std::string trajectories;         // rollouts from files instead of the sampler; "{rollout}" -> rollout id
+  bool allow_changed_deck = false;  // resume although trajectory keys differ from the checkpoint's deck
 };
 
 class Trainer {
@@ -167,7 +170,23 @@ class Trainer {
   int64_t skipped_ = 0;
 };
 
+// Whether any rank was signalled before the first rollout (agreed).
+bool stopped_during_start_up(dist::Runtime& runtime) {
+  at::Tensor stop = at::full({1}, static_cast<double>(stop_signal.load()), at::kDouble);
+  runtime.host().all_reduce(stop, dist::ReduceOp::Max);
+  return stop.item<double>() > 0;
+}
+
 int train(const TrainCli& cli) {
+  // First thing: a preemption signal during start-up or loading is honoured
+  // once the run is up (below), instead of killing it without a status.
+  std::signal(SIGTERM, request_stop);
+  std::signal(SIGUSR1, request_stop);
+  sigset_t stops;
+  sigemptyset(&stops);
+  sigaddset(&stops, SIGTERM);
+  sigaddset(&stops, SIGUSR1);
+  sigprocmask(SIG_UNBLOCK, &stops, nullptr);  // blocked across the deterministic re-exec
   const config::Config config = config::load_deck(cli.deck, cli.overrides);
   const std::unique_ptr<dist::Runtime> runtime = start_runtime(config, config.run.out_dir);
   spdlog::info("ditrl train {} on {} rank(s), {} intra-op thread(s){}", cli.deck, runtime->world().size,
@@ -176,16 +195,21 @@ int train(const TrainCli& cli) {
 
   Run run = open_run(config, *runtime);
   Trainer trainer(run, cli);
-  RunCheckpoints checkpoints(run);
+  RunCheckpoints checkpoints(run, cli.allow_changed_deck);
   const int64_t first_rollout = checkpoints.resume(cli.resume.empty() ? config.checkpoint.resume : cli.resume);
   trainer.resume_at(checkpoints.resumed_step());
+  dist::Watchdog::mark_started();
+  if (stopped_during_start_up(*run.runtime)) {
+    spdlog::info("signal received during start-up: exiting before rollout {} (nothing new to checkpoint)",
+                 first_rollout);
+    if (root) write_status(config.run.out_dir, "preempted");
+    return 0;
+  }
 
   std::unique_ptr<io::MetricsWriter> metrics;
   if (root)
     metrics = std::make_unique<io::MetricsWriter>((std::filesystem::path(config.run.out_dir) / "metrics.h5").string(),
                                                   run.deck_text, checkpoints.resumed(), trainer.global_step());
-  std::signal(SIGTERM, request_stop);
-  std::signal(SIGUSR1, request_stop);
   const shard::MemoryReport memory = run.params->memory_report();
   const double state_bytes = static_cast<double>(memory.masters + memory.moments + memory.grads + memory.compute);
 
@@ -244,7 +268,11 @@ void add_train_command(CLI::App& app, Command& selected) {
   sub->add_option("deck", cli->deck, "TOML deck")->required();
   sub->add_option("--set", cli->overrides, "Override a deck key: section.key=value (repeatable)");
   sub->add_option("--resume", cli->resume,
-                  "Resume from `latest`, a checkpoint path, or `auto` (latest when one exists, else start)");
+                  "Resume from `latest` or `auto` (the newest checkpoint that verifies; auto starts when there is "
+                  "none), a checkpoint path, or `none` (start over although OUT holds checkpoints)");
+  sub->add_flag("--allow-changed-deck", cli->allow_changed_deck,
+                "Resume although the deck changes keys that decide the trajectory (batching, seeds, model, latent "
+                "grid, prompts) against the checkpoint's stored deck");
   sub->add_option("--trajectories", cli->trajectories,
                   "Train on rollouts from trajectory files (an external engine, or `ditrl rollout`) instead of "
                   "sampling; `{rollout}` in the path is replaced by the rollout id");

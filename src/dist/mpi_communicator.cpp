@@ -24,6 +24,7 @@
 #include <ditrl/dist/communicator.hpp>
 #include <ditrl/dist/mpi_error.hpp>
 #include <ditrl/dist/reduction.hpp>
+#include <ditrl/dist/watchdog.hpp>
 #include <ditrl/error.hpp>
 
 #include <ATen/ATen.h>
@@ -169,14 +170,15 @@ class MpiCommunicator final : public Communicator {
  public:
   // with_lane: also duplicate the communicator for the *_async lane
   // (collective, like the duplication itself).
-  MpiCommunicator(MPI_Comm owned, bool with_lane) : comm_(owned) {
+  // `channel` names it in the watchdog's reports.
+  MpiCommunicator(MPI_Comm owned, std::string channel, bool with_lane) : comm_(owned), channel_(std::move(channel)) {
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
     check_mpi(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
     if (with_lane && size_ > 1 && mpi_thread_multiple()) {
       MPI_Comm lane = MPI_COMM_NULL;
       check_mpi(MPI_Comm_dup(comm_, &lane), "MPI_Comm_dup");
-      lane_ = std::make_unique<Lane>(std::make_unique<MpiCommunicator>(lane, /*with_lane=*/false));
+      lane_ = std::make_unique<Lane>(std::make_unique<MpiCommunicator>(lane, channel_ + "/lane", /*with_lane=*/false));
     }
   }
   ~MpiCommunicator() override {
@@ -199,6 +201,7 @@ class MpiCommunicator final : public Communicator {
       fail("Communicator(MPI)::all_gather: output has {} elements, expected {} ranks x {}", output.numel(), size_,
            input.numel());
     const int bytes = byte_count(input.nbytes(), "all_gather");
+    WaitScope waiting(channel_, "all_gather");
     check_mpi(MPI_Allgather(input.data_ptr(), bytes, MPI_BYTE, output.data_ptr(), bytes, MPI_BYTE, comm_),
               "MPI_Allgather");
   }
@@ -213,6 +216,7 @@ class MpiCommunicator final : public Communicator {
     check_reducible("MPI", input.scalar_type(), op);
     const int bytes = byte_count(output.nbytes(), "reduce_scatter");
     void* chunks = scratch(input.nbytes());
+    WaitScope waiting(channel_, "reduce_scatter");
     check_mpi(MPI_Alltoall(input.data_ptr(), bytes, MPI_BYTE, chunks, bytes, MPI_BYTE, comm_), "MPI_Alltoall");
     if (op == ReduceOp::Sum || op == ReduceOp::Avg) {
       AT_DISPATCH_ALL_TYPES_AND2(at::kBFloat16, at::kHalf, output.scalar_type(), "reduce_scatter", [&] {
@@ -241,17 +245,24 @@ class MpiCommunicator final : public Communicator {
   void broadcast(at::Tensor& tensor, int root) override {
     check_cpu_contiguous(tensor, "broadcast", "tensor");
     if (root < 0 || root >= size_) fail("Communicator(MPI)::broadcast: root {} outside [0, {})", root, size_);
+    WaitScope waiting(channel_, "broadcast");
     check_mpi(MPI_Bcast(tensor.data_ptr(), byte_count(tensor.nbytes(), "broadcast"), MPI_BYTE, root, comm_),
               "MPI_Bcast");
   }
 
-  void barrier() override { check_mpi(MPI_Barrier(comm_), "MPI_Barrier"); }
+  void barrier() override {
+    WaitScope waiting(channel_, "barrier");
+    check_mpi(MPI_Barrier(comm_), "MPI_Barrier");
+  }
 
   std::unique_ptr<Communicator> split(int color, int key) override {
     if (color < 0) fail("Communicator(MPI)::split: color must be >= 0 (got {})", color);
     MPI_Comm sub = MPI_COMM_NULL;
-    check_mpi(MPI_Comm_split(comm_, color, key, &sub), "MPI_Comm_split");
-    return std::make_unique<MpiCommunicator>(sub, /*with_lane=*/true);
+    {
+      WaitScope waiting(channel_, "split");
+      check_mpi(MPI_Comm_split(comm_, color, key, &sub), "MPI_Comm_split");
+    }
+    return std::make_unique<MpiCommunicator>(sub, fmt::format("{}/split{}", channel_, color), /*with_lane=*/true);
   }
 
   Pending all_gather_async(const at::Tensor& input, const at::Tensor& output) override {
@@ -283,6 +294,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   MPI_Comm comm_;
+  std::string channel_;
   int rank_ = 0;
   int size_ = 1;
   at::Tensor scratch_ = at::empty({0}, at::kByte);
@@ -291,10 +303,13 @@ class MpiCommunicator final : public Communicator {
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm) {
+std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, const std::string& channel) {
   MPI_Comm owned = MPI_COMM_NULL;
-  check_mpi(MPI_Comm_dup(comm, &owned), "MPI_Comm_dup");
-  return std::make_unique<MpiCommunicator>(owned, /*with_lane=*/true);
+  {
+    WaitScope waiting(channel, "create");
+    check_mpi(MPI_Comm_dup(comm, &owned), "MPI_Comm_dup");
+  }
+  return std::make_unique<MpiCommunicator>(owned, channel, /*with_lane=*/true);
 }
 
 }  // namespace ditrl::dist

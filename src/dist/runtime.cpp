@@ -1,6 +1,7 @@
 #include <ditrl/dist/device.hpp>
 #include <ditrl/dist/mpi_error.hpp>
 #include <ditrl/dist/runtime.hpp>
+#include <ditrl/dist/watchdog.hpp>
 #include <ditrl/error.hpp>
 
 #ifdef DITRL_CUDA
@@ -108,14 +109,20 @@ bool MpiRuntime::active() {
   return initialized && !finalized;
 }
 
-Runtime::Runtime(const RuntimeOptions& options) : mpi_(nullptr, nullptr), options_(options) {
-  host_ = make_mpi_communicator(mpi_.comm());
+Runtime::Runtime(const RuntimeOptions& options)
+    : bring_up_(std::make_unique<BringUpTimer>(options.startup_timeout_s)), mpi_(nullptr, nullptr), options_(options) {
+  WatchdogOptions watch;
+  watch.startup_timeout_s = options_.startup_timeout_s;
+  watch.collective_timeout_s = options_.collective_timeout_s;
+  watchdog_ = std::make_unique<Watchdog>(mpi_.comm(), watch);
+  bring_up_->disarm();
+  host_ = make_mpi_communicator(mpi_.comm(), "host");
   device_ = on_every_rank(*host_, [&] { return choose_device(options_.device, world()); });
   data_ = on_every_rank(*host_, [&] { return make_data_communicator(); });
 }
 
 std::unique_ptr<Communicator> Runtime::make_data_communicator() const {
-  if (device_.is_cpu()) return make_mpi_communicator(mpi_.comm());
+  if (device_.is_cpu()) return make_mpi_communicator(mpi_.comm(), "data");
 #ifdef DITRL_CUDA
   NcclOptions nccl;
   nccl.device = device_.index();
@@ -127,6 +134,8 @@ std::unique_ptr<Communicator> Runtime::make_data_communicator() const {
   fail("device {} needs a CUDA build of ditrl", device_.str());
 #endif
 }
+
+Runtime::~Runtime() = default;
 
 std::unique_ptr<Runtime> Runtime::create(const RuntimeOptions& options) {
   return std::unique_ptr<Runtime>(new Runtime(options));
@@ -148,7 +157,15 @@ int report_fatal(const std::exception& error) {
     logger->flush();
   }
   // Agreed errors are raised by every rank, which all end here by themselves.
-  if (mpi && size > 1 && !dynamic_cast<const AgreedError*>(&error)) MPI_Abort(MPI_COMM_WORLD, 1);
+  const bool agreed = dynamic_cast<const AgreedError*>(&error) != nullptr;
+  if (mpi && size > 1 && !agreed) MPI_Abort(MPI_COMM_WORLD, 1);
+  // Not MPI_Finalize after an agreed error: it runs HDF5's shutdown, which
+  // crashes on a file whose close failed (a full disk). Every rank exits here.
+  if (mpi && agreed) {
+    std::cerr.flush();
+    std::fflush(nullptr);
+    _exit(1);
+  }
   if (mpi) MPI_Finalize();
   return 1;
 }

@@ -1,3 +1,5 @@
+#include <ditrl/dist/runtime.hpp>
+#include <ditrl/dist/watchdog.hpp>
 #include <ditrl/error.hpp>
 #include <ditrl/io/checkpoint.hpp>
 #include <ditrl/io/h5.hpp>
@@ -12,9 +14,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -108,10 +112,48 @@ void kill_point(MPI_Comm comm, int64_t step) {
 
 void fsync_file(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) fail("checkpoint {}: cannot reopen to sync it", path);
+  if (fd < 0) fail("checkpoint {}: cannot reopen to sync it: {} (errno {})", path, std::strerror(errno), errno);
   const int rc = ::fsync(fd);
+  const int error = errno;
   ::close(fd);
-  if (rc != 0) fail("checkpoint {}: fsync failed", path);
+  if (rc != 0) fail("checkpoint {}: fsync failed: {} (errno {})", path, std::strerror(error), error);
+}
+
+// Runs `step`, whose failure may hit this rank alone, then agrees over comm:
+// when any rank failed, every rank runs `cleanup` (collectively) and raises
+// an AgreedError, so no rank is left in the next collective.
+template <class Step, class Cleanup>
+void agree(MPI_Comm comm, const char* what, Step step, Cleanup cleanup,
+           const std::string& outcome = "checkpoint not written") {
+  std::string failure;
+  try {
+    step();
+  } catch (const ditrl::Error& e) {
+    failure = e.what();
+  }
+  int failed = failure.empty() ? 0 : 1, any = 0;
+  {
+    dist::WaitScope waiting("io", fmt::format("agreement after {}", what));
+    MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, comm);
+  }
+  if (!any) return;
+  cleanup();
+  throw dist::AgreedError(failure.empty() ? fmt::format("{}: another rank failed {} (see its message)", outcome, what)
+                                          : fmt::format("{}: {}", outcome, failure));
+}
+
+// A checkpoint that failed on some rank: closed on every rank (collective,
+// errors ignored: the disk may be full), its temporary file removed. The
+// previous checkpoint and `latest` stay as they were.
+void abandon(h5::File& file, const fs::path& tmp_path, bool root) {
+  try {
+    file.close();
+  } catch (const ditrl::Error&) {
+  }
+  if (root) {
+    std::error_code ignored;
+    fs::remove(tmp_path, ignored);
+  }
 }
 
 void write_pointer(const fs::path& dir, const std::string& target) {
@@ -119,7 +161,7 @@ void write_pointer(const fs::path& dir, const std::string& target) {
   {
     std::ofstream out(tmp);
     out << target << "\n";
-    if (!out) fail("cannot write {}", tmp.string());
+    if (!out) fail("cannot write {}: {} (errno {})", tmp.string(), std::strerror(errno), errno);
   }
   fsync_file(tmp.string());
   fs::rename(tmp, dir / "latest");
@@ -167,6 +209,7 @@ std::string gather_manifest(const std::vector<Entry>& list, const std::vector<st
   MPI_Comm_size(comm, &ranks);
   const int my_bytes = static_cast<int>(mine.size());
   std::vector<int> bytes(ranks), offsets(ranks, 0);
+  dist::WaitScope waiting("io", "checkpoint manifest gather");
   MPI_Allgather(&my_bytes, 1, MPI_INT, bytes.data(), 1, MPI_INT, comm);
   for (int r = 1; r < ranks; ++r) offsets[r] = offsets[r - 1] + bytes[r - 1];
   std::string all(static_cast<size_t>(offsets.back() + bytes.back()), '\0');
@@ -269,15 +312,25 @@ std::string save_checkpoint(const std::string& out_dir, const TrainingState& sta
     const c10::Device device = state_device(state);
     // The slabs were computed on the device's streams; the staging copies run on others.
     if (device.is_cuda()) c10::impl::VirtualGuardImpl(device.type()).synchronizeDevice(device.index());
-    const std::vector<std::string> digests =
-        write_hashed(tmp_path.string(), slabs, {at::get_num_threads() + 1, /*direct=*/true, device});
+    // Disk full, EIO, quota: a rank's own writes can fail alone, so the
+    // ranks agree before the next collective and leave together.
+    std::vector<std::string> digests;
+    agree(
+        comm, "writing its checkpoint slabs",
+        [&] {
+          digests = write_hashed(tmp_path.string(), slabs, {at::get_num_threads() + 1, /*direct=*/true, device});
+        },
+        [&] { abandon(file, tmp_path, root); });
     kill_point(comm, meta.step);
     std::string manifest = gather_manifest(list, digests, comm);
 
     // Rank 0's generator states land (Dataset::write); their digests are shared.
     for (const auto& [path, on] : generators(device)) {
       at::Tensor rng = at::globalContext().defaultGenerator(on).get_state();
-      MPI_Bcast(rng.data_ptr(), static_cast<int>(rng.numel()), MPI_BYTE, 0, comm);
+      {
+        dist::WaitScope waiting("io", "checkpoint generator state broadcast");
+        MPI_Bcast(rng.data_ptr(), static_cast<int>(rng.numel()), MPI_BYTE, 0, comm);
+      }
       h5::Dataset rng_set = file.create_dataset(path, at::kByte, {static_cast<hsize_t>(rng.numel())});
       rng_set.write(rng);
       manifest += fmt::format("{} 0 {} {}\n", path, rng.numel(), digest(rng));
@@ -292,18 +345,28 @@ std::string save_checkpoint(const std::string& out_dir, const TrainingState& sta
     file.set_attr("data_position", meta.data_position);
     file.set_attr("deck", meta.deck);
     file.set_attr("complete", int64_t{1});
-  }  // closing writes the metadata
-  // Every rank fsyncs: what it wrote through its own node's page cache (slab
-  // edges, its share of the metadata) is not durable before, nor are direct
-  // writes still in a disk's write cache.
-  fsync_file(tmp_path.string());
-  MPI_Barrier(comm);
+    // Closing writes the metadata; every rank fsyncs: what it wrote through
+    // its own node's page cache (slab edges, its share of the metadata) is
+    // not durable before, nor are direct writes still in a disk's write cache.
+    agree(
+        comm, "closing and syncing the checkpoint",
+        [&] {
+          file.close();
+          fsync_file(tmp_path.string());
+        },
+        [&] { abandon(file, tmp_path, root); });
+  }
+  {
+    dist::WaitScope waiting("io", "checkpoint barrier (synced)");
+    MPI_Barrier(comm);
+  }
   if (root) {
     fs::rename(tmp_path, final_path);
     write_pointer(dir, name);
     const auto all = checkpoints_in(dir);
     for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) fs::remove(all[i].second);
   }
+  dist::WaitScope waiting("io", "checkpoint barrier (committed)");
   MPI_Barrier(comm);
   return final_path.string();
 }
@@ -325,14 +388,29 @@ std::string resolve_checkpoint(const std::string& out_dir, const std::string& wh
   return path.string();
 }
 
-CheckpointMeta load_checkpoint(const std::string& path, const TrainingState& state, MPI_Comm comm) {
-  h5::File file = [&] {
-    try {
-      return h5::File::open(path, h5::File::Mode::ReadOnly, comm);
-    } catch (const h5::Error& e) {
-      fail("checkpoint {} cannot be opened (truncated or not HDF5): {}", path, e.what());
-    }
-  }();
+ResumeCandidates resume_candidates(const std::string& out_dir) {
+  const fs::path dir = fs::path(out_dir) / "checkpoints";
+  ResumeCandidates out;
+  const fs::path pointer = dir / "latest";
+  if (fs::exists(pointer)) {
+    std::ifstream in(pointer);
+    std::string target;
+    if (!in || !std::getline(in, target) || target.empty() || target.find('/') != std::string::npos)
+      out.notes.push_back(fmt::format("{} is unreadable or not a checkpoint name", pointer.string()));
+    else if (!fs::exists(dir / target))
+      out.notes.push_back(fmt::format("{} names {}, which does not exist", pointer.string(), target));
+    else
+      out.paths.push_back((dir / target).string());
+  }
+  const auto all = checkpoints_in(dir);
+  for (auto it = all.rbegin(); it != all.rend(); ++it)
+    if (out.paths.empty() || it->second.string() != out.paths.front()) out.paths.push_back(it->second.string());
+  return out;
+}
+
+namespace {
+
+CheckpointMeta read_checkpoint(const h5::File& file, const std::string& path, const TrainingState& state) {
   const std::string format = file.has_attr("format") ? file.string_attr("format") : "";
   if (format != kFormat && format != kChunkedFormat)
     fail("checkpoint {}: not a ditrl checkpoint (format attribute missing or not {})", path, kFormat);
@@ -367,6 +445,34 @@ CheckpointMeta load_checkpoint(const std::string& path, const TrainingState& sta
   meta.adam_step = file.int_attr("adam_step");
   meta.data_position = file.int_attr("data_position");
   meta.deck = file.string_attr("deck");
+  return meta;
+}
+
+}  // namespace
+
+CheckpointMeta load_checkpoint(const std::string& path, const TrainingState& state, MPI_Comm comm) {
+  // The same file on every rank: opening fails on all of them alike.
+  h5::File file = [&] {
+    try {
+      return h5::File::open(path, h5::File::Mode::ReadOnly, comm);
+    } catch (const h5::Error& e) {
+      throw dist::AgreedError(
+          fmt::format("checkpoint {} cannot be opened (truncated or not HDF5): {}", path, e.what()));
+    }
+  }();
+  // Each rank verifies its own ranges, so a corrupt slab is seen by one rank:
+  // they agree before the (collective) close.
+  CheckpointMeta meta;
+  agree(
+      comm, "verifying", [&] { meta = read_checkpoint(file, path, state); },
+      [&] {
+        try {
+          file.close();
+        } catch (const ditrl::Error&) {
+        }
+      },
+      fmt::format("checkpoint {} did not verify", path));
+  file.close();
   return meta;
 }
 

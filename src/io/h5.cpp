@@ -1,3 +1,4 @@
+#include <ditrl/dist/watchdog.hpp>
 #include <ditrl/io/h5.hpp>
 
 #include <ATen/ATen.h>
@@ -8,6 +9,8 @@
 #include <functional>
 #include <mutex>
 #include <sstream>
+
+#include <sys/statvfs.h>
 
 namespace ditrl::io::h5 {
 
@@ -20,12 +23,30 @@ void silence_default_printing() {
   std::call_once(once, [] { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); });
 }
 
+// The outermost entries say what failed; the innermost ones, from the file
+// drivers, carry the cause (errno and its text, or MPI-IO's error string),
+// so those are kept whatever their depth.
 herr_t collect_error(unsigned n, const H5E_error2_t* entry, void* data) {
   auto* text = static_cast<std::string*>(data);
-  if (n >= 4) return 0;
+  const std::string desc = entry->desc ? entry->desc : "?";
+  const bool cause = desc.find("errno") != std::string::npos || desc.find("MPI error string") != std::string::npos;
+  if (n >= 4 && !cause) return 0;
   if (!text->empty()) *text += "; ";
-  *text += fmt::format("{}(): {}", entry->func_name ? entry->func_name : "?", entry->desc ? entry->desc : "?");
+  *text += fmt::format("{}(): {}", entry->func_name ? entry->func_name : "?", desc);
   return 0;
+}
+
+// A full or read-only file system is the usual cause of a failed write, and
+// HDF5's own words for it vary ("error looking up chunk address"): say so
+// when the file's directory has no space left.
+std::string space_note(const std::string& context) {
+  const std::string file = context.substr(0, context.find(':'));
+  const size_t slash = file.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : file.substr(0, std::max<size_t>(slash, 1));
+  struct statvfs fs {};
+  if (statvfs(dir.c_str(), &fs) != 0) return "";
+  if (fs.f_bavail == 0) return fmt::format(" (the file system of {} is full: 0 bytes available)", dir);
+  return "";
 }
 
 std::string error_stack() {
@@ -36,7 +57,8 @@ std::string error_stack() {
 }
 
 [[noreturn]] void raise(const std::string& context, const std::string& what) {
-  throw Error(fmt::format("HDF5: {}: {} [{}]", context, what, error_stack()));
+  const std::string stack = error_stack();
+  throw Error(fmt::format("HDF5: {}: {}{} [{}]", context, what, space_note(context), stack));
 }
 
 hid_t checked_id(hid_t id, const std::string& context, const std::string& what) {
@@ -92,13 +114,22 @@ Handle& Handle::operator=(Handle&& other) noexcept {
     reset();
     id_ = other.id_;
     close_ = other.close_;
+    collective_close_ = other.collective_close_;
     other.id_ = H5I_INVALID_HID;
   }
   return *this;
 }
 
+Handle::~Handle() {
+  if (collective_close_ && std::uncaught_exceptions() > 0) return;
+  reset();
+}
+
 void Handle::reset() {
-  if (id_ >= 0 && close_) close_(id_);
+  if (id_ >= 0 && close_) {
+    dist::WaitScope waiting("io", "H5Fclose", collective_close_);
+    close_(id_);
+  }
   id_ = H5I_INVALID_HID;
 }
 
@@ -377,6 +408,7 @@ void Dataset::write(const at::Tensor& tensor) {
     }
   }
   PropList dxpl = PropList::transfer(parallel());
+  dist::WaitScope waiting("io", "H5Dwrite " + context(), parallel());
   checked(H5Dwrite(id(), type.id(), mem_space.id(), file_space.id(), dxpl.id(), data.data_ptr()), context(),
           "H5Dwrite");
 }
@@ -421,6 +453,7 @@ void Dataset::write_rows(int64_t offset, const at::Tensor& rows, bool collective
     file_space.select_hyperslab(start, block);
   }
   PropList dxpl = PropList::transfer(parallel() && collective);
+  dist::WaitScope waiting("io", "H5Dwrite(rows) " + context(), parallel() && collective);
   checked(H5Dwrite(id(), type.id(), mem_space.id(), file_space.id(), dxpl.id(), data.data_ptr()), context(),
           "H5Dwrite(rows)");
 }
@@ -449,6 +482,7 @@ at::Tensor Dataset::read_rows(int64_t offset, int64_t count, bool collective) co
     file_space.select_hyperslab(start, block);
   }
   PropList dxpl = PropList::transfer(parallel() && collective);
+  dist::WaitScope waiting("io", "H5Dread(rows) " + context(), parallel() && collective);
   checked(H5Dread(id(), type.id(), mem_space.id(), file_space.id(), dxpl.id(), out.data_ptr()), context(),
           "H5Dread(rows)");
   return out;
@@ -518,6 +552,7 @@ void Dataset::write_flat_range(int64_t flat_begin, const at::Tensor& values) {
     select_flat_range(file_space, dims, static_cast<hsize_t>(flat_begin), static_cast<hsize_t>(flat_begin) + n);
   }
   PropList dxpl = PropList::transfer(parallel());
+  dist::WaitScope waiting("io", "H5Dwrite(flat range) " + context(), parallel());
   checked(H5Dwrite(id(), type.id(), mem_space.id(), file_space.id(), dxpl.id(), data.data_ptr()), context(),
           "H5Dwrite(flat range)");
 }
@@ -547,6 +582,7 @@ at::Tensor Dataset::read_flat_range(int64_t flat_begin, int64_t count, bool coll
     select_flat_range(file_space, dims, static_cast<hsize_t>(flat_begin), static_cast<hsize_t>(flat_begin + count));
   }
   PropList dxpl = PropList::transfer(parallel() && collective);
+  dist::WaitScope waiting("io", "H5Dread(flat range) " + context(), parallel() && collective);
   checked(H5Dread(id(), type.id(), mem_space.id(), file_space.id(), dxpl.id(), out.data_ptr()), context(),
           "H5Dread(flat range)");
   return out;
@@ -556,6 +592,7 @@ void Dataset::extend(hsize_t rows) {
   std::vector<hsize_t> dims = shape();
   if (dims.empty()) throw Error(fmt::format("HDF5: {}: cannot extend a scalar dataset", context()));
   dims[0] = rows;
+  dist::WaitScope waiting("io", "H5Dset_extent " + context(), parallel());
   checked(H5Dset_extent(id(), dims.data()), context(), "H5Dset_extent");
 }
 
@@ -675,18 +712,49 @@ std::vector<std::string> Group::read_strings(const std::string& path) const {
 
 File File::create(const std::string& path, MPI_Comm comm, const FileOptions& options) {
   PropList fapl = PropList::file_access(comm, options);
-  const hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.id());
-  return File(checked_id(f, path, "cannot create file"), H5Fclose, path, "/", comm);
+  hid_t f = H5I_INVALID_HID;
+  {
+    dist::WaitScope waiting("io", "H5Fcreate " + path, comm != MPI_COMM_NULL);
+    f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.id());
+  }
+  File file(checked_id(f, path, "cannot create file"), H5Fclose, path, "/", comm);
+  file.mark_collective();
+  return file;
 }
 
 File File::open(const std::string& path, Mode mode, MPI_Comm comm) {
   PropList fapl = PropList::file_access(comm);
   const unsigned flags = mode == Mode::ReadOnly ? H5F_ACC_RDONLY : H5F_ACC_RDWR;
-  const hid_t f = H5Fopen(path.c_str(), flags, fapl.id());
-  return File(checked_id(f, path, "cannot open file"), H5Fclose, path, "/", comm);
+  hid_t f = H5I_INVALID_HID;
+  {
+    dist::WaitScope waiting("io", "H5Fopen " + path, comm != MPI_COMM_NULL);
+    f = H5Fopen(path.c_str(), flags, fapl.id());
+  }
+  File file(checked_id(f, path, "cannot open file"), H5Fclose, path, "/", comm);
+  file.mark_collective();
+  return file;
+}
+
+void File::mark_collective() {
+  int ranks = 1;
+  if (parallel()) MPI_Comm_size(comm(), &ranks);
+  set_collective_close(ranks > 1);
+}
+
+void File::close() {
+  if (!valid()) return;
+  const hid_t f = id();
+  release();
+  herr_t status = 0;
+  {
+    dist::WaitScope waiting("io", "H5Fclose " + file_name(), collective_close());
+    status = H5Fclose(f);
+  }
+  checked(status, file_name(), "closing (writing its metadata) failed");
 }
 
 void File::flush() {
+  dist::WaitScope waiting("io", "H5Fflush " + file_name(), parallel());
   checked(H5Fflush(id(), H5F_SCOPE_GLOBAL), context(), "H5Fflush");
 }
 

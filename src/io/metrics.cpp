@@ -4,6 +4,8 @@
 #include <ditrl/io/metrics.hpp>
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cmath>
@@ -35,19 +37,33 @@ void resize(h5::File& file, const std::string& name, int64_t rows) {
   d.extend(static_cast<hsize_t>(rows));
 }
 
+// A damaged metrics file must not block training: it is kept for the user
+// under a name of its own and the run starts a new one.
+std::string move_aside(const std::string& path) {
+  std::string aside = path + ".damaged";
+  for (int i = 1; std::filesystem::exists(aside); ++i) aside = fmt::format("{}.damaged-{}", path, i);
+  std::filesystem::rename(path, aside);
+  return aside;
+}
+
 }  // namespace
 
 MetricsWriter::MetricsWriter(const std::string& path, const std::string& deck_text, bool resume, int64_t first_step)
     : path_(path) {
   if (resume && std::filesystem::exists(path)) {
-    h5::File file = h5::File::open(path, h5::File::Mode::ReadWrite);
-    const at::Tensor steps = file.open_dataset("/metrics/step").read();
-    const int64_t* s = steps.data_ptr<int64_t>();
-    while (rows_ < steps.numel() && s[rows_] < first_step) ++rows_;
-    collect_series(file.open_group(kRoot), "", known_);
-    resize(file, "step", rows_);
-    for (const std::string& name : known_) resize(file, name, rows_);
-    return;
+    try {
+      reopen(first_step);
+      return;
+    } catch (const ditrl::Error& e) {
+      rows_ = 0;
+      known_.clear();
+      spdlog::warn(
+          "metrics file {} is damaged ({}); moved it to {} and starting a new one with the rows from "
+          "optimizer step {} on",
+          path, e.what(), move_aside(path), first_step);
+    }
+  } else if (resume) {
+    spdlog::warn("metrics file {} is missing; a new one holds the rows from optimizer step {} on", path, first_step);
   }
   h5::File file = h5::File::create(path);
   h5::Group root = file.create_group(kRoot);
@@ -58,6 +74,18 @@ MetricsWriter::MetricsWriter(const std::string& path, const std::string& deck_te
   file.set_attr("deck", deck_text);
   file.set_attr("ditrl_version", build::kVersion);
   file.set_attr("ditrl_commit", build::kGitCommit);
+}
+
+void MetricsWriter::reopen(int64_t first_step) {
+  h5::File file = h5::File::open(path_, h5::File::Mode::ReadWrite);
+  if (!file.exists("/metrics/step")) fail("{}: not a ditrl metrics file (no /metrics/step)", path_);
+  const at::Tensor steps = file.open_dataset("/metrics/step").read();
+  const int64_t* s = steps.data_ptr<int64_t>();
+  while (rows_ < steps.numel() && s[rows_] < first_step) ++rows_;
+  collect_series(file.open_group(kRoot), "", known_);
+  resize(file, "step", rows_);
+  for (const std::string& name : known_) resize(file, name, rows_);
+  file.close();
 }
 
 void MetricsWriter::write(int64_t step, const std::map<std::string, double>& values) {

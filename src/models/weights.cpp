@@ -94,8 +94,7 @@ void validate_checkpoint(const torch::nn::Module& model, const io::Checkpoint& c
   if (missing.empty() && unexpected.empty() && wrong_shape.empty()) return;
   std::string message = fmt::format(
       "checkpoint {} does not match the model ({} tensors in the checkpoint{}, {} in the model):", checkpoint.path(),
-      in_file.size(), skipped ? fmt::format(" besides {} that are not part of the model", skipped) : "",
-      layout.size());
+      in_file.size(), skipped ? fmt::format(" besides {} that are not part of the model", skipped) : "", layout.size());
   if (!missing.empty()) message += fmt::format("\n  missing ({}): {}", missing.size(), name_list(missing));
   if (!unexpected.empty()) message += fmt::format("\n  unexpected ({}): {}", unexpected.size(), name_list(unexpected));
   if (!wrong_shape.empty())
@@ -149,6 +148,27 @@ io::NamedTensors state_tensors(const torch::nn::Module& model) {
   for (const auto& p : model.named_parameters()) out.emplace_back(p.key(), p.value().detach());
   for (const auto& b : model.named_buffers()) out.emplace_back(b.key(), b.value().detach());
   return out;
+}
+
+std::optional<NonFinite> find_nonfinite(const std::string& name, const at::Tensor& tensor) {
+  if (!at::isFloatingType(tensor.scalar_type()) || tensor.numel() == 0) return std::nullopt;
+  const at::Tensor values = tensor.detach();
+  if (at::isfinite(values).all().item<bool>()) return std::nullopt;
+  NonFinite found;
+  found.name = name;
+  found.nan = at::isnan(values).sum().item<int64_t>();
+  found.inf = at::isinf(values).sum().item<int64_t>();
+  found.numel = values.numel();
+  return found;
+}
+
+std::string describe_nonfinite(const std::vector<NonFinite>& found) {
+  std::string text;
+  for (size_t i = 0; i < found.size() && i < 10; ++i)
+    text += fmt::format("{}{} ({} NaN, {} Inf of {})", i ? ", " : "", found[i].name, found[i].nan, found[i].inf,
+                        found[i].numel);
+  if (found.size() > 10) text += fmt::format(" and {} more", found.size() - 10);
+  return text;
 }
 
 }  // namespace ditrl::models

@@ -3,13 +3,16 @@
 #include <ditrl/rollout/reward.hpp>
 
 #include <ATen/ATen.h>
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <torch/script.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <thread>
 
@@ -23,6 +26,10 @@ at::Tensor checked_rewards(const at::Tensor& rewards, int64_t samples, const std
   if (!rewards.defined() || rewards.dim() != 1 || rewards.size(0) != samples)
     fail("reward {}: expected a [{}] tensor, got {}", source, samples,
          rewards.defined() ? fmt::format("shape [{}]", fmt::join(rewards.sizes(), ", ")) : "nothing");
+  // An integer score is almost always a bug upstream (a class id, a count):
+  // casting it silently would train on it.
+  if (!at::isFloatingType(rewards.scalar_type()))
+    fail("reward {}: rewards must be floating-point, got {}", source, c10::toString(rewards.scalar_type()));
   const at::Tensor values = rewards.to(at::kFloat).cpu().contiguous();
   if (!at::isfinite(values).all().item<bool>())
     fail("reward {}: non-finite reward values {}", source,
@@ -112,32 +119,55 @@ std::string replace_all(std::string text, const std::string& from, const std::st
   return text;
 }
 
-// Runs `command` through /bin/sh, killing it after `timeout_s`.
-int run_with_timeout(const std::string& command, double timeout_s) {
+std::string shown(const std::vector<std::string>& argv) {
+  std::string text;
+  for (const std::string& word : argv) text += (text.empty() ? "" : " ") + word;
+  return text;
+}
+
+// Runs argv (no shell), killing its process group after `timeout_s`.
+// exec's own failure comes back through a close-on-exec pipe.
+int run_with_timeout(const std::vector<std::string>& argv, double timeout_s) {
+  int report[2];
+  if (pipe2(report, O_CLOEXEC) != 0) fail("reward command: pipe failed: {}", std::strerror(errno));
+  std::vector<char*> args;
+  for (const std::string& word : argv) args.push_back(const_cast<char*>(word.c_str()));
+  args.push_back(nullptr);
   const pid_t pid = fork();
-  if (pid < 0) fail("reward command: fork failed");
+  if (pid < 0) fail("reward command: fork failed: {}", std::strerror(errno));
   if (pid == 0) {
+    close(report[0]);
     setpgid(0, 0);
-    execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+    execvp(args[0], args.data());
+    const int error = errno;
+    (void)!write(report[1], &error, sizeof(error));
     _exit(127);
   }
+  close(report[1]);
+  int exec_error = 0;
+  const bool exec_failed = read(report[0], &exec_error, sizeof(exec_error)) == sizeof(exec_error);
+  close(report[0]);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   int status = 0;
   while (waitpid(pid, &status, WNOHANG) == 0) {
     if (std::chrono::steady_clock::now() > deadline) {
       kill(-pid, SIGKILL);
       waitpid(pid, &status, 0);
-      fail("reward command timed out after {} s: {}", timeout_s, command);
+      fail("reward command timed out after {} s: {}", timeout_s, shown(argv));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  if (exec_failed) fail("reward command: cannot run {}: {} (errno {})", argv[0], std::strerror(exec_error), exec_error);
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 class CommandReward final : public Reward {
  public:
   CommandReward(std::string command, double timeout_s, std::string work_dir)
-      : command_(std::move(command)), timeout_s_(timeout_s), work_dir_(std::move(work_dir)) {}
+      : command_(std::move(command)),
+        words_(split_command(command_)),
+        timeout_s_(timeout_s),
+        work_dir_(std::move(work_dir)) {}
   std::string name() const override { return "command:" + command_; }
 
   at::Tensor score(const at::Tensor& final_latents, const at::Tensor& prompt_index,
@@ -155,8 +185,13 @@ class CommandReward final : public Reward {
       file.write_strings("prompts", texts);
     }
     std::filesystem::remove(output);
-    const std::string command = replace_all(replace_all(command_, "{input}", input), "{output}", output);
-    const int code = run_with_timeout(command, timeout_s_);
+    // Each word gets the paths substituted after splitting: a path with a
+    // space or a quote stays one argument, and nothing reaches a shell.
+    std::vector<std::string> argv;
+    for (const std::string& word : words_)
+      argv.push_back(replace_all(replace_all(word, "{input}", input), "{output}", output));
+    const int code = run_with_timeout(argv, timeout_s_);
+    const std::string command = shown(argv);
     if (code != 0) fail("reward command exited with status {}: {}", code, command);
     if (!std::filesystem::exists(output)) fail("reward command wrote no {}: {}", output, command);
     at::Tensor rewards = io::h5::File::open(output).open_dataset("rewards").read();
@@ -167,12 +202,53 @@ class CommandReward final : public Reward {
 
  private:
   std::string command_;
+  std::vector<std::string> words_;
   double timeout_s_;
   std::string work_dir_;
   int64_t calls_ = 0;
 };
 
 }  // namespace
+
+std::vector<std::string> split_command(const std::string& command) {
+  std::vector<std::string> words;
+  std::string word;
+  bool in_word = false;
+  char quote = 0;
+  for (size_t i = 0; i < command.size(); ++i) {
+    const char c = command[i];
+    if (quote == '\'') {
+      if (c == '\'')
+        quote = 0;
+      else
+        word += c;
+    } else if (quote == '"') {
+      if (c == '"')
+        quote = 0;
+      else if (c == '\\' && i + 1 < command.size() && (command[i + 1] == '"' || command[i + 1] == '\\'))
+        word += command[++i];
+      else
+        word += c;
+    } else if (c == '\'' || c == '"') {
+      quote = c;
+      in_word = true;
+    } else if (c == '\\' && i + 1 < command.size()) {
+      word += command[++i];
+      in_word = true;
+    } else if (c == ' ' || c == '\t' || c == '\n') {
+      if (in_word) words.push_back(word);
+      word.clear();
+      in_word = false;
+    } else {
+      word += c;
+      in_word = true;
+    }
+  }
+  if (quote) fail("reward.command: unterminated {} quote in \"{}\"", quote, command);
+  if (in_word) words.push_back(word);
+  if (words.empty()) fail("reward.command is empty: it needs a program to run");
+  return words;
+}
 
 std::unique_ptr<Reward> make_reward(const RewardOptions& options) {
   if (options.kind == "analytic") return std::make_unique<AnalyticReward>(options.analytic, options.target_seed);

@@ -1,3 +1,4 @@
+#include <ditrl/dist/watchdog.hpp>
 #include <ditrl/error.hpp>
 #include <ditrl/io/h5.hpp>
 #include <ditrl/precision/dtype.hpp>
@@ -122,7 +123,10 @@ void write_trajectories(const std::string& path, const TrajectoryRecord& local, 
     h5::File file = h5::File::create(tmp, comm);
     write_datasets(file, local, first_row, total_rows);
   }
-  MPI_Barrier(comm);
+  {
+    dist::WaitScope waiting("io", "trajectory barrier (written)");
+    MPI_Barrier(comm);
+  }
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
   if (rank == 0) {
@@ -130,6 +134,7 @@ void write_trajectories(const std::string& path, const TrajectoryRecord& local, 
     std::filesystem::rename(tmp, path, ec);
     if (ec) fail("trajectories {}: cannot rename {} to it: {}", path, tmp, ec.message());
   }
+  dist::WaitScope waiting("io", "trajectory barrier (renamed)");
   MPI_Barrier(comm);
 }
 

@@ -37,13 +37,13 @@ void check_standard(const std::string& name) {
 
 }  // namespace
 
-TEST_CASE("recipes: every deck in inputs/ passes check and plan without its weights", "[e2e][recipe]") {
+TEST_CASE("recipes: every deck in inputs/ passes check --without-files and plan without its weights", "[e2e][recipe]") {
   const std::vector<std::filesystem::path> decks = input_decks();
   REQUIRE(decks.size() >= 6);
   for (const auto& deck : decks) {
     const std::string stem = deck.stem().string();
     INFO(deck.string());
-    const auto check = test::ditrl("check " + deck.string());
+    const auto check = test::ditrl("check --without-files " + deck.string());
     INFO(check.output);
     CHECK(check.exit_code == 0);
     const auto plan = test::ditrl("plan " + deck.string() + " --ranks 8");
@@ -51,6 +51,10 @@ TEST_CASE("recipes: every deck in inputs/ passes check and plan without its weig
     CHECK(plan.exit_code == 0);
     CHECK_THAT(plan.output, Contains("over 8 ranks"));
     if (stem == "quickstart") continue;
+    // Without --without-files, check names the weights train would not find.
+    const auto staged = test::ditrl("check " + deck.string());
+    CHECK(staged.exit_code != 0);
+    CHECK_THAT(staged.output, Contains("model.weights = \"") && Contains("no such file"));
     // A recipe runs at its released checkpoint's size, reads weights the
     // user names, and has a tiny proxy with a committed standard.
     CHECK_THAT(check.output, !Contains("preset = 'tiny'"));

@@ -223,3 +223,26 @@ TEST_CASE("config: `ditrl check` prints the effective deck / or the problem and 
   CHECK(missing.exit_code != 0);
   CHECK_THAT(missing.output, Contains("cannot open deck"));
 }
+
+TEST_CASE("config: `ditrl check` rejects what train start would: batch splits / preset / out_dir", "[config][cli]") {
+  const std::string dir = ditrl::test::fresh_output_dir("config_check_start");
+  const std::string good = dir + "/good.toml";
+  std::ofstream(good) << kMinimal;
+  const std::string check = std::string(DITRL_BINARY) + " check " + good;
+
+  const auto two = ditrl::test::run_process(check + " --ranks 2 --set run.out_dir=" + dir + "/run");
+  INFO(two.output);
+  CHECK(two.exit_code == 0);
+
+  const auto three = ditrl::test::run_process(check + " --ranks 3 --set run.out_dir=" + dir + "/run");
+  CHECK(three.exit_code != 0);
+  CHECK_THAT(three.output, Contains("train.global_batch = 8 is not divisible by the 3 ranks"));
+
+  const auto preset = ditrl::test::run_process(check + " --set model.preset=nonesuch --set run.out_dir=" + dir);
+  CHECK(preset.exit_code != 0);
+  CHECK_THAT(preset.output, Contains("nonesuch"));
+
+  const auto out_dir = ditrl::test::run_process(check + " --set run.out_dir=" + good + "/run");
+  CHECK(out_dir.exit_code != 0);
+  CHECK_THAT(out_dir.output, Contains("is not a folder"));
+}

@@ -9,6 +9,7 @@
 #include "process.hpp"
 
 #include <filesystem>
+#include <limits>
 #include <set>
 
 using namespace ditrl;
@@ -83,6 +84,36 @@ TEST_CASE("cli: ditrl inspect lists tensors and validates them against a family"
   const auto hostile = run_process(fmt::format("{} inspect {}", DITRL_BINARY, bad));
   CHECK(hostile.exit_code != 0);
   CHECK_THAT(hostile.output, Contains(bad) && Contains("header length"));
+}
+
+TEST_CASE("cli: ditrl forward and inspect fail on weights holding NaN or Inf - naming the tensors", "[app][cli]") {
+  const std::string dir = test::fresh_output_dir("cli_nonfinite");
+  const io::SafetensorsFile fixture(fixture_path("sd3/weights.safetensors"));
+  io::NamedTensors tensors;
+  for (const std::string& name : fixture.names()) {
+    at::Tensor t = fixture.get(name).clone();
+    if (name == "pos_embed.pos_embed") {
+      t.view({-1})[3] = std::numeric_limits<float>::quiet_NaN();
+      t.view({-1})[5] = std::numeric_limits<float>::infinity();
+    }
+    tensors.emplace_back(name, t);
+  }
+  const std::string weights = dir + "/nan.safetensors";
+  io::write_safetensors(weights, tensors, {});
+
+  const auto inspected = run_process(fmt::format("{} inspect {}", DITRL_BINARY, weights));
+  CHECK(inspected.exit_code != 0);
+  CHECK_THAT(inspected.output,
+             Contains("pos_embed.pos_embed  F32  [1, 256, 64]  65536  NON-FINITE: 1 NaN, 1 Inf") &&
+                 Contains("1 tensor(s) hold non-finite values: pos_embed.pos_embed (1 NaN, 1 Inf of 16384)"));
+  CHECK(run_process(fmt::format("{} inspect {} --no-values", DITRL_BINARY, weights)).exit_code == 0);
+
+  const auto forwarded = run_process(
+      fmt::format("{} forward --family sd3 --config {} --weights {} --inputs {} --out {}/o.safetensors", DITRL_BINARY,
+                  fixture_path("sd3/config.json"), weights, fixture_path("sd3/case_1.safetensors"), dir));
+  CHECK(forwarded.exit_code != 0);
+  CHECK_THAT(forwarded.output, Contains(weights + ": 1 weight tensor(s) hold non-finite values: pos_embed.pos_embed"));
+  CHECK_FALSE(std::filesystem::exists(dir + "/o.safetensors"));
 }
 
 TEST_CASE("cli: ditrl forward --checkpoint / --lora refuse what does not fit / naming it", "[app][cli]") {

@@ -6,6 +6,7 @@
 
 #include "process.hpp"
 
+#include <filesystem>
 #include <fstream>
 
 using namespace ditrl::rollout;
@@ -99,9 +100,10 @@ with h5py.File(sys.argv[1], "r") as f:
     idx = f["prompt_index"][...]
     texts = [t.decode() if isinstance(t, bytes) else t for t in f["prompts"][...]]
 rewards = lat.reshape(lat.shape[0], -1).mean(1) + np.array([len(t) for t in texts]) + 0 * idx
-if len(sys.argv) > 3: rewards = rewards[:-1]
+if len(sys.argv) > 3 and sys.argv[3] == "drop-one": rewards = rewards[:-1]
+kind = np.int64 if len(sys.argv) > 3 and sys.argv[3] == "int64" else np.float32
 with h5py.File(sys.argv[2], "w") as f:
-    f["rewards"] = rewards.astype(np.float32)
+    f["rewards"] = rewards.astype(kind)
 )";
   const at::Tensor x = sample_latents();
   RewardOptions options;
@@ -114,11 +116,52 @@ with h5py.File(sys.argv[2], "w") as f:
   options.command = std::string(DITRL_PYTHON) + " " + script + " {input} {output} drop-one";
   CHECK_THROWS_WITH(make_reward(options)->score(x, at::arange(3, at::kLong), {"a", "b", "c"}),
                     Contains("expected a [3] tensor, got shape [2]"));
-  options.command = "exit 3";
+  options.command = std::string(DITRL_PYTHON) + " " + script + " {input} {output} int64";
+  CHECK_THROWS_WITH(make_reward(options)->score(x, at::arange(3, at::kLong), {"a", "b", "c"}),
+                    Contains("rewards must be floating-point, got Long"));
+  // No shell: its syntax is an argument like any other, so a shell is named explicitly.
+  options.command = "sh -c 'exit 3'";
   CHECK_THROWS_WITH(make_reward(options)->score(x, at::arange(3, at::kLong), {"a", "b", "c"}),
                     Contains("exited with status 3"));
+  options.command = "no-such-reward-program {input}";
+  CHECK_THROWS_WITH(make_reward(options)->score(x, at::arange(3, at::kLong), {"a", "b", "c"}),
+                    Contains("cannot run no-such-reward-program: No such file or directory"));
   options.command = "sleep 5";
   options.timeout_s = 0.3;
   CHECK_THROWS_WITH(make_reward(options)->score(x, at::arange(3, at::kLong), {"a", "b", "c"}),
                     Contains("timed out after 0.3 s"));
+}
+
+TEST_CASE("reward: command paths with spaces and shell characters reach the program as one argument",
+          "[reward][command]") {
+  // A run folder with a space, a quote and a `;` in it: pasted into /bin/sh
+  // it would split or run `touch`.
+  const std::string dir = ditrl::test::fresh_output_dir("reward_cmd_quoting") + "/run dir 'x';touch pwned";
+  std::filesystem::create_directories(dir);
+  const std::string script = dir + "/score.py";
+  std::ofstream(script) << R"(
+import sys, h5py, numpy as np
+assert len(sys.argv) == 3, sys.argv
+with h5py.File(sys.argv[1], "r") as f:
+    n = f["latents"].shape[0]
+with h5py.File(sys.argv[2], "w") as f:
+    f["rewards"] = np.arange(n, dtype=np.float32)
+)";
+  RewardOptions options;
+  options.kind = "command";
+  options.work_dir = dir;
+  options.command = std::string(DITRL_PYTHON) + " \"" + script + "\" {input} {output}";
+  const at::Tensor r = make_reward(options)->score(sample_latents(), at::arange(3, at::kLong), {"a", "b", "c"});
+  CHECK(at::equal(r, at::arange(3, at::kFloat)));
+  CHECK_FALSE(std::filesystem::exists("pwned"));
+}
+
+TEST_CASE("reward: command words split like a shell's - nothing expanded", "[reward][command]") {
+  using V = std::vector<std::string>;
+  CHECK(split_command("python3 score.py {input} {output}") == V{"python3", "score.py", "{input}", "{output}"});
+  CHECK(split_command("  a   'b c'  \"d \\\" e\" f\\ g ") == V{"a", "b c", "d \" e", "f g"});
+  CHECK(split_command("echo $HOME *.py | x") == V{"echo", "$HOME", "*.py", "|", "x"});
+  CHECK(split_command("''") == V{""});
+  CHECK_THROWS_WITH(split_command("a 'b"), Contains("unterminated ' quote"));
+  CHECK_THROWS_WITH(split_command("   "), Contains("reward.command is empty"));
 }

@@ -47,6 +47,10 @@ std::unique_ptr<dist::Runtime> start_runtime(const config::Config& config, const
 // `dump_dir`: where [debug] dump files go ("" = OUT/debug, the training run's).
 Run open_run(const config::Config& config, dist::Runtime& runtime, const std::string& dump_dir = "");
 
+// What open_run rejects before building anything, for `ditrl check` too:
+// the batch knobs against `world` ranks and (files) the deck's input files.
+void check_run_inputs(const config::Config& config, int world, bool files = true);
+
 // The run's training rollout as the algorithm reads it.
 rl::TrainingRollout training_rollout(const rollout::RolloutBatch& batch);
 

@@ -16,6 +16,7 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 
 namespace ditrl::dist {
 
@@ -65,7 +66,8 @@ class Communicator {
 };
 
 // MPI backend over `comm` (duplicated, so the communicator owns its own
-// message space). CPU tensors of any dtype.
-std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm = MPI_COMM_WORLD);
+// message space). CPU tensors of any dtype. Each blocking call runs under the
+// collective watchdog (dist/watchdog.hpp) as `channel`.
+std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm = MPI_COMM_WORLD, const std::string& channel = "mpi");
 
 }  // namespace ditrl::dist

@@ -7,7 +7,8 @@
 //   the MpiRuntime, the device every allocation goes to (dist/device.hpp), a
 //   host communicator (MPI: scalars, control, stop flags) and a data
 //   communicator (parameters, gradients, metric and reward tensors on the
-//   device: MPI on CPU, NCCL on CUDA).
+//   device: MPI on CPU, NCCL on CUDA), and the collective watchdog
+//   (dist/watchdog.hpp) that every blocking collective runs under.
 
 #include <ditrl/dist/communicator.hpp>
 #include <ditrl/error.hpp>
@@ -20,6 +21,9 @@
 #include <string>
 
 namespace ditrl::dist {
+
+class Watchdog;  // dist/watchdog.hpp
+class BringUpTimer;
 
 struct WorldInfo {
   int rank = 0;
@@ -72,6 +76,7 @@ class Runtime {
  public:
   // Collective over MPI_COMM_WORLD (it starts MPI when it is not up).
   static std::unique_ptr<Runtime> create(const RuntimeOptions& options);
+  ~Runtime();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
 
@@ -88,8 +93,12 @@ class Runtime {
   explicit Runtime(const RuntimeOptions& options);
   std::unique_ptr<Communicator> make_data_communicator() const;
 
+  // Covers MPI_Init and the watchdog's start, before the watchdog exists.
+  std::unique_ptr<BringUpTimer> bring_up_;
   MpiRuntime mpi_;
   RuntimeOptions options_;
+  // Started before the communicators exist, stopped after they are gone.
+  std::unique_ptr<Watchdog> watchdog_;
   c10::Device device_ = c10::kCPU;
   std::unique_ptr<Communicator> host_;
   std::unique_ptr<Communicator> data_;

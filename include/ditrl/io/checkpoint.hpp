@@ -70,9 +70,20 @@ std::string save_checkpoint(const std::string& out_dir, const TrainingState& sta
 // "latest" (follows OUT/checkpoints/latest) or a path. Errors name the file.
 std::string resolve_checkpoint(const std::string& out_dir, const std::string& which);
 
+// The checkpoints of OUT/checkpoints to resume from, best first: the one
+// `latest` names, then every step-N.h5 from the newest down. What `latest`
+// says and could not be used (unreadable, a missing file) is in `notes`.
+struct ResumeCandidates {
+  std::vector<std::string> paths;
+  std::vector<std::string> notes;
+};
+ResumeCandidates resume_candidates(const std::string& out_dir);
+
 // Collective. Writes the stored values into `state`'s views (masters,
 // moments, extra sets), restores the CPU (and CUDA) generators and returns the metadata
-// (the AdamW step counter among it).
+// (the AdamW step counter among it). A checkpoint that fails to verify on
+// any rank (format, manifest, SHA-256 of a slab) raises a dist::AgreedError
+// on every rank, with the file closed: the caller may try another one.
 CheckpointMeta load_checkpoint(const std::string& path, const TrainingState& state, MPI_Comm comm);
 
 // The trained weights (full, fp32) by canonical name: collective gather of

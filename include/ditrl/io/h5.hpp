@@ -24,13 +24,18 @@ class Error : public ditrl::Error {
 };
 
 // Owns one HDF5 identifier and closes it with the matching H5*close.
+// Closing a file opened on several ranks is collective: it runs under the
+// collective watchdog, and never while an exception unwinds (a peer may not
+// be coming; the handle is dropped and the job ends in main()).
 class Handle {
  public:
   using Closer = herr_t (*)(hid_t);
   Handle() = default;
   Handle(hid_t id, Closer close) : id_(id), close_(close) {}
-  ~Handle() { reset(); }
-  Handle(Handle&& other) noexcept : id_(other.id_), close_(other.close_) { other.id_ = H5I_INVALID_HID; }
+  ~Handle();
+  Handle(Handle&& other) noexcept : id_(other.id_), close_(other.close_), collective_close_(other.collective_close_) {
+    other.id_ = H5I_INVALID_HID;
+  }
   Handle& operator=(Handle&& other) noexcept;
   Handle(const Handle&) = delete;
   Handle& operator=(const Handle&) = delete;
@@ -39,9 +44,16 @@ class Handle {
   bool valid() const { return id_ >= 0; }
   void reset();
 
+ protected:
+  void set_collective_close(bool collective) { collective_close_ = collective; }
+  bool collective_close() const { return collective_close_; }
+  // Forgets the identifier without closing it (the caller closes it).
+  void release() { id_ = H5I_INVALID_HID; }
+
  private:
   hid_t id_ = H5I_INVALID_HID;
   Closer close_ = nullptr;
+  bool collective_close_ = false;
 };
 
 // For files of thousands of objects written once (checkpoints): the latest
@@ -177,7 +189,12 @@ class File : public Group {
   static File create(const std::string& path, MPI_Comm comm = MPI_COMM_NULL, const FileOptions& options = {});
   static File open(const std::string& path, Mode mode = Mode::ReadOnly, MPI_Comm comm = MPI_COMM_NULL);
   void flush();
-  void close() { reset(); }
+  // Closes now (collective in a parallel file) and raises when HDF5 could not
+  // write the file's metadata; closing twice is a no-op.
+  void close();
+
+ private:
+  void mark_collective();
 };
 
 // A rank's hyperslab of a 2-D dataset [global_rows, cols]: writes `rows`

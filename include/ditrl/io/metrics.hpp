@@ -17,12 +17,16 @@ class MetricsWriter {
  public:
   // Creates the file, or reopens it for a resumed run and drops the rows
   // from `first_step` on (they belong to the interrupted run and are
-  // recomputed), so a resumed run's file equals an uninterrupted one.
+  // recomputed), so a resumed run's file equals an uninterrupted one. A file
+  // that cannot be reopened is moved aside (PATH.damaged) with a warning and
+  // a new one started; so is a missing one (warned): training goes on.
   MetricsWriter(const std::string& path, const std::string& deck_text, bool resume, int64_t first_step);
   void write(int64_t step, const std::map<std::string, double>& values);
   const std::string& path() const { return path_; }
 
  private:
+  void reopen(int64_t first_step);
+
   std::string path_;
   int64_t rows_ = 0;
   std::vector<std::string> known_;  // every series in the file

@@ -10,6 +10,7 @@
 #include <torch/nn/module.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,5 +50,17 @@ void cast_parameters(torch::nn::Module& model, c10::ScalarType forward, const st
 
 // Parameters and persistent buffers under their checkpoint names.
 io::NamedTensors state_tensors(const torch::nn::Module& model);
+
+// A floating tensor holding NaN or +-Inf: a diverged run's weights, or a
+// corrupted file, which every later number would silently inherit.
+struct NonFinite {
+  std::string name;
+  int64_t nan = 0;
+  int64_t inf = 0;
+  int64_t numel = 0;
+};
+std::optional<NonFinite> find_nonfinite(const std::string& name, const at::Tensor& tensor);
+// "a.weight (3 NaN, 0 Inf of 64), ..." (the first 10, then a count).
+std::string describe_nonfinite(const std::vector<NonFinite>& found);
 
 }  // namespace ditrl::models

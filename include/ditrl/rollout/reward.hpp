@@ -22,7 +22,7 @@ struct RewardOptions {
   std::string kind = "analytic";            // analytic | torchscript | command
   std::string analytic = "target_pattern";  // target_pattern | brightness | smoothness
   std::string module;                       // TorchScript file
-  std::string command;                      // shell command; {input} and {output} are replaced by file paths
+  std::string command;                      // program and arguments (no shell); {input}/{output}: file paths
   int64_t target_seed = 1234;
   double timeout_s = 600;
   std::string work_dir = ".";  // where command rewards exchange their files
@@ -38,5 +38,10 @@ class Reward {
 };
 
 std::unique_ptr<Reward> make_reward(const RewardOptions& options);
+
+// A command reward's words, split as a shell would split them (blanks
+// separate; '...' is literal; "..." and \ escape) but with nothing expanded:
+// no variables, globs, pipes or redirections, since no shell runs it.
+std::vector<std::string> split_command(const std::string& command);
 
 }  // namespace ditrl::rollout

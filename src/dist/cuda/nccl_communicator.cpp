@@ -21,6 +21,7 @@
 #include <ditrl/dist/mpi_error.hpp>
 #include <ditrl/dist/nccl_communicator.hpp>
 #include <ditrl/dist/reduction.hpp>
+#include <ditrl/dist/watchdog.hpp>
 #include <ditrl/error.hpp>
 
 #include <ATen/ATen.h>
@@ -179,6 +180,8 @@ class NcclCommunicator final : public Communicator {
   // An all-reduce of one integer that the host waits for: every rank has
   // reached it when it returns (or the watchdog's timeout throws).
   void barrier() override {
+    // The host blocks here: the watchdog can then name the missing ranks.
+    WaitScope waiting("nccl", "barrier");
     enqueue("barrier", {}, [&](ncclComm_t comm, cudaStream_t stream) {
       return ncclAllReduce(barrier_word_, barrier_word_, 1, ncclInt32, ncclSum, comm, stream);
     });
@@ -279,6 +282,7 @@ class NcclCommunicator final : public Communicator {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     const Clock::time_point deadline = deadline_after(options_.startup_timeout_s);
+    WaitScope waiting("nccl", "ncclCommInitRankConfig");
     std::unique_lock<std::mutex> lock(mutex_);
     const ncclResult_t started = ncclCommInitRankConfig(&comm_, size_, id, rank_, &config);
     wait_in_progress(lock, started, "ncclCommInitRankConfig", deadline, options_.startup_timeout_s);

@@ -1,0 +1,234 @@
+#!/bin/bash
+# Fault injection against real 2-rank `ditrl train` jobs (tests/CMakeLists.txt
+# registers one CTest test per scenario):
+#   run.sh SCENARIO DITRL "MPIEXEC ARGS" OUT_ROOT SOURCE_DIR
+# Each scenario asserts that the job ends (within a bound), its exit code, its
+# message, and that nothing committed is lost (`latest` resumes). Signals go
+# only to processes this script started (the mpiexec it launched and that
+# mpiexec's own children), never to anything found by name.
+set -uo pipefail
+
+SCENARIO=$1 DITRL=$2 MPIEXEC=$3 ROOT=$4 SRC=$5
+OUT=$ROOT/$SCENARIO
+rm -rf "$OUT" && mkdir -p "$OUT"
+DECK=$SRC/inputs/quickstart.toml
+# Tiny and fast: 1 optimizer step per rollout, a checkpoint after each.
+BASE=(--set run.out_dir="$OUT/run" --set checkpoint.every=1 --set checkpoint.keep=3 --set train.num_rollouts=200)
+
+fail() { echo "FAIL [$SCENARIO]: $*" >&2; [[ -f $OUT/job.log ]] && tail -n 30 "$OUT/job.log" >&2; exit 1; }
+pass() { echo "PASS [$SCENARIO]: $*"; exit 0; }
+
+job=""
+cleanup() {
+  # Only what this script started: the launcher and its children.
+  if [[ -n $job ]] && kill -0 "$job" 2>/dev/null; then
+    for child in $(ps -o pid= --ppid "$job" 2>/dev/null); do kill -CONT "$child" 2>/dev/null; kill -KILL "$child" 2>/dev/null; done
+    kill -KILL "$job" 2>/dev/null
+  fi
+}
+trap cleanup EXIT
+
+# start ARGS...: the job in the background, its output in $OUT/job.log.
+start() {
+  $MPIEXEC -np 2 "$DITRL" train "$DECK" "${BASE[@]}" "$@" >"$OUT/job.log" 2>&1 &
+  job=$!
+}
+# finish SECONDS: waits for the job at most SECONDS; sets rc and took.
+finish() {
+  local limit=$1 t0=$SECONDS
+  while kill -0 "$job" 2>/dev/null; do
+    (( SECONDS - t0 > limit )) && { took=$((SECONDS - t0)); rc=hung; return; }
+    sleep 0.2
+  done
+  wait "$job"; rc=$?; took=$((SECONDS - t0)); job=""
+}
+# rank_pid R: the pid of rank R among the launcher's children.
+rank_pid() {
+  local child
+  for child in $(ps -o pid= --ppid "$job"); do
+    tr '\0' '\n' <"/proc/$child/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1" && { echo "$child"; return; }
+  done
+}
+# wait_for PATTERN SECONDS: until the job log shows PATTERN.
+wait_for() {
+  local t0=$SECONDS
+  until grep -q "$1" "$OUT/job.log" 2>/dev/null; do
+    (( SECONDS - t0 > $2 )) && fail "no '$1' in the log within $2 s"
+    kill -0 "$job" 2>/dev/null || fail "the job ended before '$1'"
+    sleep 0.2
+  done
+}
+latest_step() { cat "$OUT/run/checkpoints/latest" 2>/dev/null; }
+# The committed state must still resume (each checkpoint is verified on load).
+check_resumes() {
+  $MPIEXEC -np 2 "$DITRL" train "$DECK" "${BASE[@]}" --resume latest --max-rollouts 1 >"$OUT/resume.log" 2>&1 ||
+    { tail -n 20 "$OUT/resume.log" >&2; fail "resuming from latest ($(latest_step)) failed"; }
+  grep -q "resumed from" "$OUT/resume.log" || fail "the resume did not load a checkpoint"
+}
+# run_to N ARGS...: a job that completes N rollouts (checkpoint after each).
+run_to() {
+  local n=$1; shift
+  $MPIEXEC -np 2 "$DITRL" train "$DECK" "${BASE[@]}" --set train.num_rollouts="$n" "$@" >"$OUT/job.log" 2>&1 ||
+    fail "a clean run to $n rollouts failed"
+}
+
+case $SCENARIO in
+  stopped_rank)
+    # A rank stopped mid-run (a hung GPU, a stuck collective): the live rank's
+    # watchdog names the operation and the missing rank and aborts the job.
+    timeout=5
+    start --set parallel.collective_timeout_s=$timeout
+    wait_for "checkpoint .*step-3.h5" 300
+    victim=$(rank_pid 1)
+    [[ -n $victim ]] || fail "no rank 1 among the launcher's children"
+    kill -STOP "$victim"
+    finish $((timeout + 10 + 5))
+    [[ $rc == hung ]] && fail "the job did not end within $took s of stopping rank 1"
+    (( rc != 0 )) || fail "exit code 0 after a stopped rank"
+    grep -q "collective timeout on rank 0" "$OUT/job.log" || fail "no watchdog message"
+    grep -q "rank 1 (not responding" "$OUT/job.log" || fail "the message does not name rank 1 as missing"
+    grep -q "collective_timeout_s" "$OUT/job.log" || fail "the message does not name the deck key"
+    check_resumes
+    pass "ended $took s after SIGSTOP (limit ${timeout} s + 10 s), rc $rc, $(grep -o 'waited [0-9.]* s in [^;]*' "$OUT/job.log" | head -1)"
+    ;;
+
+  stopped_rank_startup)
+    # Stopped before training starts: startup_timeout_s applies.
+    timeout=6
+    start --set parallel.startup_timeout_s=$timeout
+    t0=$SECONDS
+    until victim=$(rank_pid 1); [[ -n $victim ]]; do (( SECONDS - t0 > 30 )) && fail "no rank 1"; sleep 0.05; done
+    kill -STOP "$victim"
+    finish $((timeout + 10 + 15))
+    [[ $rc == hung ]] && fail "the job did not end within $took s"
+    (( rc != 0 )) || fail "exit code 0"
+    # Stopped before MPI was up: the bring-up timer; after: the watchdog.
+    grep -Eq "collective timeout on rank 0|MPI start-up did not finish" "$OUT/job.log" || fail "no timeout message"
+    grep -q "startup_timeout_s" "$OUT/job.log" || fail "the message does not name startup_timeout_s"
+    pass "ended $took s after SIGSTOP at start-up, rc $rc"
+    ;;
+
+  disk_full_checkpoint)
+    # A 24 MiB tmpfs in a private mount namespace fills during a checkpoint or
+    # a metrics write; tried at sizes that fill it at different points.
+    unshare -m true 2>/dev/null || { echo "SKIPPED: no mount namespaces here"; exit 77; }
+    tries=${DITRL_FAULT_TRIES:-20} passes=0 table=""
+    for ((i = 0; i < tries; i++)); do
+      size=$((3 + (i * 7) % 17))M
+      rm -rf "$OUT/mnt" && mkdir -p "$OUT/mnt"
+      unshare -m bash -c "mount -t tmpfs -o size=$size tmpfs '$OUT/mnt' && exec $MPIEXEC -np 2 '$DITRL' train '$DECK' \
+        --set run.out_dir='$OUT/mnt/run' --set checkpoint.every=1 --set checkpoint.keep=2 \
+        --set train.num_rollouts=40 --set parallel.collective_timeout_s=20" >"$OUT/job.log" 2>&1 &
+      job=$!
+      finish 240
+      [[ $rc == hung ]] && fail "try $i ($size): hung for $took s"
+      (( rc != 0 )) || fail "try $i ($size): exit 0 on a full disk"
+      [[ $rc == 1 || $rc == 124 ]] || fail "try $i ($size): exit $rc (a crash?), expected 1 (agreed error) or 124 (watchdog)"
+      if [[ -f $OUT/mnt/run/checkpoints/latest ]]; then
+        named=$(cat "$OUT/mnt/run/checkpoints/latest")
+        [[ -f $OUT/mnt/run/checkpoints/$named && $named != *.tmp ]] || fail "try $i ($size): latest names '$named', not a checkpoint"
+      fi
+      grep -Eq "No space left on device|is full|errno 28" "$OUT/job.log" || fail "try $i ($size): the error does not name the cause"
+      table+="$size:rc$rc "
+      passes=$((passes + 1))
+    done
+    pass "$passes/$tries tries ended with the cause named, no hang ($table)"
+    ;;
+
+  corrupt_latest)
+    run_to 3
+    latest=$(latest_step)
+    [[ $latest == step-3.h5 ]] || fail "latest is '$latest' after 3 rollouts"
+    # Flip bytes in the middle of the newest checkpoint: its SHA-256 fails.
+    file=$OUT/run/checkpoints/step-3.h5
+    size=$(stat -c %s "$file")
+    printf '\xde\xad\xbe\xef\xde\xad\xbe\xef' | dd of="$file" bs=1 seek=$((size / 2)) conv=notrunc status=none
+    $MPIEXEC -np 2 "$DITRL" train "$DECK" "${BASE[@]}" --resume auto --max-rollouts 1 >"$OUT/auto.log" 2>&1 ||
+      { tail -n 20 "$OUT/auto.log" >&2; fail "--resume auto did not fall back past a corrupt latest"; }
+    grep -q "skipping .*step-3.h5" "$OUT/auto.log" || fail "no warning naming the skipped checkpoint"
+    grep -q "resumed from .*step-2.h5" "$OUT/auto.log" || fail "did not resume from step-2.h5"
+    # latest deleted, step files present: the newest verifying one is used.
+    rm -f "$OUT/run/checkpoints/latest"
+    $MPIEXEC -np 2 "$DITRL" train "$DECK" "${BASE[@]}" --resume auto --max-rollouts 1 >"$OUT/nolatest.log" 2>&1 ||
+      fail "--resume auto without latest failed"
+    grep -q "resumed from" "$OUT/nolatest.log" || fail "--resume auto without latest restarted from zero"
+    # No --resume while step files exist: an error, nothing overwritten.
+    before=$(ls "$OUT/run/checkpoints")
+    $MPIEXEC -np 2 "$DITRL" train "$DECK" "${BASE[@]}" >"$OUT/fresh.log" 2>&1 && fail "a fresh start over checkpoints succeeded"
+    grep -q "already holds checkpoints" "$OUT/fresh.log" || fail "no 'already holds checkpoints' error"
+    [[ $(ls "$OUT/run/checkpoints") == "$before" ]] || fail "the refused start changed the checkpoints"
+    pass "corrupt latest skipped with a warning, missing latest resumed, fresh start refused"
+    ;;
+
+  corrupt_metrics)
+    run_to 2
+    truncate -s 1000 "$OUT/run/metrics.h5"
+    $MPIEXEC -np 2 "$DITRL" train "$DECK" "${BASE[@]}" --resume auto --max-rollouts 1 >"$OUT/resume.log" 2>&1 ||
+      { tail -n 20 "$OUT/resume.log" >&2; fail "a truncated metrics.h5 blocked the resume"; }
+    grep -q "metrics file .* is damaged" "$OUT/resume.log" || fail "no warning about the damaged metrics file"
+    [[ -f $OUT/run/metrics.h5.damaged ]] || fail "the damaged file was not kept aside"
+    rm -f "$OUT/run/metrics.h5"
+    $MPIEXEC -np 2 "$DITRL" train "$DECK" "${BASE[@]}" --resume auto --max-rollouts 1 >"$OUT/resume2.log" 2>&1 ||
+      fail "a missing metrics.h5 blocked the resume"
+    grep -q "metrics file .* is missing" "$OUT/resume2.log" || fail "no warning about the missing metrics file"
+    pass "truncated metrics.h5 moved aside, missing one warned, training resumed both times"
+    ;;
+
+  changed_deck)
+    run_to 1
+    $MPIEXEC -np 2 "$DITRL" train "$DECK" "${BASE[@]}" --set rollout.batch=2 --set rollout.samples_per_prompt=8 --set run.seed=7 --resume auto \
+      --max-rollouts 1 >"$OUT/changed.log" 2>&1 && fail "a resume with a changed batch and seed was accepted"
+    grep -q "rollout.batch: checkpoint 4, deck 2" "$OUT/changed.log" || fail "rollout.batch not listed"
+    grep -q "rollout.samples_per_prompt: checkpoint 4, deck 8" "$OUT/changed.log" || fail "samples_per_prompt not listed"
+    grep -q "run.seed: checkpoint 42, deck 7" "$OUT/changed.log" || fail "run.seed not listed"
+    $MPIEXEC -np 2 "$DITRL" train "$DECK" "${BASE[@]}" --set run.seed=7 --resume auto --max-rollouts 1 \
+      --allow-changed-deck >"$OUT/allowed.log" 2>&1 || fail "--allow-changed-deck did not resume"
+    pass "changed trajectory keys refused with the list, accepted with --allow-changed-deck"
+    ;;
+
+  signal_startup)
+    # USR1 to every rank while it starts (model build, before rollout 0): the
+    # run comes up, agrees to stop, writes status = preempted and exits 0.
+    start
+    t0=$SECONDS
+    # As soon as both ranks catch USR1 (SigCgt bit 10: the handler `train`
+    # installs first thing), before MPI and the model are up.
+    catches() { local m; m=$(awk '/^SigCgt/ {print $2}' "/proc/$1/status" 2>/dev/null); [[ -n $m ]] && (( (16#$m >> 9) & 1 )); }
+    both_catch() {
+      ranks=$(ps -o pid= --ppid "$job")
+      [[ $(echo $ranks | wc -w) -ge 2 ]] || return 1
+      for p in $ranks; do catches "$p" || return 1; done
+    }
+    until both_catch; do
+      (( SECONDS - t0 > 60 )) && fail "the ranks never installed a USR1 handler"
+      sleep 0.02
+    done
+    for child in $ranks; do kill -USR1 "$child"; done
+    grep -q "placement:" "$OUT/job.log" && echo "note: the signal came after start_runtime"
+    finish 120
+    [[ $rc == hung ]] && fail "hung after a start-up signal"
+    (( rc == 0 )) || fail "exit $rc after a start-up signal (expected 0)"
+    [[ $(cat "$OUT/run/status" 2>/dev/null) == preempted ]] || fail "status is '$(cat "$OUT/run/status" 2>/dev/null)', not preempted"
+    pass "start-up signal: rc 0, status preempted"
+    ;;
+
+  signal_mpirun)
+    # slurm/job.sh's mpirun path, TERM to the batch shell as `scancel` sends
+    # it, during rollouts slower than Open MPI's ~1 s kill delay: the step
+    # must still checkpoint and exit 0 (job.sh sends mpirun USR1).
+    SLURM_NTASKS=2 DITRL_LAUNCHER=mpirun DITRL="$DITRL" DITRL_OUT="$OUT/run" \
+      DITRL_SET="checkpoint.every=1000 train.num_rollouts=200 rollout.steps=40 rollout.height=16 rollout.width=16" \
+      bash "$SRC/slurm/job.sh" "$DECK" >"$OUT/job.log" 2>&1 &
+    job=$!
+    wait_for "rollout 2/200" 600
+    kill -TERM "$job"
+    finish 300
+    [[ $rc == hung ]] && fail "hung after TERM"
+    (( rc == 0 )) || fail "job.sh exited $rc after TERM (the ranks were killed?)"
+    [[ $(cat "$OUT/run/status" 2>/dev/null) == preempted ]] || fail "status is not preempted"
+    [[ -n $(latest_step) ]] || fail "no checkpoint written on TERM"
+    pass "TERM through mpirun: rc 0, status preempted, checkpoint $(latest_step)"
+    ;;
+
+  *) fail "unknown scenario" ;;
+esac
