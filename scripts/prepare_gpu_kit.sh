@@ -42,7 +42,7 @@ L=$U/lib/$ARCH
 # --- prune -----------------------------------------------------------------
 rm -rf "$U/share/doc" "$U/share/man" "$U/share/lintian" "$PREFIX/etc" "$L/fortran" "$L/openmpi/lib/"*java* \
   "$U/include/$ARCH/openmpi" "$U/share/java"
-find "$PREFIX" -name '*.a' -delete
+find "$PREFIX" -name '*.a' ! -name 'libCatch2*' -delete  # Catch2's CMake targets name its own
 find "$PREFIX" \( -name '*oshmem*' -o -name 'mca_spml_*' -o -name 'mca_sshmem_*' -o -name 'mca_scoll_*' \
   -o -name 'mca_atomic_*' -o -name 'mca_memheap_*' -o -name '*mpifh*' -o -name '*usempi*' -o -name '*f08*' \) -exec rm -rf {} +
 # Components Debian's own openmpi-mca-params.conf switches off (UCX, OFI,
