@@ -106,8 +106,8 @@ cat "$SUMMARY"
 # --- build -------------------------------------------------------------------
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
-if [[ -f $BUILD/CMakeCache.txt ]]; then
-  generator=()  # keep the generator an existing build dir has
+if [[ -f $BUILD/CMakeCache.txt ]]; then  # keep the generator an existing build dir has
+  generator=(-G "$(sed -n 's/^CMAKE_GENERATOR:INTERNAL=//p' "$BUILD/CMakeCache.txt")")
   # A cache that found its libraries elsewhere would keep them: start it afresh (objects stay).
   grep -q "$KIT_USR" "$BUILD/CMakeCache.txt" || rm -f "$BUILD/CMakeCache.txt"
 fi
