@@ -29,6 +29,13 @@ PACKAGES=(
 # compiler's runtime): never carried.
 SYSTEM_LIBS='^(linux-vdso|ld-linux-x86-64|libc|libm|libdl|libpthread|librt|libresolv|libutil|libstdc\+\+|libgcc_s)\.so'
 
+# Up to date when this script and the pinned requirements made it (CI reruns cost nothing then).
+stamp=$(cat "$0" scripts/requirements.txt | sha256sum | cut -d' ' -f1)
+if [[ -f $KIT/prefix.tar.xz && "$(cat "$PREFIX/.stamp" 2>/dev/null)" == "$stamp" ]]; then
+  echo "prepare_gpu_kit: $PREFIX and $KIT/prefix.tar.xz are up to date"
+  exit 0
+fi
+
 mkdir -p "$DEBS"
 ( cd "$DEBS" && for p in "${PACKAGES[@]}"; do ls "${p}"_*.deb >/dev/null 2>&1 || apt-get download "$p"; done ) 2>&1 |
   grep -v '^W: Download is performed unsandboxed' || true
@@ -135,6 +142,7 @@ mkdir -p "$PREFIX/wheels"
   -d "$PREFIX/wheels" "$(grep '^diffusers==' scripts/requirements.txt)" importlib_metadata==10.2.0
 ls "$PREFIX/wheels" >>"$PREFIX/MANIFEST"
 
+echo "$stamp" >"$PREFIX/.stamp"
 tar -C "$KIT" -cJf "$KIT/prefix.tar.xz.tmp" prefix && mv "$KIT/prefix.tar.xz.tmp" "$KIT/prefix.tar.xz"
 mib=$(du -sm "$PREFIX" | cut -f1) packed=$(($(stat -c %s "$KIT/prefix.tar.xz") / 1048576))
 echo "prepare_gpu_kit: $PREFIX ($mib MiB; $KIT/prefix.tar.xz $packed MiB), glibc >= ${glibc#GLIBC_}"
