@@ -40,9 +40,14 @@ endif()
 
 # torch/include carries its own fmt (12.x); our code and spdlog are built
 # against Debian's fmt 9, so that one must come first on the include path.
+# (Debian's libfmt-dev, or the GPU kit's copy of it through CMAKE_PREFIX_PATH.)
+find_path(DITRL_FMT_INCLUDE_DIR fmt/format.h)
+if(NOT DITRL_FMT_INCLUDE_DIR)
+  message(FATAL_ERROR "fmt/format.h (Debian's libfmt-dev, which spdlog is built against) not found")
+endif()
 set(_fmt_shim "${CMAKE_BINARY_DIR}/debian-fmt")
 file(MAKE_DIRECTORY "${_fmt_shim}")
-file(CREATE_LINK /usr/include/fmt "${_fmt_shim}/fmt" SYMBOLIC)
+file(CREATE_LINK "${DITRL_FMT_INCLUDE_DIR}/fmt" "${_fmt_shim}/fmt" SYMBOLIC)
 
 add_library(ditrl::torch INTERFACE IMPORTED)
 set_target_properties(ditrl::torch PROPERTIES

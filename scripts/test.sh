@@ -11,15 +11,13 @@ BUILD_DIR=${DITRL_BUILD_DIR:-build}
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DDITRL_WERROR=ON
 cmake --build "$BUILD_DIR" -j "$JOBS"
 
-# The CUDA/NCCL sources must compile and link here too, against the same
-# torch wheel's CUDA LibTorch and its nvidia-* wheels; without a GPU only
-# its no-GPU paths run. ccache makes this mostly preprocessing: the CPU build
-# above compiled the same translation units.
-cmake -S . -B "$BUILD_DIR-cuda" -DCMAKE_BUILD_TYPE=Release -DDITRL_CUDA=ON -DDITRL_WERROR=ON \
-  -DDITRL_BUILD_TESTS=OFF -DDITRL_BUILD_BENCHMARKS=OFF
-cmake --build "$BUILD_DIR-cuda" -j "$JOBS"
-echo "test.sh: CUDA/NCCL build compiled and linked ($BUILD_DIR-cuda)"
-if ! nvidia-smi -L >/dev/null 2>&1; then bash tests/cuda/no_gpu.sh "$BUILD_DIR-cuda"; fi
+# The CUDA/NCCL build, made the way the GPU check kit makes it on a bare GPU
+# machine: Debian's libraries unpacked into kit/prefix, ditrl built against
+# them and the venv's CUDA LibTorch, the `gpu` tests (SKIPPED without a GPU)
+# and the CUDA build's no-GPU paths (tests/cuda/no_gpu.sh).
+bash scripts/prepare_gpu_kit.sh
+DITRL_WERROR=ON DITRL_PYTHON="${DITRL_VENV:-$HOME/.cache/ditrl/venv}/bin/python" \
+  bash scripts/gpu_check.sh --build-dir "$BUILD_DIR-cuda" --results "$BUILD_DIR-cuda/gpu-check"
 
 cd "$BUILD_DIR"
 ctest --output-on-failure -j "$JOBS"

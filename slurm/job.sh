@@ -52,16 +52,15 @@ launch() {
 
 # Slurm signals the batch shell only (--signal=B:USR1@N, scancel --batch):
 # pass it to the step (srun and mpirun forward it to every rank), which
-# checkpoints at the next rollout boundary and exits 0. Open MPI's mpirun
-# answers TERM by killing its ranks about a second later (whatever they are
-# doing), but forwards USR1 and lets them finish; ditrl treats both alike, so
-# the mpirun step always gets USR1.
+# checkpoints at the next rollout boundary and exits 0. Both launchers answer
+# TERM by ending their ranks (Open MPI's mpirun kills them about a second
+# later; srun "forces job termination" and Slurm kills the step), whatever
+# they are doing, but forward USR1 and let them finish; ditrl treats both
+# alike, so the step always gets USR1 (tests/slurm/run.sh, scenario 3).
 signalled=""
 forward() {
   signalled=$1
-  local signal=$1
-  [[ ${DITRL_LAUNCHER:-srun} == mpirun ]] && signal=USR1
-  kill -"$signal" "$step" 2>/dev/null
+  kill -USR1 "$step" 2>/dev/null
 }
 trap 'forward USR1' USR1
 trap 'forward TERM' TERM

@@ -318,6 +318,13 @@ std::vector<std::string> SD3::default_lora_targets() const {
 }
 
 std::vector<int64_t> SD3::latent_shape(int64_t batch, const LatentGrid& grid) const {
+  const int64_t p = config_.patch_size;
+  if (grid.frames != 1) fail("sd3: an image model; the latent grid must have frames = 1, got {}", grid.frames);
+  if (grid.height % p != 0 || grid.width % p != 0)
+    fail("sd3: latent height and width {}x{} must be multiples of patch_size {}", grid.height, grid.width, p);
+  if (grid.height / p > config_.pos_embed_max_size || grid.width / p > config_.pos_embed_max_size)
+    fail("sd3: latent grid {}x{} (patches) exceeds pos_embed_max_size {}", grid.height / p, grid.width / p,
+         config_.pos_embed_max_size);
   return {batch, config_.in_channels, grid.height, grid.width};
 }
 

@@ -30,6 +30,7 @@ trap cleanup EXIT
 
 # start ARGS...: the job in the background, its output in $OUT/job.log.
 start() {
+  : >"$OUT/job.log"  # now, not in the background child: wait_for must not read the previous job's log
   $MPIEXEC -np 2 "$DITRL" train "$DECK" "${BASE[@]}" "$@" >"$OUT/job.log" 2>&1 &
   job=$!
 }
@@ -92,6 +93,31 @@ case $SCENARIO in
     pass "ended $took s after SIGSTOP (limit ${timeout} s + 10 s), rc $rc, $(grep -o 'waited [0-9.]* s in [^;]*' "$OUT/job.log" | head -1)"
     ;;
 
+  stopped_rank_random)
+    # Either rank stopped at a random moment of rollouts 2-3 (sampling,
+    # rewards, training, checkpoint and metrics writes): every try ends
+    # within the timeout + 10 s, naming the stopped rank.
+    timeout=5 tries=${DITRL_FAULT_TRIES:-20} table=""
+    RANDOM=21
+    for ((i = 0; i < tries; i++)); do
+      rm -rf "$OUT/run"
+      start --set parallel.collective_timeout_s=$timeout
+      wait_for "checkpoint .*step-1.h5" 300
+      rank=$((RANDOM % 2)) delay=$((RANDOM % 3000))
+      sleep "$(printf '%d.%03d' $((delay / 1000)) $((delay % 1000)))"
+      victim=$(rank_pid $rank)
+      [[ -n $victim ]] || fail "try $i: no rank $rank among the launcher's children"
+      kill -STOP "$victim"
+      finish $((timeout + 10 + 5))
+      [[ $rc == hung ]] && fail "try $i (rank $rank stopped $delay ms after step-1): not ended within $took s"
+      (( rc != 0 )) || fail "try $i: exit code 0 after a stopped rank"
+      grep -q "collective timeout on rank $((1 - rank))" "$OUT/job.log" || fail "try $i: no watchdog message on rank $((1 - rank))"
+      grep -q "rank $rank (not responding" "$OUT/job.log" || fail "try $i: the message does not name rank $rank"
+      table+="r$rank+${delay}ms:${took}s "
+    done
+    pass "$tries/$tries tries ended within ${timeout} s + 10 s, naming the stopped rank ($table)"
+    ;;
+
   stopped_rank_startup)
     # Stopped before training starts: startup_timeout_s applies.
     timeout=6
@@ -118,7 +144,7 @@ case $SCENARIO in
       rm -rf "$OUT/mnt" && mkdir -p "$OUT/mnt"
       unshare -m bash -c "mount -t tmpfs -o size=$size tmpfs '$OUT/mnt' && exec $MPIEXEC -np 2 '$DITRL' train '$DECK' \
         --set run.out_dir='$OUT/mnt/run' --set checkpoint.every=1 --set checkpoint.keep=2 \
-        --set train.num_rollouts=40 --set parallel.collective_timeout_s=20" >"$OUT/job.log" 2>&1 &
+        --set train.num_rollouts=40 --set parallel.collective_timeout_s=10" >"$OUT/job.log" 2>&1 &
       job=$!
       finish 240
       [[ $rc == hung ]] && fail "try $i ($size): hung for $took s"

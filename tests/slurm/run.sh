@@ -5,7 +5,10 @@
 #   2. preemption: a deterministic run gets USR1 on its batch shell mid-run
 #      (what --signal=B:USR1@120 does near the time limit), checkpoints,
 #      requeues itself, comes back with SLURM_RESTART_COUNT=1, resumes from
-#      latest, finishes, and its metrics equal an uninterrupted run's.
+#      latest, finishes, and its metrics equal an uninterrupted run's;
+#   3. both launchers (srun, and mpirun inside the allocation) during
+#      rollouts slower than Open MPI's ~1 s kill delay: USR1 to the batch
+#      shell checkpoints and requeues, TERM checkpoints and ends the job 0.
 # Exit 77 (CTest SKIP_RETURN_CODE) with the reason when the daemons cannot
 # be set up here. Usage: tests/slurm/run.sh [path/to/ditrl]
 set -uo pipefail
@@ -87,6 +90,30 @@ check "preempted run status complete" grep -qx complete "$out/status"
 "$DITRL" standard record "runs/ref-$ref" ref.json >/dev/null
 check "preempted+resumed metrics equal the uninterrupted run's (bitwise, perf/* aside)" \
   "$DITRL" standard check "$out" ref.json
+
+# 3. Slow rollouts (40 SDE steps at 16x16 take seconds each) under each
+# launcher: the signal must reach the ranks as a checkpoint request, not as
+# mpirun's kill.
+export DITRL_SET="train.num_rollouts=200 checkpoint.every=1000 rollout.steps=40 rollout.height=16 rollout.width=16"
+for launcher in srun mpirun; do
+  for signal in USR1 TERM; do
+    name=$launcher-$signal
+    job=$(DITRL_LAUNCHER=$launcher sbatch --parsable "${SIZE[@]}" -J "$name" -o "$name-%j.out" "$ROOT/slurm/train.sbatch" \
+      "$ROOT/inputs/quickstart.toml")
+    out=$WORKDIR/runs/$name-$job
+    check "$name: run reached rollout 2/200" waitfor 300 grep -qs "rollout 2/200" "$name-$job.out"
+    scancel --signal="$signal" --batch "$job"
+    check "$name: step exited 0 with status preempted" waitfor 120 grep -qs "step exited 0, status preempted" "$name-$job.out"
+    check "$name: checkpoint written on $signal" test -s "$out/checkpoints/latest"
+    if [[ $signal == USR1 ]]; then
+      check "$name: requeued itself" grep -q "checkpointed on USR1, requeueing" "$name-$job.out"
+    else
+      check "$name: not requeued on TERM" bash -c "! grep -q requeueing '$name-$job.out'"
+    fi
+    scancel "$job" 2>/dev/null
+    waitfor 60 bash -c "[[ -z \$(squeue -h -j $job 2>/dev/null) ]]"
+  done
+done
 
 if [[ $failures != 0 ]]; then
   echo "--- $failures check(s) failed; job output and daemon logs in $WORKDIR"

@@ -224,7 +224,8 @@ TEST_CASE("config: `ditrl check` prints the effective deck / or the problem and 
   CHECK_THAT(missing.output, Contains("cannot open deck"));
 }
 
-TEST_CASE("config: `ditrl check` rejects what train start would: batch splits / preset / out_dir", "[config][cli]") {
+TEST_CASE("config: `ditrl check` rejects what train start would: batch splits / preset / geometry / out_dir",
+          "[config][cli]") {
   const std::string dir = ditrl::test::fresh_output_dir("config_check_start");
   const std::string good = dir + "/good.toml";
   std::ofstream(good) << kMinimal;
@@ -245,4 +246,13 @@ TEST_CASE("config: `ditrl check` rejects what train start would: batch splits / 
   const auto out_dir = ditrl::test::run_process(check + " --set run.out_dir=" + good + "/run");
   CHECK(out_dir.exit_code != 0);
   CHECK_THAT(out_dir.output, Contains("is not a folder"));
+
+  // The quickstart's geometry rules: what its first forward would refuse.
+  const std::string quickstart = std::string(DITRL_BINARY) + " check " + DITRL_SOURCE_DIR + "/inputs/quickstart.toml";
+  const auto odd = ditrl::test::run_process(quickstart + " --set rollout.height=17 --set run.out_dir=" + dir);
+  CHECK(odd.exit_code != 0);
+  CHECK_THAT(odd.output, Contains("must be multiples of patch_size 2"));
+  const auto huge = ditrl::test::run_process(quickstart + " --set rollout.height=4096 --set run.out_dir=" + dir);
+  CHECK(huge.exit_code != 0);
+  CHECK_THAT(huge.output, Contains("exceeds pos_embed_max_size"));
 }

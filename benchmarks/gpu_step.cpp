@@ -1,0 +1,230 @@
+// ditrl's side of the GPU training-step benchmark (benchmarks/gpu/run.sh;
+// the peer is benchmarks/gpu/diffusers_step.py): the same SD3.5-medium-sized
+// and Wan2.1-1.3B-sized models, built by ditrl's families from the same
+// config.json keys, trained the way `ditrl train` trains them on one rank:
+// ShardedParams holding fp32 masters and AdamW moments, bf16 compute copies,
+// gradients reduced in fp32, only the chosen SDPA backend enabled. One step =
+// forward + MSE loss against a fixed target + backward + AdamW, on the peer's
+// token counts. Writes one JSON object with the peer's field names.
+//
+//   bench_gpu_step --model sd3.5-medium --size full --device cuda --out sd3.json
+//   bench_gpu_step --model wan2.1-1.3b --size tiny --device cpu --out wan.json   (CI: runs here)
+
+#include <ditrl/app/determinism.hpp>
+#include <ditrl/dist/runtime.hpp>
+#include <ditrl/models/family.hpp>
+#include <ditrl/precision/plan.hpp>
+#include <ditrl/shard/sharded_params.hpp>
+
+#include <ATen/ATen.h>
+#include <CLI/CLI.hpp>
+#include <boost/json.hpp>
+#include <fmt/format.h>
+#include <torch/torch.h>
+#include <torch/version.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <map>
+
+#ifdef DITRL_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <cuda_runtime_api.h>
+#endif
+
+namespace json = boost::json;
+using namespace ditrl;
+
+namespace {
+
+struct Spec {
+  std::string family;
+  json::object config;            // diffusers config.json keys, as diffusers_step.py passes them
+  std::vector<int64_t> grid;      // latent frames x height x width (frames 1 for images)
+  int64_t image_tokens, text_tokens;
+};
+
+json::object sd3(int64_t layers, int64_t heads, int64_t head_dim, int64_t joint, int64_t pooled, int64_t sample,
+                 int64_t pos_max, int64_t dual) {
+  json::array dual_layers;
+  for (int64_t i = 0; i < dual; ++i) dual_layers.push_back(i);
+  return {{"_class_name", "SD3Transformer2DModel"}, {"sample_size", sample},
+          {"patch_size", 2},                         {"in_channels", 16},
+          {"num_layers", layers},                    {"attention_head_dim", head_dim},
+          {"num_attention_heads", heads},            {"joint_attention_dim", joint},
+          {"caption_projection_dim", heads * head_dim}, {"pooled_projection_dim", pooled},
+          {"out_channels", 16},                      {"pos_embed_max_size", pos_max},
+          {"dual_attention_layers", dual_layers},    {"qk_norm", "rms_norm"}};
+}
+
+json::object wan(int64_t layers, int64_t heads, int64_t head_dim, int64_t text, int64_t freq, int64_t ffn) {
+  return {{"_class_name", "WanTransformer3DModel"},
+          {"patch_size", json::array{1, 2, 2}},
+          {"num_attention_heads", heads},
+          {"attention_head_dim", head_dim},
+          {"in_channels", 16},
+          {"out_channels", 16},
+          {"text_dim", text},
+          {"freq_dim", freq},
+          {"ffn_dim", ffn},
+          {"num_layers", layers},
+          {"cross_attn_norm", true},
+          {"qk_norm", "rms_norm_across_heads"},
+          {"eps", 1e-6}};
+}
+
+// Keep in step with MODELS in benchmarks/gpu/diffusers_step.py.
+const std::map<std::string, std::map<std::string, Spec>> kModels = {
+    {"sd3.5-medium",
+     {{"full", {"sd3", sd3(24, 24, 64, 4096, 2048, 128, 384, 13), {1, 128, 128}, 4096, 333}},
+      {"tiny", {"sd3", sd3(2, 2, 16, 64, 32, 16, 16, 1), {1, 16, 16}, 64, 12}}}},
+    {"wan2.1-1.3b",
+     {{"full", {"wan", wan(30, 12, 128, 4096, 256, 8960), {9, 60, 104}, 14040, 512}},
+      {"tiny", {"wan", wan(2, 2, 16, 64, 32, 64), {3, 8, 8}, 48, 12}}}},
+};
+
+void synchronize(const c10::Device& device) {
+#ifdef DITRL_CUDA
+  if (device.is_cuda()) cudaDeviceSynchronize();
+#else
+  (void)device;
+#endif
+}
+
+double peak_memory_gib(const c10::Device& device) {
+#ifdef DITRL_CUDA
+  if (device.is_cuda())
+    return c10::cuda::CUDACachingAllocator::getDeviceStats(device.index())
+               .allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
+               .peak /
+           std::pow(2.0, 30);
+#else
+  (void)device;
+#endif
+  return -1;
+}
+
+struct Inputs {
+  at::Tensor latents, timesteps, sigmas, target;
+  models::Cond cond;
+};
+
+// The peer's draws: latents, the text conditioning, t = 500, target (other
+// values than the peer's generator gives; the step's cost does not depend on them).
+Inputs draw_inputs(models::Family& family, const Spec& spec, const c10::Device& device) {
+  at::manual_seed(0);
+  const auto on = at::TensorOptions().device(device);
+  Inputs in;
+  const std::vector<int64_t> shape = family.latent_shape(1, {spec.grid[0], spec.grid[1], spec.grid[2]});
+  in.latents = at::randn(shape, on);
+  for (const models::CondSpec& c : family.cond_spec()) {
+    std::vector<int64_t> s = {1};
+    s.insert(s.end(), c.shape.begin(), c.shape.end());
+    if (c.name == "encoder_hidden_states") s[1] = spec.text_tokens;
+    in.cond.tensors[c.name] = c10::isFloatingType(c.dtype) ? at::randn(s, on).to(c.dtype) : at::ones(s, on.dtype(c.dtype));
+  }
+  in.timesteps = at::full({1}, 500.0, on);
+  in.sigmas = in.timesteps / 1000;
+  in.target = at::randn(shape, on);
+  return in;
+}
+
+precision::CompiledPlan bf16_plan(models::Family& family) {
+  std::vector<precision::DtypeRule> rules;
+  for (const models::DtypeOverride& o : family.default_overrides())
+    rules.push_back({o.pattern, precision::parse_dtype(o.dtype), "family default \"" + o.pattern + "\"", false});
+  std::vector<std::string> names;
+  for (const auto& item : family.named_parameters()) names.push_back(item.key());
+  return precision::PrecisionPlan(at::kFloat, at::kFloat, at::kBFloat16, rules).compile(names);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model, size = "full", device_name = "cuda", attention, out;
+  int warmup = 3, steps = 10;
+  CLI::App app{"ditrl's side of the GPU training-step benchmark (benchmarks/gpu/run.sh)"};
+  app.add_option("--model", model)->required()->check(CLI::IsMember({"sd3.5-medium", "wan2.1-1.3b"}));
+  app.add_option("--size", size)->check(CLI::IsMember({"full", "tiny"}));
+  app.add_option("--device", device_name)->check(CLI::IsMember({"cuda", "cpu"}));
+  app.add_option("--attention", attention, "SDPA backend (default: flash on cuda, math on cpu)");
+  app.add_option("--warmup", warmup);
+  app.add_option("--steps", steps)->check(CLI::PositiveNumber);
+  app.add_option("--out", out)->required();
+  CLI11_PARSE(app, argc, argv);
+  if (attention.empty()) attention = device_name == "cuda" ? "flash" : "math";
+  try {
+    dist::RuntimeOptions ro;
+    ro.device = device_name;
+    ro.deterministic = false;  // the fast kernels, as the peer runs
+    auto runtime = dist::Runtime::create(ro);
+    const c10::Device device = runtime->device();
+    if (device.is_cuda()) app::pin_gpu_kernels();  // TF32 off, as the peer sets it
+    const Spec& spec = kModels.at(model).at(size);
+    const std::string config = out + ".config.json";
+    std::ofstream(config) << json::serialize(spec.config);
+
+    models::FamilyOptions fo;
+    fo.family = spec.family;
+    fo.config_json = config;
+    fo.device = device;
+    fo.attention = attention;
+    fo.inputs = precision::InputPolicy::resolve("default", "default", "passthrough", at::kBFloat16);
+    auto family = models::create_family(fo);
+    int64_t params = 0;
+    for (const auto& p : family->parameters()) params += p.numel();
+    shard::ShardOptions so;
+    so.device = device;
+    shard::ShardedParams sharded(*family, family->wrap_units(), bf16_plan(*family), runtime->data(), so);
+    models::ForwardContext ctx;
+    ctx.runner = &sharded;
+    const Inputs in = draw_inputs(*family, spec, device);
+
+    std::vector<double> times, losses;
+    for (int i = 0; i < warmup + steps; ++i) {
+      synchronize(device);
+      const auto start = std::chrono::steady_clock::now();
+      sharded.zero_grad();
+      sharded.begin_step();
+      const at::Tensor loss =
+          at::mse_loss(family->noise_pred(in.latents, in.timesteps, in.sigmas, in.cond, ctx).to(at::kFloat), in.target);
+      loss.backward();
+      sharded.finish_backward();
+      sharded.adamw_step(1e-5);
+      synchronize(device);
+      if (i >= warmup) {
+        times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+        losses.push_back(loss.item<double>());
+      }
+    }
+    std::vector<double> sorted = times;
+    std::sort(sorted.begin(), sorted.end());
+    const double median = sorted[sorted.size() / 2];
+    for (double l : losses)
+      if (!std::isfinite(l)) throw std::runtime_error(fmt::format("bench_gpu_step: loss {} is not finite", l));
+    const json::object result = {
+        {"side", fmt::format("ditrl (LibTorch {}), ShardedParams on 1 rank", TORCH_VERSION)},
+        {"model", model},
+        {"size", size},
+        {"device", device.is_cuda() ? "cuda" : "cpu"},
+        {"params", params},
+        {"image_tokens", spec.image_tokens},
+        {"text_tokens", spec.text_tokens},
+        {"attention", attention},
+        {"precision", "fp32 masters and AdamW moments, bf16 compute copies, fp32 gradient reduction"},
+        {"steps", steps},
+        {"step_s_median", median},
+        {"step_s_min", sorted.front()},
+        {"loss_first", losses.front()},
+        {"loss_last", losses.back()},
+        {"peak_memory_gib", peak_memory_gib(device)}};
+    std::ofstream(out) << json::serialize(result) << "\n";
+    std::cout << json::serialize(result) << "\n";
+  } catch (const std::exception& e) {
+    return dist::report_fatal(e);
+  }
+  return 0;
+}

@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# The GPU check kit: on a bare machine with NVIDIA GPUs, a python3 holding
+# torch 2.x with CUDA, cmake, ninja and a C++ compiler (no package registry),
+# builds ditrl with CUDA against that torch and the libraries of kit/prefix
+# (scripts/prepare_gpu_kit.sh makes it, kit/prefix.tar.xz carries it), then
+# runs the `gpu` tests, the quickstart on the GPU and the GPU benchmark
+# (benchmarks/gpu/run.sh), and writes every log and result into one folder.
+# Without a GPU the same steps run what they can: the build, the gpu tests
+# (each reports SKIPPED with its reason), the no-GPU checks of the CUDA build
+# instead of the GPU quickstart (the benchmark needs a GPU).
+#
+#   bash scripts/gpu_check.sh [--build-dir DIR] [--results DIR] [--pack FILE.tar.gz]
+#
+# On the device machine (target: 8 minutes in all on one H200; not yet measured):
+#   bash scripts/gpu_check.sh --results /tmp/gpu-check --pack $OUT/gpu_check.tar.gz   (carry: kit/prefix.tar.xz)
+# Exit status: 0 when every step passed or was skipped for want of a GPU.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+BUILD=build-gpu
+RESULTS=kit/results/$(date -u +%Y%m%dT%H%M%SZ)
+PACK=
+while (($#)); do
+  case $1 in
+    --build-dir) BUILD=$2; shift 2 ;;
+    --results) RESULTS=$2; shift 2 ;;
+    --pack) PACK=$2; shift 2 ;;
+    *) echo "gpu_check: unknown argument $1 (expected --build-dir, --results, --pack)"; exit 2 ;;
+  esac
+done
+mkdir -p "$RESULTS"
+RESULTS=$(realpath "$RESULTS")
+BUILD=$(realpath -m "$BUILD")
+SUMMARY=$RESULTS/summary.md
+T0=$(date +%s)
+failed=0
+
+note() { echo "$*" | tee -a "$SUMMARY"; }
+# step NAME TIMEOUT_S COMMAND...: runs it with its output in NAME.log and one summary row.
+step() {
+  local name=$1 limit=$2 start rc status
+  shift 2
+  start=$(date +%s)
+  echo "gpu_check: $name ..."
+  timeout "$limit" "$@" >"$RESULTS/$name.log" 2>&1
+  rc=$?
+  case $rc in
+    0) status=passed ;;
+    124) status="FAILED (over its $limit s limit)"; failed=1 ;;
+    *) status="FAILED (exit $rc)"; failed=1 ;;
+  esac
+  note "| $name | $status | $(($(date +%s) - start)) s | $name.log |"
+  ((rc == 0)) || tail -n 30 "$RESULTS/$name.log"
+  return $rc
+}
+finish() {
+  note ""
+  note "total: $(($(date +%s) - T0)) s; $( ((failed)) && echo 'some steps FAILED' || echo 'every step passed or was skipped for want of a GPU')"
+  if [[ -n $PACK ]]; then  # one archive and the summary beside it (the device tool returns few files)
+    tar -C "$(dirname "$RESULTS")" -czf "$PACK" "$(basename "$RESULTS")"
+    cp "$SUMMARY" "${PACK%.tar.gz}.summary.md"
+  fi
+  exit $failed
+}
+
+# --- the kit's libraries -----------------------------------------------------
+if [[ ! -f kit/prefix/env.sh && -f kit/prefix.tar.xz ]]; then tar -C kit -xJf kit/prefix.tar.xz; fi
+if [[ ! -f kit/prefix/env.sh ]]; then
+  echo "gpu_check: no kit/prefix (run scripts/prepare_gpu_kit.sh on a Debian bookworm machine and carry kit/prefix.tar.xz)"
+  exit 2
+fi
+# shellcheck source=/dev/null
+source kit/prefix/env.sh
+glibc=$(ldd --version 2>/dev/null | head -1 | grep -oE '[0-9]+\.[0-9]+$')
+if [[ -n $glibc && $(printf '%s\n%s\n' "$DITRL_KIT_GLIBC" "$glibc" | sort -V | head -1) != "$DITRL_KIT_GLIBC" ]]; then
+  echo "gpu_check: this machine's glibc is $glibc; the kit's Debian bookworm libraries need >= $DITRL_KIT_GLIBC"
+  exit 2
+fi
+PY=${DITRL_PYTHON:-$(command -v python3)}
+# diffusers (the benchmark's peer) where python3 lacks it: the kit's wheels.
+if ! "$PY" -c 'import diffusers' 2>/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$ROOT/kit/site" kit/prefix/wheels/*.whl ||
+    { echo "gpu_check: could not install kit/prefix/wheels"; exit 2; }
+  export PYTHONPATH=$ROOT/kit/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+GPUS=$("$PY" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)' 2>/dev/null || echo 0)
+# Open MPI in gVisor-style sandboxes: no cross-memory attach between ranks.
+export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+{
+  echo "# ditrl GPU check, $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo
+  echo "- commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- src include tests benchmarks scripts 2>/dev/null || echo ' (+ uncommitted changes)')"
+  echo "- machine: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB, $(uname -sr), glibc ${glibc:-?}"
+  gpu_names=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | paste -sd';')
+  echo "- GPUs visible to torch: $GPUS; nvidia-smi: ${gpu_names:-none}"
+  echo "- python: $PY ($("$PY" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__, "CUDA", torch.version.cuda)' 2>&1))"
+  echo "- $(cmake --version | head -1), ninja $(ninja --version 2>/dev/null || echo absent), $(${CXX:-c++} --version | head -1)"
+  echo "- kit: $(head -1 kit/prefix/MANIFEST | sed 's/^# //')"
+  echo
+  echo "| step | result | time | log |"
+  echo "|---|---|---|---|"
+} >"$SUMMARY"
+cat "$SUMMARY"
+
+# --- build -------------------------------------------------------------------
+generator=()
+command -v ninja >/dev/null && generator=(-G Ninja)
+if [[ -f $BUILD/CMakeCache.txt ]]; then  # keep the generator an existing build dir has
+  generator=(-G "$(sed -n 's/^CMAKE_GENERATOR:INTERNAL=//p' "$BUILD/CMakeCache.txt")")
+  # A cache that found its libraries elsewhere would keep them: start it afresh (objects stay).
+  grep -q "$KIT_USR" "$BUILD/CMakeCache.txt" || rm -f "$BUILD/CMakeCache.txt"
+fi
+step configure 300 cmake "${generator[@]}" -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DDITRL_CUDA=ON \
+  -DDITRL_PYTHON="$PY" -DDITRL_WERROR="${DITRL_WERROR:-OFF}" -DCMAKE_PREFIX_PATH="$KIT_USR" \
+  -DMPI_C_COMPILER="$KIT_USR/bin/mpicc" -DMPIEXEC_EXECUTABLE="$KIT_USR/bin/mpiexec" \
+  -DHDF5_C_COMPILER_EXECUTABLE="$KIT_USR/bin/h5pcc" || finish
+targets=(ditrl ditrl_gpu_tests ditrl_mpi_tests visible_gpus bench_gpu_step)
+step build 3600 cmake --build "$BUILD" -j "$(nproc)" --target "${targets[@]}" || finish
+
+# --- the gpu tests -----------------------------------------------------------
+step gpu_tests 420 ctest --test-dir "$BUILD" -L gpu --output-on-failure --output-junit "$RESULTS/gpu_tests.xml"
+grep -E 'tests passed|\((Skipped|Failed|Not Run|Timeout)\)$' "$RESULTS/gpu_tests.log" | sed 's/^/    /' | tee -a "$SUMMARY"
+
+# --- the quickstart on the GPU (or, without one, the CUDA build's no-GPU paths)
+if ((GPUS > 0)); then
+  step quickstart_gpu 300 bash -c "mpirun -np 1 '$BUILD/ditrl' train inputs/quickstart.toml --set run.device=cuda \
+    --set run.out_dir='$RESULTS/quickstart' && '$PY' tools/plot_metrics.py '$RESULTS/quickstart/metrics.h5' \
+    --out '$RESULTS/quickstart/curves.png' --summary"
+else
+  note "| quickstart_gpu | SKIPPED: no GPU visible to torch | - | - |"
+  step no_gpu_paths 420 bash tests/cuda/no_gpu.sh "$BUILD"
+fi
+
+# --- the GPU benchmark (without a GPU, CTest's bench.gpu_step_tiny runs its tiny CPU size)
+if ((GPUS > 0)); then
+  step benchmark_full 600 bash benchmarks/gpu/run.sh "$PY" "$RESULTS/benchmark" full "$BUILD/benchmarks/bench_gpu_step"
+  [[ -f $RESULTS/benchmark/report.md ]] && cat "$RESULTS/benchmark/report.md" >>"$SUMMARY"
+else
+  note "| benchmark_full | SKIPPED: no GPU visible to torch (bench.gpu_step_tiny covers the tiny size) | - | - |"
+fi
+finish
