@@ -2,6 +2,7 @@
 #include <ditrl/error.hpp>
 
 #include <ATen/Context.h>
+#include <ATen/Version.h>
 #include <fmt/format.h>
 #include <signal.h>
 #include <unistd.h>
@@ -86,7 +87,8 @@ std::string cpu_kernel_pins() {
     const char* value = std::getenv(name.c_str());
     text += fmt::format("{}{}={}", text.empty() ? "" : " ", name, value ? value : "(unset)");
   }
-  return text;
+  // What ATen read from them at load: the proof the re-exec took effect.
+  return text + "; ATen CPU capability " + at::get_cpu_capability();
 }
 
 }  // namespace ditrl::app

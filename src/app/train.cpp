@@ -29,6 +29,8 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 
 namespace ditrl::app {
@@ -45,6 +47,17 @@ double seconds_since(Clock::time_point start) {
 std::atomic<int> stop_signal{0};
 extern "C" void request_stop(int signal) {
   stop_signal = signal;
+}
+
+// Fault injection for the e2e suite: DITRL_TEST_NONFINITE_LOSS="rank:step"
+// makes that rank's loss NaN at that optimizer step (as a sample gone bad
+// would), so the agreed skip or stop of train.on_nonfinite runs end to end.
+bool nonfinite_point(int rank, int64_t step) {
+  const char* spec = std::getenv("DITRL_TEST_NONFINITE_LOSS");
+  if (!spec) return false;
+  int at_rank = -1;
+  long long at_step = -1;
+  return std::sscanf(spec, "%d:%lld", &at_rank, &at_step) == 2 && at_rank == rank && at_step == step;
 }
 
 std::string trajectory_path(const std::string& pattern, int64_t rollout_id) {
@@ -133,7 +146,8 @@ class Trainer {
     const auto start = Clock::now();
     run_.params->begin_step();
     const rl::PreparedBatch b = rl::prepare_batch(data.slice(mb), run_.runtime->device());
-    const at::Tensor loss_sum = run_.algorithm->micro_batch_loss(rollout, data, b, index, metrics);
+    at::Tensor loss_sum = run_.algorithm->micro_batch_loss(rollout, data, b, index, metrics);
+    if (nonfinite_point(run_.runtime->world().rank, global_step_)) loss_sum = loss_sum * std::nan("");
     const at::Tensor objective = rl::window_objective(loss_sum, window_pairs);
     times.forward += seconds_since(start);
     const auto backward_start = Clock::now();

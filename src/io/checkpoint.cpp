@@ -318,7 +318,8 @@ std::string save_checkpoint(const std::string& out_dir, const TrainingState& sta
     agree(
         comm, "writing its checkpoint slabs",
         [&] {
-          digests = write_hashed(tmp_path.string(), slabs, {at::get_num_threads() + 1, /*direct=*/true, device});
+          digests =
+              write_hashed(tmp_path.string(), slabs, {at::get_num_threads() + 1, /*direct=*/true, device}).digests;
         },
         [&] { abandon(file, tmp_path, root); });
     kill_point(comm, meta.step);

@@ -3,6 +3,7 @@
 #include <ditrl/io/sha256.hpp>
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -52,17 +53,25 @@ class Target {
       : path_(path),
         buffered_(::open(path.c_str(), O_WRONLY)),
         direct_(direct ? ::open(path.c_str(), O_WRONLY | O_DIRECT) : -1) {
+    if (direct && direct_.get() < 0) refuse(fmt::format("open with O_DIRECT: {}", std::strerror(errno)));
     if (buffered_.get() < 0) fail("{}: cannot open for writing: {}", path, std::strerror(errno));
     direct_ok_ = direct_.get() >= 0;
   }
 
   bool direct_ok() const { return direct_ok_; }
+  int64_t direct_bytes() const { return direct_bytes_; }
+  int64_t buffered_bytes() const { return buffered_bytes_; }
+  std::string refused() {
+    std::lock_guard<std::mutex> lock(refused_mutex_);
+    return refused_;
+  }
 
   void write_buffered(const char* data, int64_t size, int64_t offset) {
     while (size > 0) {
       const ssize_t n = ::pwrite(buffered_.get(), data, static_cast<size_t>(size), offset);
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) fail("{}: writing {} bytes at offset {} failed: {}", path_, size, offset, std::strerror(errno));
+      buffered_bytes_ += n;
       data += n, size -= n, offset += n;
     }
   }
@@ -75,10 +84,12 @@ class Target {
       const ssize_t n = ::pwrite(direct_.get(), data, static_cast<size_t>(size), offset);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && (errno == EINVAL || errno == EOPNOTSUPP)) {
+        refuse(fmt::format("O_DIRECT write of {} bytes at offset {}: {}", size, offset, std::strerror(errno)));
         direct_ok_ = false;
         break;
       }
       if (n <= 0) fail("{}: writing {} bytes at offset {} failed: {}", path_, size, offset, std::strerror(errno));
+      direct_bytes_ += n;
       data += n, size -= n, offset += n;
       if (n % kDirectAlignment != 0) break;
     }
@@ -86,10 +97,19 @@ class Target {
   }
 
  private:
+  void refuse(const std::string& why) {
+    std::lock_guard<std::mutex> lock(refused_mutex_);
+    if (refused_.empty()) refused_ = why;
+  }
+
   std::string path_;
   FileDescriptor buffered_;
   FileDescriptor direct_;
   std::atomic<bool> direct_ok_{false};
+  std::atomic<int64_t> direct_bytes_{0};
+  std::atomic<int64_t> buffered_bytes_{0};
+  std::mutex refused_mutex_;
+  std::string refused_;
 };
 
 // A worker's staging buffer: aligned host memory for host ranges; pinned
@@ -161,8 +181,8 @@ std::string write_range(const ByteRange& range, Target& target, Stage& stage) {
 
 }  // namespace
 
-std::vector<std::string> write_hashed(const std::string& path, const std::vector<ByteRange>& ranges,
-                                      const HashedWriteOptions& options) {
+HashedWriteResult write_hashed(const std::string& path, const std::vector<ByteRange>& ranges,
+                               const HashedWriteOptions& options) {
   Target target(path, options.direct);
   // In file order: the workers' writes advance through the file together.
   std::vector<size_t> order(ranges.size());
@@ -190,7 +210,7 @@ std::vector<std::string> write_hashed(const std::string& path, const std::vector
   work();
   for (std::thread& w : workers) w.join();
   if (error) std::rethrow_exception(error);
-  return digests;
+  return {std::move(digests), target.direct_bytes(), target.buffered_bytes(), target.refused()};
 }
 
 }  // namespace ditrl::io

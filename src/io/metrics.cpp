@@ -9,7 +9,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 
 namespace ditrl::io {
@@ -74,6 +76,7 @@ MetricsWriter::MetricsWriter(const std::string& path, const std::string& deck_te
   file.set_attr("deck", deck_text);
   file.set_attr("ditrl_version", build::kVersion);
   file.set_attr("ditrl_commit", build::kGitCommit);
+  file.set_attr("cpu", cpu_kernel_identity());
 }
 
 void MetricsWriter::reopen(int64_t first_step) {
@@ -121,7 +124,27 @@ MetricsTable read_metrics(const std::string& path) {
     h5::Group root = file.open_group(kRoot);
     table.series[name] = h5::Series::open_or_create(root, name).read();
   }
+  if (file.has_attr("cpu")) table.cpu = file.string_attr("cpu");
   return table;
+}
+
+std::string cpu_kernel_identity() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, model = "unknown CPU", flags;
+  while (std::getline(in, line) && (model == "unknown CPU" || flags.empty())) {
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    const std::string key = line.substr(0, line.find_last_not_of(" \t", colon - 1) + 1);
+    const std::string value = colon + 2 <= line.size() ? line.substr(colon + 2) : "";
+    if (key == "model name") model = value;
+    if (key == "flags") flags = " " + value + " ";
+  }
+  std::string identity = model + ";";
+  for (const char* isa : {"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni", "amx_tile",
+                          "amx_bf16"})
+    if (flags.find(std::string(" ") + isa + " ") != std::string::npos) identity += std::string(" ") + isa;
+  if (const char* max_isa = std::getenv("ONEDNN_MAX_CPU_ISA")) identity += std::string("; ONEDNN_MAX_CPU_ISA=") + max_isa;
+  return identity;
 }
 
 }  // namespace ditrl::io

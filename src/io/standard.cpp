@@ -37,6 +37,12 @@ double from_json(const json::value& v, const std::string& context) {
   fail("{}: expected a number (as a string), got {}", context, json::serialize(v));
 }
 
+bool excluded(const std::string& name, const std::vector<std::string>& prefixes) {
+  for (const std::string& prefix : prefixes)
+    if (name.rfind(prefix, 0) == 0) return true;
+  return false;
+}
+
 bool same_bits(double a, double b) {
   if (std::isnan(a) && std::isnan(b)) return true;
   return std::memcmp(&a, &b, sizeof(double)) == 0;
@@ -48,18 +54,17 @@ Standard make_standard(const MetricsTable& run, const std::string& deck,
                        const std::vector<std::string>& excluded_prefixes) {
   Standard standard;
   standard.deck = deck;
+  standard.cpu = run.cpu;
   standard.steps = run.steps;
-  for (const auto& [name, values] : run.series) {
-    bool excluded = false;
-    for (const std::string& prefix : excluded_prefixes) excluded |= name.rfind(prefix, 0) == 0;
-    if (!excluded) standard.metrics[name] = values;
-  }
+  for (const auto& [name, values] : run.series)
+    if (!excluded(name, excluded_prefixes)) standard.metrics[name] = values;
   return standard;
 }
 
 void write_standard(const std::string& path, const Standard& standard) {
   json::object root;
   root["deck"] = standard.deck;
+  if (!standard.cpu.empty()) root["cpu"] = standard.cpu;
   json::array steps;
   for (int64_t s : standard.steps) steps.push_back(s);
   root["steps"] = std::move(steps);
@@ -97,6 +102,7 @@ Standard read_standard(const std::string& path) {
   Standard standard;
   try {
     if (const json::value* deck = obj.if_contains("deck")) standard.deck = json::value_to<std::string>(*deck);
+    if (const json::value* cpu = obj.if_contains("cpu")) standard.cpu = json::value_to<std::string>(*cpu);
     if (const json::value* steps = obj.if_contains("steps"))
       for (const json::value& s : steps->as_array()) standard.steps.push_back(s.to_number<int64_t>());
     for (const auto& [name, series] : obj.at("metrics").as_object()) {
@@ -120,11 +126,23 @@ Standard read_standard(const std::string& path) {
   return standard;
 }
 
-std::vector<std::string> check_standard(const Standard& standard, const MetricsTable& run) {
+bool tolerances_apply(const Standard& standard, const MetricsTable& run, ToleranceMode mode) {
+  return mode == ToleranceMode::Always || standard.cpu.empty() || run.cpu.empty() || standard.cpu != run.cpu;
+}
+
+std::vector<std::string> check_standard(const Standard& standard, const MetricsTable& run, ToleranceMode mode,
+                                        const std::vector<std::string>& excluded_prefixes) {
   std::vector<std::string> problems;
+  const bool tolerant = tolerances_apply(standard, run, mode);
   if (!standard.steps.empty() && standard.steps != run.steps)
     problems.push_back(
         fmt::format("steps differ: standard has {} rows, the run {}", standard.steps.size(), run.steps.size()));
+  for (const auto& [name, values] : run.series)
+    if (!excluded(name, excluded_prefixes) && standard.metrics.count(name) == 0)
+      problems.push_back(fmt::format("{}: in the run but not in the standard (re-record it)", name));
+  for (const auto& [name, t] : standard.tolerance)
+    if (standard.metrics.count(name) == 0)
+      problems.push_back(fmt::format("{}: has a tolerance but no recorded series", name));
   for (const auto& [name, expected] : standard.metrics) {
     auto it = run.series.find(name);
     if (it == run.series.end()) {
@@ -136,7 +154,7 @@ std::vector<std::string> check_standard(const Standard& standard, const MetricsT
       problems.push_back(fmt::format("{}: {} values, standard has {}", name, actual.size(), expected.size()));
       continue;
     }
-    const auto tol = standard.tolerance.find(name);
+    const auto tol = tolerant ? standard.tolerance.find(name) : standard.tolerance.end();
     for (size_t i = 0; i < expected.size(); ++i) {
       bool ok;
       if (tol == standard.tolerance.end()) {

@@ -3,6 +3,8 @@
 // exist), and each recipe has a tiny proxy whose e2e standard CI checks.
 #include <catch2/catch.hpp>
 
+#include <ditrl/io/standard.hpp>
+
 #include "e2e.hpp"
 
 #include <filesystem>
@@ -33,6 +35,9 @@ void check_standard(const std::string& name) {
   INFO(check.output);
   CHECK(check.exit_code == 0);
   CHECK_THAT(check.output, Contains("standard met"));
+  // On the CPU that recorded it, every standard is bitwise.
+  if (io::read_standard(dir + name + ".json").cpu == io::cpu_kernel_identity())
+    CHECK_THAT(check.output, Contains("(0 with a tolerance, the rest bitwise"));
 }
 
 }  // namespace
@@ -100,4 +105,41 @@ TEST_CASE("recipes: Wan2.2 two-expert LoRA SFT proxy reproduces its standard", "
 
 TEST_CASE("recipes: LTX-2.3 CPS Flow-GRPO proxy (bf16 forward) reproduces its standard", "[e2e][standard][recipe]") {
   check_standard("proxy_ltx23_grpo");
+}
+
+// The bf16 standard is bitwise on the CPU that recorded it; its tolerances
+// (each the measured effect of oneDNN's AVX2 bf16 kernels, times 4) apply on
+// another CPU identity. Checked both ways: a run on the AVX2 kernels meets
+// it through the tolerances, and the same run with the optimizer step
+// skipped fails it even with them.
+TEST_CASE("recipes: LTX-2.3 bf16 standard - other kernels meet its tolerances / a skipped optimizer step fails them",
+          "[e2e][standard][recipe]") {
+  const std::string name = "proxy_ltx23_grpo";
+  const std::string deck = kSource + "/tests/standards/" + name + ".toml";
+  const std::string standard = kSource + "/tests/standards/" + name + ".json";
+  const std::string avx2 = "ONEDNN_MAX_CPU_ISA=AVX2";
+
+  const std::string other = test::fresh_output_dir("standard_ltx_avx2");
+  const auto run = test::train(deck, other, 2, "", avx2);
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  const auto bitwise = test::ditrl("standard check " + other + " " + standard);
+  // On this CPU the AVX2 kernels are another identity, so the tolerances apply.
+  INFO(bitwise.output);
+  CHECK(bitwise.exit_code == 0);
+  CHECK_THAT(bitwise.output, Contains("tolerances applied: recorded on"));
+  CHECK_THAT(bitwise.output, Contains("ONEDNN_MAX_CPU_ISA=AVX2"));
+
+  const std::string frozen = test::fresh_output_dir("standard_ltx_avx2_no_step");
+  const auto skipped = test::train(deck, frozen, 2, "--set debug.skip_optimizer_step=true", avx2);
+  INFO(skipped.output);
+  REQUIRE(skipped.exit_code == 0);
+  const auto caught = test::ditrl("standard check " + frozen + " " + standard + " --with-tolerances");
+  INFO(caught.output);
+  CHECK(caught.exit_code != 0);
+  // Caught by a metric that has a tolerance (measured: the skipped update
+  // moves the rollout-1 reward mean by 8.5e-4, the AVX2 kernels by 8.1e-5,
+  // the bound is 3.3e-4).
+  CHECK_THAT(caught.output, Contains("does not meet the standard") &&
+                                Contains("rollout/reward/raw_mean: row 1 (step 1)") && Contains("(tolerance abs"));
 }

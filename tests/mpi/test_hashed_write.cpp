@@ -10,6 +10,14 @@
 #include "mpi_world.hpp"
 #include "process.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -50,6 +58,35 @@ std::vector<std::pair<int64_t, int64_t>> layout() {
   return ranges;
 }
 
+// The bytes write_hashed sends through O_DIRECT: the 4 KiB-aligned interior
+// of each range of at least 1 MiB (smaller ones go through the page cache).
+int64_t direct_interior(const std::vector<io::ByteRange>& ranges) {
+  int64_t bytes = 0;
+  for (const io::ByteRange& r : ranges) {
+    if (r.size < (int64_t{1} << 20)) continue;
+    const int64_t first = (r.offset + io::kDirectAlignment - 1) / io::kDirectAlignment * io::kDirectAlignment;
+    const int64_t last = (r.offset + r.size) / io::kDirectAlignment * io::kDirectAlignment;
+    bytes += std::max<int64_t>(0, last - first);
+  }
+  return bytes;
+}
+
+// Empty when the file system under `dir` takes an aligned O_DIRECT write,
+// else why not: the only case in which a direct write may fall back.
+std::string o_direct_refusal(const std::string& dir) {
+  const std::string path = dir + "/o_direct_probe";
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT, 0644);
+  if (fd < 0) return fmt::format("open(O_DIRECT) on {}: {}", dir, std::strerror(errno));
+  void* block = std::aligned_alloc(io::kDirectAlignment, io::kDirectAlignment);
+  std::memset(block, 1, io::kDirectAlignment);
+  const ssize_t n = ::pwrite(fd, block, io::kDirectAlignment, 0);
+  const int error = errno;
+  std::free(block);
+  ::close(fd);
+  ::unlink(path.c_str());
+  return n == io::kDirectAlignment ? "" : fmt::format("O_DIRECT pwrite on {}: {}", dir, std::strerror(error));
+}
+
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
@@ -75,8 +112,26 @@ TEST_CASE("write_hashed: ranks' ranges land byte-exact / digests are of the byte
     std::vector<io::ByteRange> mine;
     for (size_t k = rank(); k < ranges.size(); k += world())
       mine.push_back({ranges[k].first, source.data() + ranges[k].first, ranges[k].second});
-    const std::vector<std::string> digests = io::write_hashed(path, mine, {3, direct});
+    const io::HashedWriteResult result = io::write_hashed(path, mine, {3, direct});
+    const std::vector<std::string>& digests = result.digests;
     MPI_Barrier(MPI_COMM_WORLD);
+
+    // Every byte is counted once, and goes the way it was asked to: a direct
+    // write that quietly fell back to the page cache would still land
+    // byte-exact, so the split is what proves O_DIRECT was used.
+    int64_t total = 0;
+    for (const io::ByteRange& r : mine) total += r.size;
+    CHECK(result.direct_bytes + result.buffered_bytes == total);
+    const std::string refusal = direct ? o_direct_refusal(std::filesystem::path(path).parent_path().string()) : "";
+    if (!refusal.empty()) {
+      WARN("O_DIRECT not checked: the file system refuses it (" << refusal << ")");
+      CHECK(result.direct_refused != "");
+    } else {
+      INFO("direct " << direct << ", refused: " << result.direct_refused);
+      CHECK(result.direct_refused == "");
+      CHECK(result.direct_bytes == (direct ? direct_interior(mine) : 0));
+      if (direct) CHECK(result.direct_bytes > 0);
+    }
 
     REQUIRE(digests.size() == mine.size());
     for (size_t i = 0; i < mine.size(); ++i) {

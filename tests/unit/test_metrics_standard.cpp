@@ -82,7 +82,7 @@ TEST_CASE("standard: round trip / bitwise check / tolerances with reasons", "[st
 
   Standard tolerant = back;
   tolerant.tolerance["train/loss"] = Tolerance{0.0, 1e-12, "summation order differs across CPU models"};
-  CHECK(check_standard(tolerant, nudged).empty());
+  CHECK(check_standard(tolerant, nudged, ToleranceMode::Always).empty());
   write_standard(dir + "/t.json", tolerant);
   CHECK(read_standard(dir + "/t.json").tolerance.at("train/loss").reason ==
         "summation order differs across CPU models");
@@ -90,6 +90,59 @@ TEST_CASE("standard: round trip / bitwise check / tolerances with reasons", "[st
   MetricsTable missing = run;
   missing.series.erase("rollout/reward/raw_mean");
   CHECK_THAT(check_standard(back, missing).at(0), Contains("rollout/reward/raw_mean: missing from the run"));
+
+  // A series the run has and the standard lacks is not silently unchecked;
+  // wall-clock timings (perf/) are never recorded, so never asked for.
+  MetricsTable extra = run;
+  extra.series["train/new_metric"] = {1.0, 2.0, 3.0};
+  extra.series["perf/step_seconds"] = {0.1, 0.2, 0.3};
+  const auto unrecorded = check_standard(back, extra);
+  REQUIRE(unrecorded.size() == 1);
+  CHECK_THAT(unrecorded[0], Contains("train/new_metric: in the run but not in the standard"));
+  CHECK(make_standard(extra, "deck").metrics.count("perf/step_seconds") == 0);
+
+  // A tolerance whose series is gone would otherwise excuse nothing unseen.
+  Standard orphan = back;
+  orphan.tolerance["train/gone"] = Tolerance{1e-3, 0.0, "a reason"};
+  CHECK_THAT(check_standard(orphan, run).at(0), Contains("train/gone: has a tolerance but no recorded series"));
+}
+
+TEST_CASE("standard: tolerances apply only off the recording CPU / or when forced", "[standard]") {
+  MetricsTable run;
+  run.steps = {0, 1};
+  run.series["train/loss"] = {1.0, 0.5};
+  run.cpu = "CPU A; avx2 avx512f";
+  Standard standard = make_standard(run, "deck");
+  CHECK(standard.cpu == run.cpu);
+  standard.tolerance["train/loss"] = Tolerance{1e-6, 0.0, "bf16 kernels of another CPU, measured"};
+
+  MetricsTable nudged = run;
+  nudged.series["train/loss"][1] = 0.5 + 1e-9;
+  // Same CPU identity: the same kernels ran, so the tolerance does not apply.
+  CHECK_FALSE(tolerances_apply(standard, nudged));
+  REQUIRE(check_standard(standard, nudged).size() == 1);
+  CHECK_THAT(check_standard(standard, nudged)[0], Contains("(bitwise)"));
+  CHECK(check_standard(standard, nudged, ToleranceMode::Always).empty());
+  // Another CPU, or a run or standard without an identity: it applies.
+  nudged.cpu = "CPU B; avx2 avx512f avx512_bf16";
+  CHECK(tolerances_apply(standard, nudged));
+  CHECK(check_standard(standard, nudged).empty());
+  nudged.cpu.clear();
+  CHECK(check_standard(standard, nudged).empty());
+  // Beyond the bound it fails there too.
+  nudged.series["train/loss"][1] = 0.5 + 1e-5;
+  CHECK_THAT(check_standard(standard, nudged).at(0), Contains("(tolerance abs 1e-06 rel 0)"));
+
+  const std::string dir = ditrl::test::fresh_output_dir("standard_cpu");
+  write_standard(dir + "/s.json", standard);
+  CHECK(read_standard(dir + "/s.json").cpu == "CPU A; avx2 avx512f");
+  // This machine's identity names its CPU and is what metrics files carry.
+  CHECK_THAT(cpu_kernel_identity(), Contains(";"));
+  {
+    MetricsWriter writer(dir + "/metrics.h5", "deck", false, 0);
+    write_rows(writer, 0, 1);
+  }
+  CHECK(read_metrics(dir + "/metrics.h5").cpu == cpu_kernel_identity());
 }
 
 TEST_CASE("standard: `ditrl standard record|check` on a run directory", "[standard][cli]") {

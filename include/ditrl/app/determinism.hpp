@@ -26,7 +26,7 @@ void pin_cpu_kernels(int threads);
 // LibTorch's CUDA switches for deterministic mode (process-wide).
 void pin_gpu_kernels();
 
-// The pins in effect, for the log.
+// The pins in effect and the CPU capability ATen dispatches to, for the log.
 std::string cpu_kernel_pins();
 
 }  // namespace ditrl::app

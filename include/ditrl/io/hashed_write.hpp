@@ -9,8 +9,9 @@
 // pages (on VMs whose free memory is handed back to the host, that costs more
 // than the disk) nor evicts what the run keeps cached. The unaligned edges,
 // which neighbouring writers may share, are written through the page cache.
-// Where the file system refuses O_DIRECT, everything is written buffered.
-// Nothing is synced: the caller fsyncs the file before publishing it.
+// Where the file system refuses O_DIRECT, everything is written buffered,
+// and the result says so (how many bytes went each way, and why O_DIRECT
+// was given up), so a caller or a test can tell. Nothing is synced: the caller fsyncs the file before publishing it.
 //
 // Ranges in GPU memory (HashedWriteOptions::source on CUDA) are staged
 // device -> host chunk by chunk into each worker's pinned, 4 KiB-aligned
@@ -43,10 +44,17 @@ struct HashedWriteOptions {
   c10::Device source = c10::kCPU;  // where every range's bytes are
 };
 
-// Writes every range into `path` and returns the SHA-256 (lower-case hex) of
-// each range's bytes, in the order of `ranges`. Errors name the file, offset
-// and size.
-std::vector<std::string> write_hashed(const std::string& path, const std::vector<ByteRange>& ranges,
+struct HashedWriteResult {
+  std::vector<std::string> digests;  // SHA-256 (lower-case hex) of each range, in the order of `ranges`
+  int64_t direct_bytes = 0;          // written through O_DIRECT
+  int64_t buffered_bytes = 0;        // written through the page cache
+  // Empty, or why O_DIRECT was given up: the open or the write that the
+  // file system refused, with its errno.
+  std::string direct_refused;
+};
+
+// Writes every range into `path`. Errors name the file, offset and size.
+HashedWriteResult write_hashed(const std::string& path, const std::vector<ByteRange>& ranges,
                                       const HashedWriteOptions& options = {});
 
 }  // namespace ditrl::io

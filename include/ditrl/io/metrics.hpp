@@ -4,7 +4,8 @@
 // optimizer step of each row; /metrics/<name> (names may contain '/', e.g.
 // train/loss -> /metrics/train/loss) is an extendible float64 series aligned
 // with it. A metric missing from a row is NaN there. The root carries the
-// deck text and build info. Written by rank 0 only.
+// deck text, build info and the CPU that ran it (cpu_kernel_identity).
+// Written by rank 0 only.
 
 #include <cstdint>
 #include <map>
@@ -35,7 +36,14 @@ class MetricsWriter {
 struct MetricsTable {
   std::vector<int64_t> steps;
   std::map<std::string, std::vector<double>> series;
+  std::string cpu;  // the file's `cpu` attribute; empty in files written before it existed
 };
+
+// What picks this machine's bf16 CPU kernels (oneDNN chooses them by
+// instruction set, and deterministic mode cannot pin it): the CPU model name,
+// the instruction-set flags oneDNN dispatches on, and ONEDNN_MAX_CPU_ISA when
+// set. Two runs with the same identity run the same kernels.
+std::string cpu_kernel_identity();
 
 // Reads every series of a metrics file (error naming the file if it is not one).
 MetricsTable read_metrics(const std::string& path);

@@ -1,0 +1,241 @@
+// What a run promises about its checkpoints and metrics beyond the plain
+// resume: the rows after the last checkpoint are dropped and recomputed,
+// checkpoint.keep prunes, a reshard to another rank count moves parameters
+// and AdamW moments bit for bit, corruption anywhere in a checkpoint is
+// named, non-finite steps are skipped or stop the run on every rank, and
+// deterministic mode pins the CPU kernels' environment.
+#include <ditrl/io/h5.hpp>
+#include <ditrl/io/standard.hpp>
+
+#include <ATen/ATen.h>
+#include <catch2/catch.hpp>
+
+#include "e2e.hpp"
+
+#include <cmath>
+#include <fstream>
+
+using namespace ditrl;
+using Catch::Matchers::Contains;
+
+namespace {
+
+const std::string kDeck = test::e2e_deck("tiny_grpo.toml");
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::vector<std::string> checkpoint_files(const std::string& out) {
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(out + "/checkpoints"))
+    names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// h5diff of one group of two checkpoints: 0 when every dataset is bitwise equal.
+int h5diff(const std::string& a, const std::string& b, const std::string& group) {
+  const auto r = test::run_process("h5diff " + a + " " + b + " " + group);
+  INFO(r.output);
+  return r.exit_code;
+}
+
+void flip_byte(const std::string& path, std::streamoff offset) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(offset);
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x5a);
+  f.seekp(offset);
+  f.write(&c, 1);
+}
+
+std::streamoff data_offset(const std::string& path, const std::string& dataset) {
+  io::h5::File file = io::h5::File::open(path);
+  io::h5::Dataset d = file.open_dataset(dataset);
+  const haddr_t addr = H5Dget_offset(d.id());
+  REQUIRE(addr != HADDR_UNDEF);
+  return static_cast<std::streamoff>(addr + H5Dget_storage_size(d.id()) / 2);
+}
+
+// max |a - b| / max |b| (0 when both are zero).
+double max_relative(const at::Tensor& a, const at::Tensor& b) {
+  const double scale = b.abs().max().item<double>();
+  const double diff = (a - b).abs().max().item<double>();
+  return scale == 0 ? diff : diff / scale;
+}
+
+}  // namespace
+
+TEST_CASE("resume: rows after the last checkpoint are dropped and recomputed / checkpoint.keep prunes",
+          "[e2e][resume][checkpoint]") {
+  // Checkpoints after rollouts 3 and 6 only, one kept.
+  const std::string deck_args = "--set train.num_rollouts=6 --set checkpoint.every=3 --set checkpoint.keep=1";
+  const std::string a = test::fresh_output_dir("e2e_drop_a"), b = test::fresh_output_dir("e2e_drop_b");
+  REQUIRE(test::train(kDeck, a, 2, deck_args).exit_code == 0);
+  CHECK(checkpoint_files(a) == std::vector<std::string>{"latest", "step-6.h5"});
+
+  // Killed while writing its last checkpoint: rows 0-4 are on disk, `latest`
+  // is step 3, so rows 3 and 4 belong to the interrupted run.
+  const auto killed = test::train(kDeck, b, 2, deck_args, "DITRL_TEST_KILL_IN_CHECKPOINT=1:6");
+  CHECK(killed.exit_code != 0);
+  CHECK(read_file(b + "/checkpoints/latest") == "step-3.h5\n");
+  CHECK(test::metrics_of(b).steps == std::vector<int64_t>{0, 1, 2, 3, 4});
+  const auto resumed = test::train(kDeck, b, 2, deck_args + " --resume latest");
+  INFO(resumed.output);
+  REQUIRE(resumed.exit_code == 0);
+  CHECK_THAT(resumed.output, Contains("resumed from " + b + "/checkpoints/step-3.h5"));
+
+  // Every recorded series equals the uninterrupted run's bit for bit, and so
+  // do the final parameters and moments; step-3 was pruned after step-6.
+  const std::vector<std::string> problems =
+      io::check_standard(io::make_standard(test::metrics_of(a), ""), test::metrics_of(b));
+  for (const std::string& p : problems) INFO(p);
+  CHECK(problems.empty());
+  CHECK(h5diff(a + "/checkpoints/step-6.h5", b + "/checkpoints/step-6.h5", "/model") == 0);
+  CHECK(h5diff(a + "/checkpoints/step-6.h5", b + "/checkpoints/step-6.h5", "/optimizer") == 0);
+  CHECK(h5diff(a + "/checkpoints/step-6.h5", b + "/checkpoints/step-6.h5", "/rng") == 0);
+  CHECK(checkpoint_files(b) == std::vector<std::string>{"latest", "step-6.h5"});
+}
+
+TEST_CASE("resume: a 2-rank checkpoint resharded to 1 and 4 ranks keeps /model and /optimizer bitwise",
+          "[e2e][resume]") {
+  const std::string a = test::fresh_output_dir("e2e_reshard_ref");
+  REQUIRE(test::train(kDeck, a, 2).exit_code == 0);
+  const io::MetricsTable reference = test::metrics_of(a);
+  for (int ranks : {1, 4}) {
+    INFO(ranks << " ranks");
+    const std::string b = test::fresh_output_dir("e2e_reshard_to_" + std::to_string(ranks));
+    REQUIRE(test::train(kDeck, b, 2, "--max-rollouts 2").exit_code == 0);
+    const std::string step2 = b + "/checkpoints/step-2.h5";
+
+    // Loaded by `ranks` ranks and written back by them after a rollout whose
+    // optimizer step is skipped: what they hold is what 2 ranks wrote.
+    const auto held = test::train(kDeck, b, ranks,
+                                  "--set train.num_rollouts=3 --set debug.skip_optimizer_step=true --resume latest");
+    INFO(held.output);
+    REQUIRE(held.exit_code == 0);
+    CHECK_THAT(held.output, Contains("written by 2 rank(s)"));
+    CHECK(h5diff(step2, b + "/checkpoints/step-3.h5", "/model") == 0);
+    CHECK(h5diff(step2, b + "/checkpoints/step-3.h5", "/optimizer") == 0);
+
+    // Trained on from step 2 at `ranks` ranks. Before any update the only
+    // value whose arithmetic depends on the rank count is the gradient norm
+    // (its sum of squares groups over the shards), so the resumed row is the
+    // 2-rank run's bit for bit but for it. The updates then sum gradients
+    // over other ranks, so later parameters and moments agree to rounding.
+    // Bounds: 4x the largest relative difference measured (2026-12, 1 and 4
+    // ranks): grad norm 5.2e-8, parameters 7.2e-8, moments 1.5e-6 (relative
+    // to each tensor's largest magnitude).
+    const auto trained = test::train(kDeck, b, ranks, "--resume " + step2);
+    INFO(trained.output);
+    REQUIRE(trained.exit_code == 0);
+    const io::MetricsTable m = test::metrics_of(b);
+    REQUIRE(m.steps == reference.steps);
+    for (const auto& [name, values] : reference.series) {
+      if (name.rfind("perf/", 0) == 0) continue;
+      INFO(name);
+      if (name == "train/grad_norm")
+        CHECK(m.series.at(name)[2] == Approx(values[2]).epsilon(2e-7));
+      else
+        CHECK((m.series.at(name)[2] == values[2] || (std::isnan(values[2]) && std::isnan(m.series.at(name)[2]))));
+    }
+    CHECK(m.series.at("train/log_prob_mean_abs_diff")[3] == 0.0);
+    io::h5::File ours = io::h5::File::open(b + "/checkpoints/step-4.h5");
+    io::h5::File theirs = io::h5::File::open(a + "/checkpoints/step-4.h5");
+    for (const std::string& name : theirs.open_group("/model").children()) {
+      INFO(name);
+      const at::Tensor x = theirs.open_dataset("/model/" + name).read();
+      CHECK(max_relative(ours.open_dataset("/model/" + name).read(), x) <= 3e-7);
+      for (const char* moment : {"exp_avg", "exp_avg_sq"}) {
+        const std::string path = "/optimizer/" + name + "/" + moment;
+        CHECK(max_relative(ours.open_dataset(path).read(), theirs.open_dataset(path).read()) <= 6e-6);
+      }
+    }
+  }
+}
+
+TEST_CASE("resume: a flipped byte in /optimizer or /rng is named on load", "[e2e][checkpoint]") {
+  const std::string out = test::fresh_output_dir("e2e_corrupt_state");
+  REQUIRE(test::train(kDeck, out, 2, "--set train.num_rollouts=2").exit_code == 0);
+  const std::string step2 = out + "/checkpoints/step-2.h5", step1 = out + "/checkpoints/step-1.h5";
+  for (const std::string dataset :
+       {"/optimizer/transformer_blocks.0.attn.to_q.weight/exp_avg_sq", "/rng/torch_cpu"}) {
+    INFO(dataset);
+    const std::string copy = out + "/checkpoints/step-2-copy.h5";
+    std::filesystem::copy_file(step2, copy, std::filesystem::copy_options::overwrite_existing);
+    flip_byte(copy, data_offset(copy, dataset));
+    const auto r = test::train(kDeck, out, 2, "--set train.num_rollouts=3 --resume " + copy);
+    INFO(r.output);
+    CHECK(r.exit_code != 0);
+    CHECK_THAT(r.output, Contains("is corrupted: reading " + dataset));
+    std::filesystem::remove(copy);
+  }
+  // The undamaged checkpoint still loads.
+  const auto ok = test::train(kDeck, out, 2, "--set train.num_rollouts=3 --resume " + step1);
+  INFO(ok.output);
+  CHECK(ok.exit_code == 0);
+}
+
+TEST_CASE("train: a non-finite loss on one rank skips the step on every rank / or stops the run", "[e2e][train]") {
+  // Rank 1's loss is NaN at optimizer step 0: the gradient norm (reduced over
+  // ranks) is NaN everywhere, so no rank updates. Rollout 1 then samples
+  // with the initial weights, like a run whose optimizer never steps.
+  const std::string out = test::fresh_output_dir("e2e_nonfinite_skip");
+  const auto skipped = test::train(kDeck, out, 2, "--set train.num_rollouts=2", "DITRL_TEST_NONFINITE_LOSS=1:0");
+  INFO(skipped.output);
+  REQUIRE(skipped.exit_code == 0);
+  CHECK_THAT(skipped.output, Contains("rollout 0: non-finite gradient norm nan; optimizer step skipped (1 so far)"));
+  const io::MetricsTable m = test::metrics_of(out);
+  CHECK(std::isnan(m.series.at("train/grad_norm")[0]));
+  CHECK(std::isfinite(m.series.at("train/grad_norm")[1]));
+  CHECK(m.series.at("train/skipped_steps") == std::vector<double>{1.0, 1.0});
+
+  const std::string frozen = test::fresh_output_dir("e2e_nonfinite_frozen");
+  REQUIRE(test::train(kDeck, frozen, 2, "--set train.num_rollouts=2 --set debug.skip_optimizer_step=true").exit_code ==
+          0);
+  const io::MetricsTable f = test::metrics_of(frozen);
+  CHECK(m.series.at("rollout/reward/raw_mean")[1] == f.series.at("rollout/reward/raw_mean")[1]);
+
+  const std::string stop = test::fresh_output_dir("e2e_nonfinite_stop");
+  const auto stopped = test::train(kDeck, stop, 2, "--set train.num_rollouts=2 --set train.on_nonfinite=stop",
+                                   "DITRL_TEST_NONFINITE_LOSS=1:1");
+  INFO(stopped.output);
+  CHECK(stopped.exit_code != 0);
+  CHECK_THAT(stopped.output, Contains("rollout 1: the gradient norm is nan") &&
+                                 Contains("stopping as train.on_nonfinite = \"stop\" asks"));
+  CHECK(read_file(stop + "/status") != "complete\n");
+}
+
+TEST_CASE("train: deterministic mode re-executes with the CPU kernels pinned / keeps what the user set",
+          "[e2e][determinism]") {
+  const std::string args = "--set train.num_rollouts=1 --set checkpoint.every=0";
+  const std::string pinned = "deterministic: ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 OMP_NUM_THREADS=1 "
+                             "MKL_NUM_THREADS=1 CUBLAS_WORKSPACE_CONFIG=:4096:8";
+  const std::string a = test::fresh_output_dir("e2e_pins_default");
+  const auto plain = test::train(kDeck, a, 2, args, "env -u ATEN_CPU_CAPABILITY -u OMP_NUM_THREADS");
+  INFO(plain.output);
+  REQUIRE(plain.exit_code == 0);
+  // Read back by the re-executed process, and in effect in LibTorch (its
+  // thread pool and kernel dispatch read them at load).
+  CHECK_THAT(plain.output, Contains("1 intra-op thread(s), " + pinned));
+  CHECK_THAT(plain.output, Contains("ATen CPU capability AVX2"));
+
+  const std::string b = test::fresh_output_dir("e2e_pins_user");
+  const auto user = test::train(kDeck, b, 2, args + " --set run.threads=2", "ATEN_CPU_CAPABILITY=default");
+  INFO(user.output);
+  REQUIRE(user.exit_code == 0);
+  CHECK_THAT(user.output, Contains("2 intra-op thread(s), deterministic: ATEN_CPU_CAPABILITY=default MKL_CBWR=AVX2 "
+                                   "OMP_NUM_THREADS=2"));
+  CHECK_THAT(user.output, Contains("ATen CPU capability DEFAULT"));
+
+  const std::string c = test::fresh_output_dir("e2e_pins_off");
+  const auto off = test::train(kDeck, c, 2, args + " --set run.deterministic=false");
+  INFO(off.output);
+  REQUIRE(off.exit_code == 0);
+  CHECK_THAT(off.output, !Contains("deterministic:"));
+}
