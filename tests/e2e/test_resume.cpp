@@ -10,12 +10,15 @@
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
 
+#include "corrupt.hpp"
 #include "e2e.hpp"
 
 #include <cmath>
 #include <fstream>
 
 using namespace ditrl;
+using test::data_offset;
+using test::flip_byte;
 using Catch::Matchers::Contains;
 
 namespace {
@@ -44,23 +47,6 @@ int h5diff(const std::string& a, const std::string& b, const std::string& group)
   return r.exit_code;
 }
 
-void flip_byte(const std::string& path, std::streamoff offset) {
-  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-  f.seekg(offset);
-  char c = 0;
-  f.read(&c, 1);
-  c = static_cast<char>(c ^ 0x5a);
-  f.seekp(offset);
-  f.write(&c, 1);
-}
-
-std::streamoff data_offset(const std::string& path, const std::string& dataset) {
-  io::h5::File file = io::h5::File::open(path);
-  io::h5::Dataset d = file.open_dataset(dataset);
-  const haddr_t addr = H5Dget_offset(d.id());
-  REQUIRE(addr != HADDR_UNDEF);
-  return static_cast<std::streamoff>(addr + H5Dget_storage_size(d.id()) / 2);
-}
 
 // max |a - b| / max |b| (0 when both are zero).
 double max_relative(const at::Tensor& a, const at::Tensor& b) {

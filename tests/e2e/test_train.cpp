@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
 
+#include "corrupt.hpp"
 #include "e2e.hpp"
 
 #include <cmath>
@@ -15,6 +16,8 @@
 #include <thread>
 
 using namespace ditrl;
+using test::data_offset;
+using test::flip_byte;
 using Catch::Matchers::Contains;
 
 namespace {
@@ -28,24 +31,6 @@ std::string read_file(const std::string& path) {
   return s.str();
 }
 
-void flip_byte(const std::string& path, std::streamoff offset) {
-  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-  f.seekg(offset);
-  char c = 0;
-  f.read(&c, 1);
-  c = static_cast<char>(c ^ 0x5a);
-  f.seekp(offset);
-  f.write(&c, 1);
-}
-
-// The middle of a (contiguous) dataset's bytes in its file.
-std::streamoff data_offset(const std::string& path, const std::string& dataset) {
-  io::h5::File file = io::h5::File::open(path);
-  io::h5::Dataset d = file.open_dataset(dataset);
-  const haddr_t addr = H5Dget_offset(d.id());
-  REQUIRE(addr != HADDR_UNDEF);
-  return static_cast<std::streamoff>(addr + H5Dget_storage_size(d.id()) / 2);
-}
 
 }  // namespace
 
