@@ -21,6 +21,7 @@ dist::RuntimeOptions runtime_options(const config::Config& c) {
   o.deterministic = c.run.deterministic;
   o.startup_timeout_s = c.parallel.startup_timeout_s;
   o.collective_timeout_s = c.parallel.collective_timeout_s;
+  o.sequence_parallel = static_cast<int>(c.parallel.sequence_parallel);
   return o;
 }
 

@@ -3,11 +3,48 @@
 
 #include <ditrl/app/commands.hpp>
 #include <ditrl/app/options.hpp>
+#include <ditrl/models/activation_memory.hpp>
 #include <ditrl/shard/plan_report.hpp>
 
+#include <fmt/format.h>
+
 #include <iostream>
+#include <set>
 
 namespace ditrl::app {
+
+namespace {
+
+std::string gib(int64_t bytes) {
+  return fmt::format("{:.3f} GiB", static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0));
+}
+
+// Activation bytes per rank at sequence_parallel = 1, the deck's value and
+// the powers of two that divide the heads and tokens (up to 8).
+std::string activation_table(const config::Config& c, const models::Family& family) {
+  const auto geometry = models::activation_geometry(family, latent_grid(c));
+  if (!geometry) return "# activations per rank: no model for family '" + family.family_name() + "'\n";
+  const int64_t batch = c.train.micro_batch;
+  const int64_t bytes = c.precision.forward == "fp32" ? 4 : 2;
+  const bool math = c.precision.attention == "math";
+  std::set<int64_t> sizes = {1, c.parallel.sequence_parallel};
+  for (int64_t n = 2; n <= 8; n *= 2)
+    if (geometry->heads % n == 0 && geometry->tokens % n == 0) sizes.insert(n);
+  std::string out = fmt::format(
+      "# activations per rank (a model, models/activation_memory.hpp): {} tokens, train.micro_batch = {}, {} forward, "
+      "{} attention\n",
+      geometry->tokens, batch, c.precision.forward, c.precision.attention);
+  for (const int64_t n : sizes) {
+    if (geometry->heads % n != 0 || geometry->tokens % n != 0) continue;
+    const models::ActivationEstimate e = models::estimate_activations(*geometry, batch, n, bytes, math);
+    out += fmt::format("#   sequence_parallel = {}{}: {} (block inputs {}, one block's graph {}, attention {})\n", n,
+                       n == c.parallel.sequence_parallel ? " (deck)" : "", gib(e.total()), gib(e.saved_inputs),
+                       gib(e.block_graph), gib(e.attention));
+  }
+  return out;
+}
+
+}  // namespace
 
 void add_plan_command(CLI::App& app, Command& selected) {
   struct Options {
@@ -33,7 +70,7 @@ void add_plan_command(CLI::App& app, Command& selected) {
                              config.parallel.prefetch, config.parallel.reshard_after_forward);
       std::cout << "# plan of " << options->deck << " (" << family->family_name() << ", " << config.model.preset
                 << ") over " << options->ranks << " ranks\n"
-                << report.table();
+                << report.table() << activation_table(config, *family);
       return 0;
     };
   });

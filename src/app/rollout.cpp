@@ -6,6 +6,7 @@
 #include <ditrl/app/commands.hpp>
 #include <ditrl/app/run.hpp>
 #include <ditrl/dist/watchdog.hpp>
+#include <ditrl/error.hpp>
 #include <ditrl/io/checkpoint.hpp>
 
 #include <ATen/ATen.h>
@@ -36,6 +37,10 @@ std::string dump_folder(const RolloutCli& cli) {
 
 int rollout_command(const RolloutCli& cli) {
   const config::Config config = config::load_deck(cli.deck, cli.overrides);
+  // Before any work: the collector cannot write a sequence-parallel rollout.
+  if (config.parallel.sequence_parallel > 1)
+    fail("{}: ditrl rollout writes trajectories, which parallel.sequence_parallel = {} does not support; set it to 1",
+         config.source, config.parallel.sequence_parallel);
   const std::unique_ptr<dist::Runtime> runtime = start_runtime(config, "");
   Run run = open_run(config, *runtime, dump_folder(cli));
   if (!cli.checkpoint.empty()) {

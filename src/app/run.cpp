@@ -19,10 +19,12 @@ namespace ditrl::app {
 
 namespace {
 
-// The batch knobs against the world size (algorithms.md §8).
+// The batch knobs against the `world` shares the samples are split into:
+// the ranks, or the sequence-parallel groups (algorithms.md §8).
 void check_batching(const config::Config& c, const rl::AlgorithmTraits& traits, int world) {
   if (c.train.global_batch % world != 0)
-    fail("{}: train.global_batch = {} is not divisible by the {} ranks", c.source, c.train.global_batch, world);
+    fail("{}: train.global_batch = {} is not divisible by the {} {}", c.source, c.train.global_batch, world,
+         c.parallel.sequence_parallel > 1 ? "sequence-parallel groups (ranks / parallel.sequence_parallel)" : "ranks");
   const int64_t window_samples = c.train.global_batch / world;
   if (traits.microgroup_batches && window_samples % c.train.micro_batch != 0)
     fail(
@@ -68,8 +70,23 @@ std::unique_ptr<rl::ParityDump> open_parity_dump(const config::Config& c, const 
 }  // namespace
 
 void check_run_inputs(const config::Config& config, int world, bool files) {
-  check_batching(config, rl::algorithm_traits(config.train.loss), world);
+  // Samples are split over the sequence-parallel groups, not the ranks.
+  int groups = world;
+  try {
+    groups = dist::sequence_layout(0, world, static_cast<int>(config.parallel.sequence_parallel)).data_size;
+  } catch (const Error& e) {
+    fail("{}: {}", config.source, e.what());
+  }
+  check_batching(config, rl::algorithm_traits(config.train.loss), groups);
   if (files) check_files(config);
+}
+
+void check_sequence_parallel(const config::Config& config, const models::Family& family) {
+  try {
+    family.check_sequence_parallel(config.parallel.sequence_parallel, latent_grid(config));
+  } catch (const Error& e) {
+    fail("{}: {}", config.source, e.what());
+  }
 }
 
 std::unique_ptr<dist::Runtime> start_runtime(const config::Config& config, const std::string& log_dir) {
@@ -103,6 +120,9 @@ Run open_run(const config::Config& config, dist::Runtime& runtime, const std::st
   check_run_inputs(c, world);
 
   run.family = deck_model(c, runtime.device());
+  check_sequence_parallel(c, *run.family);
+  const dist::SequenceGroups& sequence = runtime.sequence();
+  if (sequence.layout().size > 1) run.ulysses = std::make_unique<models::Ulysses>(sequence.group());
   run.prompts = c.data.prompts.empty()
                     ? rollout::synthetic_prompts(run.family->cond_spec(), c.data.synthetic_prompts, c.data.seed)
                     : rollout::open_prompt_dataset(c.data.prompts, run.family->cond_spec());
@@ -134,11 +154,11 @@ Run open_run(const config::Config& config, dist::Runtime& runtime, const std::st
     run.dump = open_parity_dump(c, run.traits, runtime.world().rank, dump_dir);
     collect.sampler.dump = run.dump.get();
   }
-  run.collector =
-      std::make_unique<rollout::Collector>(collect,
-                                           rollout::CollectParts{run.family.get(), run.params.get(), run.prompts.get(),
-                                                                 run.reward.get(), &runtime.data(), runtime.io_comm()},
-                                           std::move(schedule), latent_shape);
+  run.collector = std::make_unique<rollout::Collector>(
+      collect,
+      rollout::CollectParts{run.family.get(), run.params.get(), run.prompts.get(), run.reward.get(),
+                            &sequence.samples(), run.ulysses.get(), runtime.io_comm()},
+      std::move(schedule), latent_shape);
 
   run.policy.family = run.family.get();
   run.policy.params = run.params.get();
@@ -148,6 +168,7 @@ Run open_run(const config::Config& config, dist::Runtime& runtime, const std::st
   run.policy.microgroup = collect.sampler.microgroup;
   run.policy.dump = run.dump.get();
   run.policy.latent_shape = latent_shape;
+  run.policy.ulysses = run.ulysses.get();
   run.algorithm = rl::make_algorithm(algorithm_options(c), run.policy);
   return run;
 }

@@ -113,7 +113,7 @@ class Trainer {
       times.optimizer = seconds_since(start);
 
       std::map<std::string, double> row = rollout_row;
-      for (const auto& [key, value] : metrics.reduce(run_.runtime->data())) row["train/" + key] = value;
+      for (const auto& [key, value] : metrics.reduce(run_.runtime->sequence().samples())) row["train/" + key] = value;
       row["train/lr"] = lr;
       row["train/epoch"] = static_cast<double>(rollout_id);
       row["train/skipped_steps"] = static_cast<double>(skipped_);

@@ -242,6 +242,21 @@ class MpiCommunicator final : public Communicator {
     if (padded != n) tensor.view({-1}).copy_(gathered.narrow(0, 0, n));
   }
 
+  void all_to_all(const at::Tensor& input, at::Tensor& output) override {
+    check_cpu_contiguous(input, "all_to_all", "input");
+    check_cpu_contiguous(output, "all_to_all", "output");
+    check_same_dtype(input, output, "all_to_all");
+    if (input.numel() != output.numel() || input.numel() % size_ != 0)
+      fail(
+          "Communicator(MPI)::all_to_all: input has {} and output {} elements, expected equal counts divisible by {} "
+          "ranks",
+          input.numel(), output.numel(), size_);
+    const int bytes = byte_count(input.nbytes() / size_, "all_to_all");
+    WaitScope waiting(channel_, "all_to_all");
+    check_mpi(MPI_Alltoall(input.data_ptr(), bytes, MPI_BYTE, output.data_ptr(), bytes, MPI_BYTE, comm_),
+              "MPI_Alltoall");
+  }
+
   void broadcast(at::Tensor& tensor, int root) override {
     check_cpu_contiguous(tensor, "broadcast", "tensor");
     if (root < 0 || root >= size_) fail("Communicator(MPI)::broadcast: root {} outside [0, {})", root, size_);

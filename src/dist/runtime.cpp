@@ -119,6 +119,8 @@ Runtime::Runtime(const RuntimeOptions& options)
   host_ = make_mpi_communicator(mpi_.comm(), "host");
   device_ = on_every_rank(*host_, [&] { return choose_device(options_.device, world()); });
   data_ = on_every_rank(*host_, [&] { return make_data_communicator(); });
+  sequence_ =
+      on_every_rank(*host_, [&] { return std::make_unique<SequenceGroups>(*data_, options_.sequence_parallel); });
 }
 
 std::unique_ptr<Communicator> Runtime::make_data_communicator() const {

@@ -112,14 +112,22 @@ Attention::QKV Attention::project(const Linear& q_proj, const Linear& k_proj, co
   return out;
 }
 
-at::Tensor Attention::attend(const QKV& qkv, const at::Tensor& mask) const {
-  const at::Tensor out = scaled_dot_product_attention(qkv.q, qkv.k, qkv.v, mask, config_.backend);
+at::Tensor Attention::attend(const QKV& qkv, const at::Tensor& mask, const Ulysses* ulysses) const {
+  at::Tensor out;
+  if (ulysses) {
+    out = scaled_dot_product_attention(ulysses->tokens_to_heads(qkv.q), ulysses->tokens_to_heads(qkv.k),
+                                       ulysses->tokens_to_heads(qkv.v), mask, config_.backend);
+    out = ulysses->heads_to_tokens(out);
+  } else {
+    out = scaled_dot_product_attention(qkv.q, qkv.k, qkv.v, mask, config_.backend);
+  }
   return out.transpose(1, 2).reshape({qkv.q.size(0), -1, config_.heads * config_.head_dim}).to(qkv.q.scalar_type());
 }
 
-at::Tensor Attention::self_attention(const at::Tensor& x, const at::Tensor& mask, const QKRotary& rotary) {
+at::Tensor Attention::self_attention(const at::Tensor& x, const at::Tensor& mask, const QKRotary& rotary,
+                                     const Ulysses* ulysses) {
   const QKV qkv = project(*to_q, *to_k, *to_v, norm_q.get(), norm_k.get(), x, x, rotary);
-  return to_out->forward(attend(qkv, mask));
+  return to_out->forward(attend(qkv, mask, ulysses));
 }
 
 at::Tensor Attention::cross_attention(const at::Tensor& x, const at::Tensor& context, const at::Tensor& mask) {

@@ -84,6 +84,12 @@ Cond Cond::to(c10::Device device) const {
   return out;
 }
 
+void Family::check_sequence_parallel(int64_t ranks, const LatentGrid& /*grid*/) const {
+  if (ranks > 1)
+    fail("parallel.sequence_parallel = {}: family '{}' has no sequence-parallel forward yet (wan has); expected 1",
+         ranks, family_name());
+}
+
 precision::InputPolicy Family::default_input_policy(c10::ScalarType forward) const {
   // Latents and text features in the forward dtype; timesteps as the
   // scheduler made them (fp32), so the sinusoid sees the exact values.

@@ -324,6 +324,25 @@ at::Tensor LTX::output(const at::Tensor& x, const at::Tensor& embedded, const St
   return out;
 }
 
+namespace {
+
+// What follows the token split of a stream: its tokens, a per-token AdaLN
+// (and the output layer's embedding), the RoPE tables and a text mask with a
+// query dimension. The text and the self-attention mask (over the whole
+// sequence, applied after the all-to-all) stay whole.
+void shard_tokens(LtxStream& s, at::Tensor& embedded, const Ulysses& sp) {
+  const int64_t tokens = s.x.size(1);
+  sp.local_tokens(tokens, "ltx's video (frames x height x width latent tokens)");
+  s.x = sp.shard(s.x, 1);
+  if (s.timestep.size(1) == tokens) s.timestep = sp.shard(s.timestep, 1);
+  if (embedded.size(1) == tokens) embedded = sp.shard(embedded, 1);
+  s.pe = {sp.shard(s.pe.cos, 2), sp.shard(s.pe.sin, 2)};
+  if (s.context_mask.defined() && s.context_mask.dim() >= 2 && s.context_mask.size(-2) == tokens)
+    s.context_mask = sp.shard(s.context_mask, s.context_mask.dim() - 2);
+}
+
+}  // namespace
+
 std::pair<at::Tensor, at::Tensor> LTX::forward(const LtxModality& video, const LtxModality* audio,
                                                const ForwardContext& ctx) {
   if (audio && !config_.audio)
@@ -336,8 +355,12 @@ std::pair<at::Tensor, at::Tensor> LTX::forward(const LtxModality& video, const L
     if (audio->latent.size(0) != video.latent.size(0))
       fail("ltx: audio batch {} differs from the video batch {}", audio->latent.size(0), video.latent.size(0));
   }
+  const Ulysses* sp = ctx.ulysses;
+  if (sp && audio)
+    fail("ltx: parallel.sequence_parallel splits the video stream only; the audio stream cannot run with it");
   at::Tensor v_embedded, a_embedded;
   LtxStream v = prepare(video, vs, v_embedded, ctx);
+  if (sp) shard_tokens(v, v_embedded, *sp);
   LtxStream a;
   if (audio) {
     a = prepare(*audio, as, a_embedded, ctx);
@@ -354,9 +377,9 @@ std::pair<at::Tensor, at::Tensor> LTX::forward(const LtxModality& video, const L
     // called again in backward, so it holds copies, not references.
     const std::string module = ctx.tap ? "transformer_blocks." + std::to_string(i) : std::string();
     Tap* tap = ctx.tap;
-    const Tensors out = ctx.run_unit(i, inputs, [block, with_audio, tap, module](const Tensors& in) {
+    const Tensors out = ctx.run_unit(i, inputs, [block, with_audio, tap, module, sp](const Tensors& in) {
       const LtxStream vi = LtxStream::from(in, 0);
-      if (!with_audio) return Tensors{block->forward(vi, nullptr, tap, module).first};
+      if (!with_audio) return Tensors{block->forward(vi, nullptr, tap, module, sp).first};
       const LtxStream ai = LtxStream::from(in, LtxStream::kTensors);
       const auto [vx, ax] = block->forward(vi, &ai, tap, module);
       return Tensors{vx, ax};
@@ -369,6 +392,7 @@ std::pair<at::Tensor, at::Tensor> LTX::forward(const LtxModality& video, const L
     }
   }
   at::Tensor vout = output(v.x, v_embedded, vs, ctx);
+  if (sp) vout = sp->gather(vout, 1);
   at::Tensor aout = audio ? output(a.x, a_embedded, as, ctx) : at::Tensor();
   return {vout, aout};
 }
@@ -459,6 +483,18 @@ std::vector<std::string> LTX::default_lora_targets() const {
 
 std::vector<int64_t> LTX::latent_shape(int64_t batch, const LatentGrid& grid) const {
   return {batch, grid.frames * grid.height * grid.width, config_.in_channels};
+}
+
+void LTX::check_sequence_parallel(int64_t ranks, const LatentGrid& grid) const {
+  if (config_.num_attention_heads % ranks != 0)
+    fail("parallel.sequence_parallel = {} does not divide ltx's {} attention heads: expected a divisor of the heads",
+         ranks, config_.num_attention_heads);
+  const int64_t tokens = grid.frames * grid.height * grid.width;
+  if (tokens % ranks != 0)
+    fail(
+        "parallel.sequence_parallel = {} does not divide ltx's {} tokens per sample (rollout.frames x height x width): "
+        "expected a divisor of the token count",
+        ranks, tokens);
 }
 
 std::vector<CondSpec> LTX::cond_spec() const {

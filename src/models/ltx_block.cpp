@@ -51,7 +51,7 @@ LtxAttention::LtxAttention(int64_t query_dim, int64_t context_dim, int64_t heads
 }
 
 at::Tensor LtxAttention::forward(const at::Tensor& x, const at::Tensor& context, const at::Tensor& mask,
-                                 const RopeTables* pe, const RopeTables* k_pe) const {
+                                 const RopeTables* pe, const RopeTables* k_pe, const Ulysses* ulysses) const {
   const at::Tensor v = to_v->forward(context);
   at::Tensor q = q_norm->forward(to_q->forward(x));
   at::Tensor k = k_norm->forward(to_k->forward(context));
@@ -65,9 +65,11 @@ at::Tensor LtxAttention::forward(const at::Tensor& x, const at::Tensor& context,
   at::Tensor m = mask;
   if (m.defined() && m.dim() == 2) m = m.unsqueeze(0);
   if (m.defined() && m.dim() == 3) m = m.unsqueeze(1);
-  at::Tensor out = scaled_dot_product_attention(heads(q), heads(k), heads(v), m, backend_)
-                       .transpose(1, 2)
-                       .reshape({b, -1, heads_ * head_dim_});
+  at::Tensor out = ulysses ? ulysses->heads_to_tokens(scaled_dot_product_attention(
+                                 ulysses->tokens_to_heads(heads(q)), ulysses->tokens_to_heads(heads(k)),
+                                 ulysses->tokens_to_heads(heads(v)), m, backend_))
+                           : scaled_dot_product_attention(heads(q), heads(k), heads(v), m, backend_);
+  out = out.transpose(1, 2).reshape({b, -1, heads_ * head_dim_});
   if (to_gate_logits) {
     const at::Tensor gates = 2.0 * at::sigmoid(to_gate_logits->forward(x));  // (B, T, H)
     const int64_t t = out.size(1);
@@ -155,7 +157,7 @@ at::Tensor LtxBlock::text_cross_attention(const at::Tensor& x, const LtxStream& 
 }
 
 std::pair<at::Tensor, at::Tensor> LtxBlock::forward(const LtxStream& v, const LtxStream* a, Tap* tap,
-                                                    const std::string& module) const {
+                                                    const std::string& module, const Ulysses* ulysses) const {
   // Parity dump points: built only when a tap listens.
   const auto record = [tap, &module](const char* sub, const at::Tensor& value) {
     if (tap) ForwardContext{nullptr, tap}.record(module + sub, "out0", value);
@@ -170,7 +172,7 @@ std::pair<at::Tensor, at::Tensor> LtxBlock::forward(const LtxStream& v, const Lt
     const std::vector<at::Tensor> m = ada_values(scale_shift_table, v.timestep, 0, 3);  // shift, scale, gate
     const at::Tensor norm = rms(vx, eps) * (1 + m[1]) + m[0];
     record(".norm1", norm);
-    const at::Tensor attn = attn1->forward(norm, norm, v.self_mask, &v.pe, nullptr);
+    const at::Tensor attn = attn1->forward(norm, norm, v.self_mask, &v.pe, nullptr, ulysses);
     record(".attn1", attn);
     vx = vx + attn * m[2];
     vx = vx + text_cross_attention(vx, v, *attn2, scale_shift_table, prompt_scale_shift_table, recorder(".attn2"));

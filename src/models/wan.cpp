@@ -145,7 +145,7 @@ WanBlock::WanBlock(const WanConfig& config, AttentionBackend backend, const at::
 }
 
 // diffusers WanTransformerBlock.forward, op for op.
-Tensors WanBlock::forward(const Tensors& inputs, Tap* tap, const std::string& module) {
+Tensors WanBlock::forward(const Tensors& inputs, Tap* tap, const std::string& module, const Ulysses* ulysses) {
   const auto record = [tap, &module](const char* sub, const at::Tensor& value) {
     if (tap) ForwardContext{nullptr, tap}.record(module + sub, "out0", value);
   };
@@ -170,7 +170,7 @@ Tensors WanBlock::forward(const Tensors& inputs, Tap* tap, const std::string& mo
   };
   at::Tensor n = (fp32_layer_norm(x, eps_) * (1 + m[1]) + m[0]).to(dtype);
   record(".norm1", n);
-  const at::Tensor self_out = attn1->self_attention(n, {}, rotary);
+  const at::Tensor self_out = attn1->self_attention(n, {}, rotary, ulysses);
   record(".attn1", self_out);
   at::Tensor h = (x.to(at::kFloat) + self_out * m[2]).to(dtype);
   n = norm2 ? norm2->forward(h.to(at::kFloat)).to(dtype) : h;
@@ -232,18 +232,30 @@ at::Tensor WanTransformer::forward(const at::Tensor& hidden_states, const at::Te
   const int64_t batch = hidden_states.size(0);
   const int64_t pt = config_.patch_size[0], ph = config_.patch_size[1], pw = config_.patch_size[2];
   const int64_t f = hidden_states.size(2) / pt, h = hidden_states.size(3) / ph, w = hidden_states.size(4) / pw;
-  const auto [cos, sin] = rope.tables(f, h, w, hidden_states.device());
+  auto [cos, sin] = rope.tables(f, h, w, hidden_states.device());
+  const bool per_token = timestep.dim() == 2;
+  const Ulysses* sp = ctx.ulysses;
+  at::Tensor t = timestep;
 
   at::Tensor x = patch_embedding->forward(hidden_states);
   ctx.record(prefix + "patch_embedding", "out0", x);
   x = x.flatten(2).transpose(1, 2);
+  if (sp) {
+    // Everything per token follows the token split: the patches, the rope
+    // tables and a per-token timestep.
+    sp->check_heads(config_.num_attention_heads, "wan");
+    sp->local_tokens(f * h * w, "wan's latent grid (frames x height x width patches)");
+    x = sp->shard(x, 1);
+    cos = sp->shard(cos, 1);
+    sin = sp->shard(sin, 1);
+    if (per_token) t = sp->shard(t, 1);
+  }
 
   // Per-token timesteps (B, L) (Wan2.2 TI2V) are embedded flat, then regrouped.
-  const bool per_token = timestep.dim() == 2;
   SinusoidOptions sinusoid;
   sinusoid.dim = config_.freq_dim;
-  at::Tensor t_emb = timestep_sinusoid(per_token ? timestep.flatten() : timestep, sinusoid);
-  if (per_token) t_emb = t_emb.unflatten(0, {batch, timestep.size(1)});
+  at::Tensor t_emb = timestep_sinusoid(per_token ? t.flatten() : t, sinusoid);
+  if (per_token) t_emb = t_emb.unflatten(0, {batch, t.size(1)});
   // The time embedder runs in its own (kept fp32) dtype; temb then takes the
   // text dtype before time_proj, as diffusers' type_as does.
   const at::Tensor temb = time_embedder->forward(t_emb.to(time_embedder->linear_1->weight.scalar_type()))
@@ -263,7 +275,7 @@ at::Tensor WanTransformer::forward(const at::Tensor& hidden_states, const at::Te
     const std::string module = ctx.tap ? prefix + "blocks." + std::to_string(i) : std::string();
     Tap* tap = ctx.tap;
     x = ctx.run_unit(first_unit + i, {x, context, timestep_proj, cos, sin},
-                     [block, tap, module](const Tensors& in) { return block->forward(in, tap, module); })
+                     [block, tap, module, sp](const Tensors& in) { return block->forward(in, tap, module, sp); })
             .at(0);
     ctx.record(module, "out0", x);
   }
@@ -278,6 +290,7 @@ at::Tensor WanTransformer::forward(const at::Tensor& hidden_states, const at::Te
   }
   x = (fp32_layer_norm(x, config_.eps) * (1 + mod[1]) + mod[0]).to(x.scalar_type());
   x = proj_out->forward(x);
+  if (sp) x = sp->gather(x, 1);
   ctx.record(prefix + "proj_out", "out0", x);
   // (B, F', H', W', pt, ph, pw, C) -> (B, C, F'pt, H'ph, W'pw).
   return x.reshape({batch, f, h, w, pt, ph, pw, -1})
@@ -406,6 +419,20 @@ std::vector<int64_t> Wan::latent_shape(int64_t batch, const LatentGrid& grid) co
     if (sizes[i] % config_.patch_size[i] != 0)
       fail("wan: latent {} {} is not a multiple of patch_size {}", axes[i], sizes[i], config_.patch_size[i]);
   return {batch, config_.in_channels, grid.frames, grid.height, grid.width};
+}
+
+void Wan::check_sequence_parallel(int64_t ranks, const LatentGrid& grid) const {
+  if (config_.num_attention_heads % ranks != 0)
+    fail("parallel.sequence_parallel = {} does not divide wan's {} attention heads: expected a divisor of the heads",
+         ranks, config_.num_attention_heads);
+  latent_shape(1, grid);
+  const int64_t tokens = grid.frames / config_.patch_size[0] * (grid.height / config_.patch_size[1]) *
+                         (grid.width / config_.patch_size[2]);
+  if (tokens % ranks != 0)
+    fail(
+        "parallel.sequence_parallel = {} does not divide wan's {} tokens per sample (rollout.frames x height x width "
+        "in patches): expected a divisor of the token count",
+        ranks, tokens);
 }
 
 std::vector<CondSpec> Wan::cond_spec() const {

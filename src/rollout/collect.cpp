@@ -1,6 +1,7 @@
 // Collector: a rank's share of a rollout sampled or read, scored, turned into advantages.
 
 #include <ditrl/error.hpp>
+#include <ditrl/models/ulysses.hpp>
 #include <ditrl/rl/metrics.hpp>
 #include <ditrl/rl/stable_hash.hpp>
 #include <ditrl/rollout/collect.hpp>
@@ -57,7 +58,8 @@ RolloutBatch Collector::collect(int64_t rollout_id) {
   {
     const shard::KeepGathered keep(*parts_.params, options_.keep_gathered);
     parts_.params->begin_step();
-    out.trajectories = sample(*parts_.family, {parts_.params, nullptr}, schedule_, steps, batch, options_.sampler);
+    out.trajectories =
+        sample(*parts_.family, {parts_.params, nullptr, parts_.ulysses}, schedule_, steps, batch, options_.sampler);
   }
   out.seconds_sampling = seconds_since(start);
 
@@ -85,6 +87,11 @@ RolloutBatch Collector::load(const std::string& path, int64_t rollout_id) {
 void Collector::save(const RolloutBatch& batch, const std::string& path,
                      const std::map<std::string, std::string>& text_attrs,
                      const std::map<std::string, double>& number_attrs) const {
+  // The ranks of a sequence-parallel group hold the same samples; one
+  // collective writer per row is what the file format has.
+  if (parts_.ulysses)
+    fail("writing trajectories with parallel.sequence_parallel = {} is not supported; write them at 1",
+         parts_.ulysses->size());
   TrajectoryRecord record{batch.trajectories, batch.cond, batch.negative, text_attrs, number_attrs};
   write_trajectories(path, record, parts_.comm->rank() * samples_per_rank(), samples_per_rollout(), parts_.io_comm);
 }

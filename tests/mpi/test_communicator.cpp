@@ -54,6 +54,24 @@ TEST_CASE("communicator: all_gather moves every dtype bit-exactly in rank order"
   }
 }
 
+TEST_CASE("communicator: all_to_all sends chunk r to rank r bit-exactly for every dtype", "[communicator]") {
+  auto comm = dist::make_mpi_communicator();
+  const int n = comm->size(), me = comm->rank();
+  const int64_t chunk = 333;
+  for (const c10::ScalarType dtype : kAllDtypes) {
+    INFO("dtype " << c10::toString(dtype));
+    // Rank s sends to rank d its contribution offset by d, so every chunk differs.
+    const auto sent = [&](int s, int d) { return contribution(s * n + d, chunk, dtype); };
+    std::vector<at::Tensor> pieces;
+    for (int d = 0; d < n; ++d) pieces.push_back(sent(me, d));
+    at::Tensor output = at::empty({n * chunk}, at::TensorOptions().dtype(dtype));
+    comm->all_to_all(at::cat(pieces), output);
+    for (int s = 0; s < n; ++s) CHECK(at::equal(output.narrow(0, s * chunk, chunk), sent(s, me)));
+  }
+  at::Tensor out = at::empty({n * chunk + 1});
+  CHECK_THROWS_WITH(comm->all_to_all(at::zeros({n * chunk}), out), Contains("expected equal counts"));
+}
+
 TEST_CASE("communicator: reduce_scatter sums in rank order with fp32 accumulation for every dtype", "[communicator]") {
   auto comm = dist::make_mpi_communicator();
   const int n = comm->size();

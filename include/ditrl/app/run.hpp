@@ -10,6 +10,7 @@
 #include <ditrl/dist/runtime.hpp>
 #include <ditrl/io/checkpoint.hpp>
 #include <ditrl/models/family.hpp>
+#include <ditrl/models/ulysses.hpp>
 #include <ditrl/rl/algorithm.hpp>
 #include <ditrl/rl/parity_dump.hpp>
 #include <ditrl/rl/policy.hpp>
@@ -30,6 +31,7 @@ struct Run {
   dist::Runtime* runtime = nullptr;
   rl::AlgorithmTraits traits;
   std::shared_ptr<models::Family> family;
+  std::unique_ptr<models::Ulysses> ulysses;  // parallel.sequence_parallel > 1: this rank's group
   std::unique_ptr<shard::ShardedParams> params;
   std::unique_ptr<rollout::PromptSource> prompts;
   std::unique_ptr<rollout::Reward> reward;
@@ -48,8 +50,12 @@ std::unique_ptr<dist::Runtime> start_runtime(const config::Config& config, const
 Run open_run(const config::Config& config, dist::Runtime& runtime, const std::string& dump_dir = "");
 
 // What open_run rejects before building anything, for `ditrl check` too:
-// the batch knobs against `world` ranks and (files) the deck's input files.
+// parallel.sequence_parallel and the batch knobs against `world` ranks (the
+// data split is over world / sequence_parallel groups) and (files) the
+// deck's input files.
 void check_run_inputs(const config::Config& config, int world, bool files = true);
+// The family's own limits on parallel.sequence_parallel (heads, tokens).
+void check_sequence_parallel(const config::Config& config, const models::Family& family);
 
 // The run's training rollout as the algorithm reads it.
 rl::TrainingRollout training_rollout(const rollout::RolloutBatch& batch);

@@ -150,6 +150,9 @@ struct ParallelSection {
   bool rollout_keep_gathered = false;  // keep gathered units resident across rollout steps
   double startup_timeout_s = 300;
   double collective_timeout_s = 100;
+  // Ranks that share one sample, its tokens split across them (Ulysses); it
+  // divides the world size and the model's attention heads.
+  int64_t sequence_parallel = 1;
 
   template <class V>
   void fields(V& v) {
@@ -158,6 +161,7 @@ struct ParallelSection {
     v("rollout_keep_gathered", rollout_keep_gathered);
     v("startup_timeout_s", startup_timeout_s, Above{0});
     v("collective_timeout_s", collective_timeout_s, Above{0});
+    v("sequence_parallel", sequence_parallel, Between{1, 65536});
   }
 };
 

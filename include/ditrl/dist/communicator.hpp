@@ -56,6 +56,10 @@ class Communicator {
   // reduction of every rank's r-th chunk.
   virtual void reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op) = 0;
   virtual void all_reduce(at::Tensor& tensor, ReduceOp op) = 0;
+  // input and output have size() equal chunks (contiguous, same dtype and
+  // numel): chunk r of input goes to rank r, chunk r of output comes from
+  // rank r. Raw bytes, so any dtype moves bit-exactly.
+  virtual void all_to_all(const at::Tensor& input, at::Tensor& output) = 0;
   virtual void broadcast(at::Tensor& tensor, int root) = 0;
   virtual void barrier() = 0;
   // A sub-communicator of the ranks passing the same color, ordered by key.

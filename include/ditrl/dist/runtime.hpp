@@ -7,10 +7,12 @@
 //   the MpiRuntime, the device every allocation goes to (dist/device.hpp), a
 //   host communicator (MPI: scalars, control, stop flags) and a data
 //   communicator (parameters, gradients, metric and reward tensors on the
-//   device: MPI on CPU, NCCL on CUDA), and the collective watchdog
+//   device: MPI on CPU, NCCL on CUDA) with its sequence-parallel groups,
+//   and the collective watchdog
 //   (dist/watchdog.hpp) that every blocking collective runs under.
 
 #include <ditrl/dist/communicator.hpp>
+#include <ditrl/dist/sequence_parallel.hpp>
 #include <ditrl/error.hpp>
 
 #include <c10/core/Device.h>
@@ -70,6 +72,7 @@ struct RuntimeOptions {
   bool deterministic = true;          // [run] deterministic: fixed-order reductions on NCCL too
   double startup_timeout_s = 300;     // [parallel] startup_timeout_s
   double collective_timeout_s = 100;  // [parallel] collective_timeout_s
+  int sequence_parallel = 1;          // [parallel] sequence_parallel: ranks sharing one sample
 };
 
 class Runtime {
@@ -85,6 +88,9 @@ class Runtime {
   const RuntimeOptions& options() const { return options_; }
   Communicator& host() { return *host_; }
   Communicator& data() { return *data_; }
+  // The sequence-parallel groups over the data communicator
+  // (dist/sequence_parallel.hpp); at sequence_parallel = 1 samples() is data().
+  const SequenceGroups& sequence() const { return *sequence_; }
   // The communicator of collective file I/O (parallel HDF5): the world.
   MPI_Comm io_comm() const { return mpi_.comm(); }
   int default_threads() const { return mpi_.default_threads(); }
@@ -102,6 +108,7 @@ class Runtime {
   c10::Device device_ = c10::kCPU;
   std::unique_ptr<Communicator> host_;
   std::unique_ptr<Communicator> data_;
+  std::unique_ptr<SequenceGroups> sequence_;
 };
 
 // Raised by every rank at the same point with its own reason (the ranks

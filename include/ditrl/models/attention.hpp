@@ -7,6 +7,7 @@
 
 #include <ditrl/models/linear.hpp>
 #include <ditrl/models/norms.hpp>
+#include <ditrl/models/ulysses.hpp>
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
@@ -68,7 +69,12 @@ class Attention : public torch::nn::Module {
  public:
   Attention(const AttentionConfig& config, const at::TensorOptions& options);
 
-  at::Tensor self_attention(const at::Tensor& x, const at::Tensor& mask = {}, const QKRotary& rotary = {});
+  // With `ulysses`, x holds this rank's tokens of the sequence (and `rotary`
+  // rotates them); q/k/v go through an all-to-all to a head split, attention
+  // runs over the whole sequence, and the output comes back to the token
+  // split. A mask then covers the whole sequence and broadcasts over heads.
+  at::Tensor self_attention(const at::Tensor& x, const at::Tensor& mask = {}, const QKRotary& rotary = {},
+                            const Ulysses* ulysses = nullptr);
   at::Tensor cross_attention(const at::Tensor& x, const at::Tensor& context, const at::Tensor& mask = {});
   // Image stream x (B, Lx, D) and text stream c (B, Lc, D) attend jointly;
   // `mask` covers the concatenated sequence in config.order. Returns
@@ -87,7 +93,8 @@ class Attention : public torch::nn::Module {
   };
   QKV project(const Linear& q_proj, const Linear& k_proj, const Linear& v_proj, const RMSNorm* q_norm,
               const RMSNorm* k_norm, const at::Tensor& x, const at::Tensor& kv, const QKRotary& rotary) const;
-  at::Tensor attend(const QKV& qkv, const at::Tensor& mask) const;  // -> (B, L, H*Dh)
+  // -> (B, L, H*Dh); with `ulysses`, over the group's whole sequence.
+  at::Tensor attend(const QKV& qkv, const at::Tensor& mask, const Ulysses* ulysses = nullptr) const;
 
   AttentionConfig config_;
 };

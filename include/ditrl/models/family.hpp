@@ -130,6 +130,10 @@ class Family : public torch::nn::Module {
   virtual double guidance_scale(const GuidanceOptions& g, double /*timestep*/) const { return g.scale; }
 
   virtual std::vector<int64_t> latent_shape(int64_t batch, const LatentGrid& grid) const = 0;
+  // An error naming parallel.sequence_parallel unless the forward can split
+  // `grid`'s sequence over `ranks` ranks (models/ulysses.hpp); families
+  // without a sequence-parallel forward reject every ranks > 1.
+  virtual void check_sequence_parallel(int64_t ranks, const LatentGrid& grid) const;
   virtual std::vector<CondSpec> cond_spec() const = 0;
 
   // The modules that hold one expert checkpoint each (model.weights,

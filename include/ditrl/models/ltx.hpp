@@ -106,8 +106,11 @@ class LtxAttention : public torch::nn::Module {
  public:
   LtxAttention(int64_t query_dim, int64_t context_dim, int64_t heads, int64_t head_dim, double eps, bool gated,
                AttentionBackend backend, const at::TensorOptions& options);
+  // With `ulysses` (self-attention only): x, pe and the gates are this
+  // rank's tokens; q/k/v go to a head split for the attention over the whole
+  // sequence and back (models/ulysses.hpp); a mask covers the whole sequence.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& context, const at::Tensor& mask, const RopeTables* pe,
-                     const RopeTables* k_pe) const;
+                     const RopeTables* k_pe, const Ulysses* ulysses = nullptr) const;
 
   std::shared_ptr<RMSNorm> q_norm, k_norm;
   std::shared_ptr<Linear> to_q, to_k, to_v, to_gate_logits, to_out;  // to_out is `to_out.0`
@@ -146,8 +149,9 @@ class LtxBlock : public torch::nn::Module {
   // the modulated self-attention inputs (".norm1", ".audio_norm1") and every
   // attention's output before its gate (".attn1", ".attn2", ".audio_attn1",
   // ".audio_attn2", ".audio_to_video_attn", ".video_to_audio_attn"), "out0".
+  // With `ulysses` the video stream holds this rank's tokens (video only).
   std::pair<at::Tensor, at::Tensor> forward(const LtxStream& video, const LtxStream* audio, Tap* tap = nullptr,
-                                            const std::string& module = {}) const;
+                                            const std::string& module = {}, const Ulysses* ulysses = nullptr) const;
 
   std::shared_ptr<LtxAttention> attn1, attn2, audio_attn1, audio_attn2, audio_to_video_attn, video_to_audio_attn;
   std::shared_ptr<FeedForward> ff, audio_ff;
@@ -201,6 +205,7 @@ class LTX : public Family {
   std::vector<DtypeOverride> default_overrides() const override { return {}; }
   bool supports_cfg() const override { return false; }
   std::vector<int64_t> latent_shape(int64_t batch, const LatentGrid& grid) const override;
+  void check_sequence_parallel(int64_t ranks, const LatentGrid& grid) const override;
   std::vector<CondSpec> cond_spec() const override;
   std::optional<std::string> checkpoint_name(const std::string& stored) const override;
 
@@ -209,7 +214,10 @@ class LTX : public Family {
   static bool is_audio_parameter(const std::string& name);
 
   // LTXModel.forward: velocities of the video and (when `audio` is given) the
-  // audio tokens. Every block runs through ctx.run_unit.
+  // audio tokens. Every block runs through ctx.run_unit. With ctx.ulysses
+  // the blocks run on this rank's video tokens (text replicated: every rank
+  // holds the whole context) and the output is gathered after proj_out;
+  // audio is then an error.
   std::pair<at::Tensor, at::Tensor> forward(const LtxModality& video, const LtxModality* audio,
                                             const ForwardContext& ctx);
 

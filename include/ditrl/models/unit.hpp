@@ -5,8 +5,10 @@
 // code calls ForwardContext::run_unit for every block; unsharded runs call the
 // block directly, the sharded-parameter manager (shard/) gathers the block's
 // parameters first and, in backward, re-gathers, recomputes and
-// reduce-scatters. Taps receive named tensors at module boundaries (fixture
-// intermediates, train/rollout parity dumps) and cost nothing when absent.
+// reduce-scatters. With sequence parallelism (`ulysses`) a family splits its
+// tokens across the group and passes only the local ones to its units. Taps
+// receive named tensors at module boundaries (fixture intermediates,
+// train/rollout parity dumps) and cost nothing when absent.
 
 #include <torch/nn/module.h>
 
@@ -58,9 +60,12 @@ class TapSuppressGuard {
   bool previous_;
 };
 
+class Ulysses;  // models/ulysses.hpp
+
 struct ForwardContext {
-  UnitRunner* runner = nullptr;  // nullptr: run units directly
-  Tap* tap = nullptr;            // nullptr: record nothing
+  UnitRunner* runner = nullptr;      // nullptr: run units directly
+  Tap* tap = nullptr;                // nullptr: record nothing
+  const Ulysses* ulysses = nullptr;  // nullptr: this rank holds the whole sequence
 
   Tensors run_unit(size_t index, const Tensors& inputs, const UnitFn& fn) const {
     return runner ? runner->run(index, inputs, fn) : fn(inputs);

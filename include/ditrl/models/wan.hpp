@@ -69,7 +69,10 @@ class WanBlock : public torch::nn::Module {
   // {x (B, L, D), context (B, Lt, D), timestep_proj (B, 6, D) or (B, L, 6, D),
   // rope cos, rope sin} -> {x}. With a tap, records the modulated norm1
   // output and both attention outputs under `module` (the block's path).
-  Tensors forward(const Tensors& inputs, Tap* tap = nullptr, const std::string& module = {});
+  // With `ulysses`, x, a per-token timestep_proj and the rope tables hold
+  // this rank's tokens (models/ulysses.hpp).
+  Tensors forward(const Tensors& inputs, Tap* tap = nullptr, const std::string& module = {},
+                  const Ulysses* ulysses = nullptr);
 
   std::shared_ptr<Attention> attn1, attn2;
   std::shared_ptr<LayerNorm> norm2;  // cross-attention norm (affine, fp32); null without cross_attn_norm
@@ -91,7 +94,9 @@ class WanTransformer {
   // The diffusers forward: hidden_states (B, C, F, H, W), timestep (B,) or
   // per-token (B, F'*H'*W') t in [0, 1000], encoder_hidden_states
   // (B, Lt, text_dim) -> velocity (B, out_channels, F, H, W). Blocks run as
-  // units first_unit + i; taps are named `prefix` + the module path.
+  // units first_unit + i; taps are named `prefix` + the module path. With
+  // ctx.ulysses the blocks run on this rank's tokens and the output is
+  // gathered after proj_out: every rank of the group returns the whole output.
   at::Tensor forward(const at::Tensor& hidden_states, const at::Tensor& timestep,
                      const at::Tensor& encoder_hidden_states, const WanRope& rope, const ForwardContext& ctx,
                      size_t first_unit, const std::string& prefix) const;
@@ -127,6 +132,7 @@ class Wan : public Family {
   std::vector<DtypeOverride> default_overrides() const override;
   double guidance_scale(const GuidanceOptions& g, double timestep) const override;
   std::vector<int64_t> latent_shape(int64_t batch, const LatentGrid& grid) const override;
+  void check_sequence_parallel(int64_t ranks, const LatentGrid& grid) const override;
   std::vector<CondSpec> cond_spec() const override;
   std::vector<std::shared_ptr<torch::nn::Module>> expert_modules() override;
 

@@ -39,8 +39,9 @@ struct Policy {
   int64_t microgroup = 1;       // samples per rollout forward
   ParityDump* dump = nullptr;   // [debug] dump
   std::vector<int64_t> latent_shape;
+  const models::Ulysses* ulysses = nullptr;  // the sequence-parallel group, as the rollout used it
 
-  models::ForwardContext context() const { return {params, nullptr}; }
+  models::ForwardContext context() const { return {params, nullptr, ulysses}; }
   // The velocity of batch `b` at `latents`; guided: with the rollout's CFG.
   at::Tensor velocity(const TrainingRollout& rollout, const PreparedBatch& b, const at::Tensor& latents, bool guided,
                       const models::ForwardContext& ctx) const;

@@ -56,8 +56,9 @@ struct CollectParts {
   shard::ShardedParams* params = nullptr;
   PromptSource* prompts = nullptr;
   Reward* reward = nullptr;
-  dist::Communicator* comm = nullptr;  // the rollout's ranks
-  MPI_Comm io_comm = MPI_COMM_NULL;    // collective trajectory files
+  dist::Communicator* comm = nullptr;        // the ranks holding different samples (dist::SequenceGroups::samples)
+  const models::Ulysses* ulysses = nullptr;  // the sequence-parallel group sharing this rank's samples, if any
+  MPI_Comm io_comm = MPI_COMM_NULL;          // collective trajectory files
 };
 
 class Collector {

@@ -169,6 +169,21 @@ class NcclCommunicator final : public Communicator {
     reduce_chunks_in_order(copies, out, op);
   }
 
+  // Grouped ncclSend/ncclRecv of raw bytes: NCCL has no all-to-all call.
+  void all_to_all(const at::Tensor& input, at::Tensor& output) override {
+    check_tensor(input, "all_to_all", "input");
+    check_tensor(output, "all_to_all", "output");
+    check_same_dtype(input, output, "all_to_all");
+    if (input.numel() != output.numel() || input.numel() % size_ != 0)
+      fail(
+          "Communicator(NCCL)::all_to_all: input has {} and output {} elements, expected equal counts divisible by {} "
+          "ranks",
+          input.numel(), output.numel(), size_);
+    wait_on_compute(enqueue("all_to_all", {input, output}, [&](ncclComm_t comm, cudaStream_t stream) {
+      return send_recv_chunks(input, output, comm, stream);
+    }));
+  }
+
   void broadcast(at::Tensor& tensor, int root) override {
     check_tensor(tensor, "broadcast", "tensor");
     if (root < 0 || root >= size_) fail("Communicator(NCCL)::broadcast: root {} outside [0, {})", root, size_);
@@ -236,26 +251,33 @@ class NcclCommunicator final : public Communicator {
         return ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(), dtype, nccl_op(op), comm, stream);
       });
     }
-    const int64_t bytes = output.nbytes();
     at::Tensor chunks;
     return enqueue(
         "reduce_scatter", {input, output},
         [&](ncclComm_t comm, cudaStream_t stream) {
           chunks = at::empty({size_, output.numel()}, output.options());  // on the communication stream
-          auto* send = static_cast<const char*>(input.data_ptr());
-          auto* recv = static_cast<char*>(chunks.data_ptr());
-          ncclResult_t state = ncclGroupStart();
-          for (int peer = 0; peer < size_ && state == ncclSuccess; ++peer) {
-            state = ncclSend(send + peer * bytes, bytes, ncclUint8, peer, comm, stream);
-            if (state == ncclSuccess) state = ncclRecv(recv + peer * bytes, bytes, ncclUint8, peer, comm, stream);
-          }
-          const ncclResult_t ended = ncclGroupEnd();
-          return state == ncclSuccess ? ended : state;
+          return send_recv_chunks(input, chunks, comm, stream);
         },
         [&] {
           at::Tensor out = output;
           reduce_chunks_in_order(chunks, out, op);
         });
+  }
+
+  // Chunk r of `send` to rank r and chunk r of `recv` from rank r, grouped
+  // (an all-to-all of raw bytes).
+  ncclResult_t send_recv_chunks(const at::Tensor& send, const at::Tensor& recv, ncclComm_t comm,
+                                cudaStream_t stream) const {
+    const int64_t bytes = send.nbytes() / size_;
+    auto* from = static_cast<const char*>(send.data_ptr());
+    auto* to = static_cast<char*>(recv.data_ptr());
+    ncclResult_t state = ncclGroupStart();
+    for (int peer = 0; peer < size_ && state == ncclSuccess; ++peer) {
+      state = ncclSend(from + peer * bytes, bytes, ncclUint8, peer, comm, stream);
+      if (state == ncclSuccess) state = ncclRecv(to + peer * bytes, bytes, ncclUint8, peer, comm, stream);
+    }
+    const ncclResult_t ended = ncclGroupEnd();
+    return state == ncclSuccess ? ended : state;
   }
 
   void wait_on_compute(const std::shared_ptr<Event>& done) const {
