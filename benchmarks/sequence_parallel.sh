@@ -1,7 +1,7 @@
 #!/bin/bash
 # Sequence parallelism on the CPU: one training step (one rollout of 4
 # samples, 2 denoising steps, one trained SDE step each) of a ~118M Wan-style
-# DiT (benchmarks/configs/wan-100m.json) at 2048 tokens per sample, on 4 ranks
+# DiT (benchmarks/configs/wan-100m.json) at 1024 tokens per sample, on 4 ranks
 # at parallel.sequence_parallel = 1 (the baseline: each rank one whole sample),
 # 2 and 4 (a sample's tokens split over 2 or 4 ranks). Same global batch and
 # world, so the ranks do the same arithmetic; what changes is the activation
@@ -18,7 +18,7 @@ MPI=(mpiexec --allow-run-as-root --oversubscribe --mca btl self,vader)
 DECK=tests/e2e/decks/wan_sequence_parallel.toml
 ARGS=(--set run.deterministic=false --set model.config=benchmarks/configs/wan-100m.json
       --set rollout.batch=1 --set rollout.samples_per_prompt=4 --set rollout.steps=2 --set "rollout.window=[0,1]"
-      --set rollout.sde_steps=1 --set rollout.microgroup=1 --set rollout.frames=2 --set rollout.height=64
+      --set rollout.sde_steps=1 --set rollout.microgroup=1 --set rollout.frames=1 --set rollout.height=64
       --set rollout.width=64 --set train.global_batch=4 --set train.micro_batch=1 --set train.num_rollouts=1
       --set checkpoint.every=1000 --set data.synthetic_prompts=4)
 for sp in 1 2 4; do
