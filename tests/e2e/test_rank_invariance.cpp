@@ -53,6 +53,9 @@ void check_same_run(const std::string& reference, const std::string& other) {
 
 // Trains `deck` (relative to the source tree) for `rollouts` rollouts at 1,
 // 2 and 4 ranks and checks the 2- and 4-rank runs against the 1-rank run.
+// One rollout suffices: a different grouping of the gradient sums shows in
+// the checkpoint's weights and moments, a metric's in its first row (the
+// resume test below runs three).
 void check_rank_counts(const std::string& name, const std::string& deck, int rollouts) {
   const std::string path = std::string(DITRL_SOURCE_DIR) + "/" + deck;
   const std::string args = "--set train.num_rollouts=" + std::to_string(rollouts);
@@ -72,31 +75,31 @@ void check_rank_counts(const std::string& name, const std::string& deck, int rol
 }  // namespace
 
 TEST_CASE("ranks: the quickstart at 1 2 4 ranks is bitwise equal", "[e2e][ranks]") {
-  check_rank_counts("quickstart", "inputs/quickstart.toml", 2);
+  check_rank_counts("quickstart", "inputs/quickstart.toml", 1);
 }
 
 TEST_CASE("ranks: proxy_sd3_grpo at 1 2 4 ranks is bitwise equal", "[e2e][ranks]") {
-  check_rank_counts("sd3_grpo", "tests/standards/proxy_sd3_grpo.toml", 2);
+  check_rank_counts("sd3_grpo", "tests/standards/proxy_sd3_grpo.toml", 1);
 }
 
 TEST_CASE("ranks: proxy_sd3_nft at 1 2 4 ranks is bitwise equal", "[e2e][ranks]") {
-  check_rank_counts("sd3_nft", "tests/standards/proxy_sd3_nft.toml", 2);
+  check_rank_counts("sd3_nft", "tests/standards/proxy_sd3_nft.toml", 1);
 }
 
 TEST_CASE("ranks: proxy_qwen_image_grpo at 1 2 4 ranks is bitwise equal", "[e2e][ranks]") {
-  check_rank_counts("qwen_image_grpo", "tests/standards/proxy_qwen_image_grpo.toml", 2);
+  check_rank_counts("qwen_image_grpo", "tests/standards/proxy_qwen_image_grpo.toml", 1);
 }
 
 TEST_CASE("ranks: proxy_wan22_grpo at 1 2 4 ranks is bitwise equal", "[e2e][ranks]") {
-  check_rank_counts("wan22_grpo", "tests/standards/proxy_wan22_grpo.toml", 2);
+  check_rank_counts("wan22_grpo", "tests/standards/proxy_wan22_grpo.toml", 1);
 }
 
 TEST_CASE("ranks: proxy_wan22_sft at 1 2 4 ranks is bitwise equal", "[e2e][ranks]") {
-  check_rank_counts("wan22_sft", "tests/standards/proxy_wan22_sft.toml", 2);
+  check_rank_counts("wan22_sft", "tests/standards/proxy_wan22_sft.toml", 1);
 }
 
 TEST_CASE("ranks: proxy_ltx23_grpo at 1 2 4 ranks is bitwise equal", "[e2e][ranks]") {
-  check_rank_counts("ltx23_grpo", "tests/standards/proxy_ltx23_grpo.toml", 2);
+  check_rank_counts("ltx23_grpo", "tests/standards/proxy_ltx23_grpo.toml", 1);
 }
 
 TEST_CASE("ranks: a run stopped at 4 ranks and resumed at 2 continues the 1-rank run bitwise", "[e2e][ranks][resume]") {
