@@ -15,9 +15,9 @@
 #include <fstream>
 
 using namespace ditrl;
+using Catch::Matchers::Contains;
 using test::data_offset;
 using test::flip_byte;
-using Catch::Matchers::Contains;
 
 namespace {
 
@@ -91,8 +91,8 @@ TEST_CASE("resume: a 2-rank checkpoint resharded to 1 and 4 ranks keeps /model a
 
     // Loaded by `ranks` ranks and written back by them after a rollout whose
     // optimizer step is skipped: what they hold is what 2 ranks wrote.
-    const auto held = test::train(kDeck, b, ranks,
-                                  "--set train.num_rollouts=3 --set debug.skip_optimizer_step=true --resume latest");
+    const auto held =
+        test::train(kDeck, b, ranks, "--set train.num_rollouts=3 --set debug.skip_optimizer_step=true --resume latest");
     INFO(held.output);
     REQUIRE(held.exit_code == 0);
     CHECK_THAT(held.output, Contains("written by 2 rank(s)"));
@@ -119,8 +119,7 @@ TEST_CASE("resume: a flipped byte in /optimizer or /rng is named on load", "[e2e
   const std::string out = test::fresh_output_dir("e2e_corrupt_state");
   REQUIRE(test::train(kDeck, out, 2, "--set train.num_rollouts=2").exit_code == 0);
   const std::string step2 = out + "/checkpoints/step-2.h5", step1 = out + "/checkpoints/step-1.h5";
-  for (const std::string dataset :
-       {"/optimizer/transformer_blocks.0.attn.to_q.weight/exp_avg_sq", "/rng/torch_cpu"}) {
+  for (const std::string dataset : {"/optimizer/transformer_blocks.0.attn.to_q.weight/exp_avg_sq", "/rng/torch_cpu"}) {
     INFO(dataset);
     const std::string copy = out + "/checkpoints/step-2-copy.h5";
     std::filesystem::copy_file(step2, copy, std::filesystem::copy_options::overwrite_existing);
@@ -170,8 +169,9 @@ TEST_CASE("train: a non-finite loss on one rank skips the step on every rank / o
 TEST_CASE("train: deterministic mode re-executes with the CPU kernels pinned / keeps what the user set",
           "[e2e][determinism]") {
   const std::string args = "--set train.num_rollouts=1 --set checkpoint.every=0";
-  const std::string pinned = "deterministic: ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 OMP_NUM_THREADS=1 "
-                             "MKL_NUM_THREADS=1 CUBLAS_WORKSPACE_CONFIG=:4096:8";
+  const std::string pinned =
+      "deterministic: ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 OMP_NUM_THREADS=1 "
+      "MKL_NUM_THREADS=1 CUBLAS_WORKSPACE_CONFIG=:4096:8";
   const std::string a = test::fresh_output_dir("e2e_pins_default");
   const auto plain = test::train(kDeck, a, 2, args, "env -u ATEN_CPU_CAPABILITY -u OMP_NUM_THREADS");
   INFO(plain.output);
