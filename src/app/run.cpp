@@ -187,6 +187,8 @@ Run open_run(const config::Config& config, dist::Runtime& runtime, const std::st
   run.policy.dump = run.dump.get();
   run.policy.latent_shape = latent_shape;
   run.policy.ulysses = run.ulysses.get();
+  run.policy.sample_rank = sequence.layout().data_rank;
+  run.policy.sample_ranks = sequence.layout().data_size;
   run.algorithm = rl::make_algorithm(algorithm_options(c), run.policy);
   return run;
 }

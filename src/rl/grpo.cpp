@@ -42,9 +42,9 @@ TrainData Grpo::prepare(const TrainingRollout& rollout) {
   data.pairs = grpo_pairs(rollout.view, policy_.microgroup);
   data.pairs_per_sample = static_cast<int64_t>(rollout.view.sde_steps.size());
   // A chunk is one rollout micro-group: each of its trained steps one micro-batch.
-  data.windows = optimizer_windows({static_cast<int64_t>(data.pairs.size()), policy_.microgroup * data.pairs_per_sample,
-                                    policy_.microgroup, options_.steps_per_rollout, policy_.params->rank(),
-                                    policy_.params->world_size()});
+  data.windows =
+      optimizer_windows({static_cast<int64_t>(data.pairs.size()), policy_.microgroup * data.pairs_per_sample,
+                         policy_.microgroup, options_.steps_per_rollout, policy_.sample_rank, policy_.sample_ranks});
   if (options_.kl_beta > 0) data.reference = reference_means(rollout, data);
   return data;
 }

@@ -49,7 +49,7 @@ TrainData Sft::prepare(const TrainingRollout& rollout) {
   data.pairs = sft_pairs(view, kPairsPerSample, options_.seed, rollout.rollout_id, expert_of_step, routing);
   data.pairs_per_sample = kPairsPerSample;
   data.windows = optimizer_windows({static_cast<int64_t>(data.pairs.size()), routing.chunk_pairs, options_.micro_batch,
-                                    options_.steps_per_rollout, policy_.params->rank(), policy_.params->world_size()});
+                                    options_.steps_per_rollout, policy_.sample_rank, policy_.sample_ranks});
   return data;
 }
 

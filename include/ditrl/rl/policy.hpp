@@ -40,6 +40,11 @@ struct Policy {
   ParityDump* dump = nullptr;   // [debug] dump
   std::vector<int64_t> latent_shape;
   const models::Ulysses* ulysses = nullptr;  // the sequence-parallel group, as the rollout used it
+  // The rank's share of the samples: its sequence-parallel group and the
+  // number of groups (the world rank and size at sequence_parallel = 1).
+  // Optimizer windows and the canonical micro-batch order run over these.
+  int sample_rank = 0;
+  int sample_ranks = 1;
 
   models::ForwardContext context() const { return {params, nullptr, ulysses}; }
   // The velocity of batch `b` at `latents`; guided: with the rollout's CFG.
