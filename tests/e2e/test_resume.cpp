@@ -18,17 +18,11 @@ using namespace ditrl;
 using Catch::Matchers::Contains;
 using test::data_offset;
 using test::flip_byte;
+using test::read_file;
 
 namespace {
 
 const std::string kDeck = test::e2e_deck("tiny_grpo.toml");
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 std::vector<std::string> checkpoint_files(const std::string& out) {
   std::vector<std::string> names;
