@@ -44,7 +44,7 @@ class MappedBytes {
       bytes->data_ = static_cast<uint8_t*>(addr);
       bytes->mapped_ = true;
     }
-    ::close(fd);  // the mapping stays valid without the descriptor
+    bytes->fd_ = fd;  // kept for copy_out's read-only windows
     return bytes;
   }
 
@@ -58,6 +58,32 @@ class MappedBytes {
 
   ~MappedBytes() {
     if (mapped_) ::munmap(data_, size_);
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  // Copies bytes [offset, offset + n) to `out` through short-lived read-only
+  // windows of the file (64 MiB at most), unmapped as soon as they are
+  // copied: reading a slice leaves none of the file resident in this process,
+  // and the whole-file mapping (whose pages view() may write) is not touched.
+  void copy_out(size_t offset, size_t n, uint8_t* out, const std::string& path) const {
+    if (fd_ < 0) {
+      std::memcpy(out, data_ + offset, n);
+      return;
+    }
+    static const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    constexpr size_t kWindow = size_t{64} << 20;
+    while (n > 0) {
+      const size_t start = offset / page * page, lead = offset - start;
+      const size_t take = std::min(n, kWindow - lead);
+      void* addr = ::mmap(nullptr, lead + take, PROT_READ, MAP_SHARED, fd_, static_cast<off_t>(start));
+      if (addr == MAP_FAILED)
+        fail("cannot map {} bytes of {} at {}: {}", lead + take, path, start, std::strerror(errno));
+      std::memcpy(out, static_cast<const uint8_t*>(addr) + lead, take);
+      ::munmap(addr, lead + take);
+      offset += take;
+      out += take;
+      n -= take;
+    }
   }
   MappedBytes(const MappedBytes&) = delete;
   MappedBytes& operator=(const MappedBytes&) = delete;
@@ -70,6 +96,7 @@ class MappedBytes {
   uint8_t* data_ = nullptr;
   size_t size_ = 0;
   bool mapped_ = false;
+  int fd_ = -1;
   std::vector<uint8_t> buffer_;
 };
 
@@ -284,6 +311,19 @@ at::Tensor SafetensorsFile::view(const std::string& name) const {
       ptr, t.shape, [keep](void*) mutable { keep.reset(); }, at::TensorOptions().dtype(dtype));
 }
 
+at::Tensor SafetensorsFile::read_range(const std::string& name, int64_t begin, int64_t end) const {
+  const TensorInfo& t = info(name);
+  const c10::ScalarType dtype = safetensors_scalar_type(t.dtype, fmt::format("tensor '{}' of {}", name, path_));
+  if (begin < 0 || end < begin || end > t.numel())
+    fail("{}: elements [{}, {}) are outside tensor '{}' of {} elements", path_, begin, end, name, t.numel());
+  at::Tensor out = at::empty({end - begin}, at::TensorOptions().dtype(dtype));
+  const size_t element = c10::elementSize(dtype);
+  if (end > begin)
+    bytes_->copy_out(data_start_ + t.begin + static_cast<size_t>(begin) * element,
+                     static_cast<size_t>(end - begin) * element, static_cast<uint8_t*>(out.data_ptr()), path_);
+  return out;
+}
+
 Checkpoint::Checkpoint(const std::string& path) : path_(path) {
   const bool is_index = path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0;
   if (!is_index) {
@@ -350,6 +390,9 @@ at::Tensor Checkpoint::get(const std::string& name) const {
 }
 at::Tensor Checkpoint::view(const std::string& name) const {
   return shard(name).view(name);
+}
+at::Tensor Checkpoint::read_range(const std::string& name, int64_t begin, int64_t end) const {
+  return shard(name).read_range(name, begin, end);
 }
 const std::string& Checkpoint::file_of(const std::string& name) const {
   return shard(name).path();

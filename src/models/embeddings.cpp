@@ -70,15 +70,15 @@ at::Tensor sincos_pos_embed_2d(int64_t dim, int64_t grid, double base_size, doub
 }
 
 PatchEmbed::PatchEmbed(int64_t in_channels, int64_t dim, int64_t patch, int64_t pos_embed_max_size, double base_size,
-                       const at::TensorOptions& options)
+                       const at::TensorOptions& options, const at::TensorOptions& buffer_options)
     : patch_(patch), max_size_(pos_embed_max_size) {
   proj = register_module(
       "proj", std::make_shared<PatchProjection>(in_channels, dim, std::vector<int64_t>{patch, patch}, options));
   const int64_t rows = pos_embed_max_size * pos_embed_max_size;
   at::Tensor table =
-      options.device().is_meta()
-          ? at::empty({1, rows, dim}, options.dtype(at::kFloat))
-          : sincos_pos_embed_2d(dim, pos_embed_max_size, base_size, 1.0).unsqueeze(0).to(options.device());
+      buffer_options.device().is_meta()
+          ? at::empty({1, rows, dim}, buffer_options.dtype(at::kFloat))
+          : sincos_pos_embed_2d(dim, pos_embed_max_size, base_size, 1.0).unsqueeze(0).to(buffer_options.device());
   pos_embed = register_buffer("pos_embed", table);
 }
 

@@ -83,7 +83,7 @@ TEST_CASE("layers: the 2-D sin-cos table is the reference's buffer bit for bit",
 }
 
 TEST_CASE("layers: patch embedding crops the table at the centre", "[models][layers]") {
-  PatchEmbed embed(4, 64, 2, 16, 8.0, kCpu);
+  PatchEmbed embed(4, 64, 2, 16, 8.0, kCpu, kCpu);
   const at::Tensor crop = embed.cropped_pos_embed(3, 6);  // top (16-3)/2 = 6, left (16-6)/2 = 5
   REQUIRE(crop.sizes() == at::IntArrayRef{1, 18, 64});
   for (int64_t r = 0; r < 3; ++r)

@@ -62,6 +62,10 @@ class SafetensorsFile {
   // A CPU tensor over the mapping (kept alive by the tensor); writes stay in
   // this process. Falls back to a copy when the bytes are not aligned.
   at::Tensor view(const std::string& name) const;
+  // Elements [begin, end) of the flattened tensor as an owned 1-D CPU tensor
+  // of its stored dtype: only those bytes are read, and none of the file
+  // stays resident (sliced loading reads a rank's part of every tensor).
+  at::Tensor read_range(const std::string& name, int64_t begin, int64_t end) const;
 
  private:
   SafetensorsFile(std::shared_ptr<const MappedBytes> bytes, std::string path);
@@ -85,7 +89,8 @@ class Checkpoint {
   bool contains(const std::string& name) const { return shard_of_.count(name) > 0; }
   const TensorInfo& info(const std::string& name) const;
   at::Tensor get(const std::string& name) const;
-  at::Tensor view(const std::string& name) const;  // see SafetensorsFile::view
+  at::Tensor view(const std::string& name) const;                                    // see SafetensorsFile::view
+  at::Tensor read_range(const std::string& name, int64_t begin, int64_t end) const;  // see SafetensorsFile
   // The file that holds `name` (the shard for an index).
   const std::string& file_of(const std::string& name) const;
   // The single file's metadata, or the index's "metadata" values as text.
