@@ -76,6 +76,7 @@ shard::ShardOptions shard_options(const config::Config& c, c10::Device device) {
     fail("{}: train.betas must have two entries [beta1, beta2] (got {})", c.source, c.train.betas.size());
   shard::ShardOptions o;
   o.reshard_after_forward = c.parallel.reshard_after_forward;
+  o.canonical_sum = c.run.deterministic && c.run.rank_invariant;
   o.prefetch = c.parallel.prefetch;
   o.device = device;
   o.adamw = {c.train.betas[0], c.train.betas[1], c.train.eps, c.train.weight_decay};

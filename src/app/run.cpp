@@ -7,6 +7,9 @@
 #include <ditrl/io/safetensors.hpp>
 #include <ditrl/models/guided.hpp>
 #include <ditrl/models/weights.hpp>
+#include <ditrl/rl/loss_window.hpp>
+#include <ditrl/rl/nft_loss.hpp>
+#include <ditrl/rl/sft.hpp>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -25,16 +28,31 @@ void check_batching(const config::Config& c, const rl::AlgorithmTraits& traits, 
   if (c.train.global_batch % world != 0)
     fail("{}: train.global_batch = {} is not divisible by the {} ranks", c.source, c.train.global_batch, world);
   const int64_t window_samples = c.train.global_batch / world;
-  if (traits.microgroup_batches && window_samples % c.train.micro_batch != 0)
-    fail(
-        "{}: a rank's optimizer window holds {} samples (train.global_batch / ranks), which do not split into "
-        "micro-batches of train.micro_batch = {} (GRPO micro-batches are rollout micro-groups)",
-        c.source, window_samples, c.train.micro_batch);
   const int64_t samples_per_rank = c.rollout.batch * c.rollout.samples_per_prompt / world;
   const int64_t microgroup = sampler_options(c).microgroup;
   if (samples_per_rank % microgroup != 0)
     fail("{}: a rank's {} rollout samples do not split into micro-groups of {}", c.source, samples_per_rank,
          microgroup);
+  // A window trains whole chunks (rl/loss_window.hpp), which keeps its
+  // samples and summation tree the same at every rank count.
+  if (traits.microgroup_batches) {
+    if (window_samples % microgroup != 0)
+      fail(
+          "{}: a rank's optimizer window holds {} samples (train.global_batch / ranks), which do not split into "
+          "micro-batches of {} (GRPO micro-batches are rollout micro-groups: rollout.microgroup, else "
+          "train.micro_batch)",
+          c.source, window_samples, microgroup);
+    return;
+  }
+  const int64_t pairs_per_sample = c.train.loss == "nft"
+                                       ? rl::nft_pairs_per_sample(c.rollout.steps, c.rollout.timestep_fraction)
+                                       : rl::Sft::kPairsPerSample;
+  const int64_t chunk = rl::chunk_samples(pairs_per_sample, c.train.micro_batch);
+  if (window_samples % chunk != 0)
+    fail(
+        "{}: a rank's optimizer window holds {} samples (train.global_batch / ranks), not whole chunks of {} "
+        "samples (the fewest whose {} pair(s) each fill whole micro-batches of train.micro_batch = {})",
+        c.source, window_samples, chunk, pairs_per_sample, c.train.micro_batch);
 }
 
 void check_files(const config::Config& c) {

@@ -99,10 +99,12 @@ class Trainer {
       start = Clock::now();
       const shard::CommSeconds comm_start = run_.params->comm_seconds();
       StepTimes times;
-      rl::MetricBuffer metrics(run_.algorithm->metric_schema(), run_.runtime->device());
+      rl::MetricBuffer metrics(run_.algorithm->metric_schema(), run_.runtime->device(), window.leaves);
       run_.params->zero_grad();
-      for (const rl::MicroBatch& mb : window.micro_batches)
+      for (const rl::MicroBatch& mb : window.micro_batches) {
+        metrics.set_leaf(mb.leaf);
         micro_batch(rollout, data, mb, mb_index++, window.pairs(), metrics, times);
+      }
       times.forward_backward = seconds_since(start);
       const shard::CommSeconds comm_end = run_.params->comm_seconds();
 

@@ -1,5 +1,5 @@
 // Pending: the wait handle of an asynchronous collective; the reduction
-// rules both backends share.
+// rules and the canonical summation tree both backends share.
 
 #include <ditrl/dist/communicator.hpp>
 #include <ditrl/dist/reduction.hpp>
@@ -57,6 +57,49 @@ void extremum_of_chunks(const at::Tensor& chunks, at::Tensor& output, ReduceOp o
     else
       at::minimum_out(flat, flat, chunks[r]);
   }
+}
+
+int64_t tree_split(int64_t n) {
+  int64_t p = 1;
+  while (p * 2 < n) p *= 2;
+  return p;
+}
+
+int64_t bit_reversed(int64_t value, int bits) {
+  int64_t out = 0;
+  for (int b = 0; b < bits; ++b) out |= ((value >> b) & 1) << (bits - 1 - b);
+  return out;
+}
+
+std::vector<int> chunk_leaf_order(int ranks) {
+  std::vector<int> order(static_cast<size_t>(ranks));
+  int bits = 0;
+  while ((1 << bits) < ranks) ++bits;
+  const bool power_of_two = (1 << bits) == ranks;
+  for (int p = 0; p < ranks; ++p)
+    order[static_cast<size_t>(p)] = power_of_two ? static_cast<int>(bit_reversed(p, bits)) : p;
+  return order;
+}
+
+namespace {
+
+at::Tensor tree_sum(const at::Tensor& leaves, int64_t lo, int64_t hi) {
+  if (hi - lo == 1) return leaves[lo].clone();
+  const int64_t p = tree_split(hi - lo);
+  return tree_sum(leaves, lo, lo + p).add_(tree_sum(leaves, lo + p, hi));
+}
+
+}  // namespace
+
+void tree_sum_of_chunks(const at::Tensor& chunks, at::Tensor& output, bool average) {
+  const int ranks = static_cast<int>(chunks.size(0));
+  const std::vector<int> order = chunk_leaf_order(ranks);
+  const c10::ScalarType dtype = output.scalar_type();
+  const c10::ScalarType acc_dtype = dtype == at::kBFloat16 || dtype == at::kHalf ? at::kFloat : dtype;
+  const at::Tensor index = at::tensor(std::vector<int64_t>(order.begin(), order.end()), at::kLong).to(chunks.device());
+  at::Tensor sum = tree_sum(chunks.index_select(0, index).to(acc_dtype), 0, ranks);
+  if (average) sum.div_(static_cast<double>(ranks));
+  output.view({-1}).copy_(sum);
 }
 
 }  // namespace ditrl::dist

@@ -5,9 +5,9 @@
 // MPI's reduction operators: their grouping of additions depends on the
 // algorithm Open MPI picks for a message size and rank count. Instead every
 // rank receives the chunks it owns from all ranks (MPI_Alltoall of raw bytes)
-// and sums them itself in a fixed order:
+// and sums them itself in the canonical tree order of dist/reduction.hpp:
 //
-//   out = (((chunk_0 + chunk_1) + chunk_2) + ... + chunk_{N-1})   [then / N for Avg]
+//   2 ranks: c0 + c1;  4 ranks: (c0 + c2) + (c1 + c3);  3 ranks: (c0 + c1) + c2   [then / N for Avg]
 //
 // accumulating in fp32 for fp32/bf16/fp16 inputs (fp64 for fp64, the integer
 // type itself for integers) and rounding once to the output dtype. The result
@@ -39,6 +39,7 @@
 #include <future>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 namespace ditrl::dist {
 
@@ -84,22 +85,36 @@ struct Accumulate<c10::Half> {
   using type = float;
 };
 
-// out[i] = (((chunks[0][i] + chunks[1][i]) + ...) + chunks[ranks-1][i]) [/ ranks],
-// rounded once to T. Blocks of elements keep every chunk a sequential stream;
-// each element's order is fixed, so the threads' split changes nothing.
+// out[i] = the canonical tree sum (dist/reduction.hpp) of chunks[order[p]][i]
+// over leaves p [/ ranks], rounded once to T. Blocks of elements keep every
+// chunk a sequential stream; each element's order is fixed, so the threads'
+// split changes nothing.
 template <class T>
 void sum_chunks(const T* chunks, T* out, int64_t n, int ranks, bool average) {
   using Acc = typename Accumulate<T>::type;
   constexpr int64_t kBlock = 2048;
+  const std::vector<int> order = chunk_leaf_order(ranks);
+  int depth = 1;
+  while ((1 << (depth - 1)) < ranks) ++depth;
   at::parallel_for(0, (n + kBlock - 1) / kBlock, 16, [&](int64_t first, int64_t last) {
-    Acc acc[kBlock];
+    // One accumulator per tree level: a node sums into its level's row, its
+    // right child into the next row.
+    std::vector<Acc> rows(static_cast<size_t>(depth) * kBlock);
     for (int64_t block = first; block < last; ++block) {
       const int64_t begin = block * kBlock, count = std::min(kBlock, n - begin);
-      for (int64_t i = 0; i < count; ++i) acc[i] = static_cast<Acc>(chunks[begin + i]);
-      for (int r = 1; r < ranks; ++r) {
-        const T* chunk = chunks + r * n + begin;
-        for (int64_t i = 0; i < count; ++i) acc[i] += static_cast<Acc>(chunk[i]);
-      }
+      const auto node = [&](const auto& self, int lo, int hi, Acc* acc) -> void {
+        if (hi - lo == 1) {
+          const T* chunk = chunks + static_cast<int64_t>(order[static_cast<size_t>(lo)]) * n + begin;
+          for (int64_t i = 0; i < count; ++i) acc[i] = static_cast<Acc>(chunk[i]);
+          return;
+        }
+        const int split = lo + static_cast<int>(tree_split(hi - lo));
+        self(self, lo, split, acc);
+        self(self, split, hi, acc + kBlock);
+        for (int64_t i = 0; i < count; ++i) acc[i] += acc[kBlock + i];
+      };
+      Acc* acc = rows.data();
+      node(node, 0, ranks, acc);
       if (average)
         for (int64_t i = 0; i < count; ++i) acc[i] /= static_cast<Acc>(ranks);
       for (int64_t i = 0; i < count; ++i) out[begin + i] = static_cast<T>(acc[i]);

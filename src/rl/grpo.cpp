@@ -41,8 +41,10 @@ TrainData Grpo::prepare(const TrainingRollout& rollout) {
   TrainData data;
   data.pairs = grpo_pairs(rollout.view, policy_.microgroup);
   data.pairs_per_sample = static_cast<int64_t>(rollout.view.sde_steps.size());
-  data.windows =
-      optimizer_windows(static_cast<int64_t>(data.pairs.size()), options_.steps_per_rollout, policy_.microgroup);
+  // A chunk is one rollout micro-group: each of its trained steps one micro-batch.
+  data.windows = optimizer_windows({static_cast<int64_t>(data.pairs.size()), policy_.microgroup * data.pairs_per_sample,
+                                    policy_.microgroup, options_.steps_per_rollout, policy_.params->rank(),
+                                    policy_.params->world_size()});
   if (options_.kl_beta > 0) data.reference = reference_means(rollout, data);
   return data;
 }

@@ -26,7 +26,9 @@ const char* reduce_name(MetricReduce r) {
 
 }  // namespace
 
-MetricBuffer::MetricBuffer(MetricSchema schema, c10::Device device) : schema_(std::move(schema)), device_(device) {
+MetricBuffer::MetricBuffer(MetricSchema schema, c10::Device device, int64_t leaves)
+    : schema_(std::move(schema)), device_(device) {
+  if (leaves < 1) fail("metric buffer: {} leaves", leaves);
   int64_t means = 0;
   int64_t maxes = 0;
   for (const auto& [key, op] : schema_) {
@@ -34,9 +36,14 @@ MetricBuffer::MetricBuffer(MetricSchema schema, c10::Device device) : schema_(st
     if (op == MetricReduce::Max) slot_[key] = maxes++;
   }
   const auto options = at::TensorOptions().dtype(at::kDouble).device(device_);
-  sums_ = at::zeros({means}, options);
-  counts_ = at::zeros({means}, options);
+  sums_ = at::full({leaves, means}, -0.0, options);
+  counts_ = at::full({leaves, means}, -0.0, options);
   maxes_ = at::full({maxes}, -std::numeric_limits<double>::infinity(), options);
+}
+
+void MetricBuffer::set_leaf(int64_t leaf) {
+  if (leaf < 0 || leaf >= sums_.size(0)) fail("metric buffer: leaf {} outside [0, {})", leaf, sums_.size(0));
+  leaf_ = leaf;
 }
 
 int64_t MetricBuffer::slot(const std::string& key, MetricReduce expected) const {
@@ -50,14 +57,14 @@ int64_t MetricBuffer::slot(const std::string& key, MetricReduce expected) const 
 void MetricBuffer::emit_mean(const std::string& key, const at::Tensor& total, double count) {
   const int64_t i = slot(key, MetricReduce::Mean);
   if (!total.defined() || total.numel() != 1) fail("metric '{}': the total must be a scalar tensor", key);
-  sums_[i].add_(total.detach().reshape({}).to(device_, at::kDouble));
-  counts_[i].add_(count);
+  sums_[leaf_][i].add_(total.detach().reshape({}).to(device_, at::kDouble));
+  counts_[leaf_][i].add_(count);
 }
 
 void MetricBuffer::emit_mean(const std::string& key, double total, double count) {
   const int64_t i = slot(key, MetricReduce::Mean);
-  sums_[i].add_(total);
-  counts_[i].add_(count);
+  sums_[leaf_][i].add_(total);
+  counts_[leaf_][i].add_(count);
 }
 
 void MetricBuffer::emit_max(const std::string& key, const at::Tensor& value) {
@@ -77,16 +84,17 @@ void MetricBuffer::emit_replicated(const std::string& key, double value) {
 }
 
 void MetricBuffer::clear() {
-  sums_.zero_();
-  counts_.zero_();
+  sums_.fill_(-0.0);
+  counts_.fill_(-0.0);
   maxes_.fill_(-std::numeric_limits<double>::infinity());
   replicated_.clear();
 }
 
 std::map<std::string, double> MetricBuffer::unpack(const at::Tensor& sums, const at::Tensor& counts,
                                                    const at::Tensor& maxes) const {
-  const at::Tensor s = sums.cpu();
-  const at::Tensor c = counts.cpu();
+  // The same leaves in the same order on every rank and at every rank count.
+  const at::Tensor s = sums.sum(0).cpu();
+  const at::Tensor c = counts.sum(0).cpu();
   const at::Tensor m = maxes.cpu();
   std::map<std::string, double> out;
   for (const auto& [key, op] : schema_) {
@@ -119,12 +127,12 @@ std::map<std::string, double> MetricBuffer::reduce(dist::Communicator& comm) con
     fail("metric reduce: rank {} has a metric schema that differs from another rank's ({} keys here)", comm.rank(),
          schema_.size());
 
-  at::Tensor packed = at::cat({sums_, counts_});
+  at::Tensor packed = at::cat({sums_, counts_}, 1).contiguous();
   at::Tensor maxes = maxes_.clone();
   if (packed.numel() > 0) comm.all_reduce(packed, dist::ReduceOp::Sum);
   if (maxes.numel() > 0) comm.all_reduce(maxes, dist::ReduceOp::Max);
-  const int64_t n = sums_.numel();
-  return unpack(packed.narrow(0, 0, n), packed.narrow(0, n, n), maxes);
+  const int64_t n = sums_.size(1);
+  return unpack(packed.narrow(1, 0, n), packed.narrow(1, n, n), maxes);
 }
 
 }  // namespace ditrl::rl

@@ -24,8 +24,10 @@ TrainData Nft::prepare(const TrainingRollout& rollout) {
   TrainData data;
   data.pairs = nft_pairs(rollout.view, options_.timestep_fraction, options_.nft_shuffle_timesteps, options_.seed);
   data.pairs_per_sample = static_cast<int64_t>(data.pairs.size()) / rollout.view.sample_index.size(0);
-  data.windows =
-      optimizer_windows(static_cast<int64_t>(data.pairs.size()), options_.steps_per_rollout, options_.micro_batch);
+  data.windows = optimizer_windows({static_cast<int64_t>(data.pairs.size()),
+                                    chunk_samples(data.pairs_per_sample, options_.micro_batch) * data.pairs_per_sample,
+                                    options_.micro_batch, options_.steps_per_rollout, policy_.params->rank(),
+                                    policy_.params->world_size()});
   // The old policy's velocity on each pair's corrupted latent.
   torch::NoGradGuard no_grad;
   ShadowScope scope(old_policy_, *policy_.params);

@@ -88,12 +88,16 @@ NftTerms nft_loss(const at::Tensor& v, const at::Tensor& v_old, const at::Tensor
   return r;
 }
 
-std::vector<int64_t> nft_sigma_indices(int64_t num_sigmas, double timestep_fraction, bool shuffle, int64_t seed,
-                                       int64_t sample_index) {
+int64_t nft_pairs_per_sample(int64_t num_sigmas, double timestep_fraction) {
   if (num_sigmas < 1) fail("nft: the snapshot has no non-terminal sigma");
   if (!(timestep_fraction > 0 && timestep_fraction <= 1))
     fail("nft: timestep_fraction must be in (0, 1], got {}", timestep_fraction);
-  const auto k = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(num_sigmas) * timestep_fraction));
+  return std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(num_sigmas) * timestep_fraction));
+}
+
+std::vector<int64_t> nft_sigma_indices(int64_t num_sigmas, double timestep_fraction, bool shuffle, int64_t seed,
+                                       int64_t sample_index) {
+  const int64_t k = nft_pairs_per_sample(num_sigmas, timestep_fraction);
   std::vector<int64_t> out;
   if (!shuffle) {
     for (int64_t i = 0; i < k; ++i) out.push_back(i);

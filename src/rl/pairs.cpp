@@ -79,7 +79,7 @@ at::Tensor pair_noise(const char* tag, int64_t seed, int64_t rollout_id, const P
 }
 
 std::vector<TrainPair> sft_pairs(const RolloutView& r, int64_t pairs_per_sample, int64_t seed, int64_t rollout_id,
-                                 const std::vector<size_t>& expert_of_step, int64_t micro_batch) {
+                                 const std::vector<size_t>& expert_of_step, const SftRouting& routing) {
   const int64_t steps = r.snapshot->steps();
   const size_t experts =
       expert_of_step.empty() ? 1 : *std::max_element(expert_of_step.begin(), expert_of_step.end()) + 1;
@@ -91,9 +91,12 @@ std::vector<TrainPair> sft_pairs(const RolloutView& r, int64_t pairs_per_sample,
     const int64_t sample = r.sample_index[row].item<int64_t>();
     at::Generator gen = at::detail::createCPUGenerator(rl::stable_hash("sample", seed, rollout_id, sample));
     for (int64_t j = 0; j < pairs_per_sample; ++j) {
-      const int64_t micro = static_cast<int64_t>(pairs.size()) / micro_batch;
+      // The pair's global position (pairs are sample-major) gives its chunk and micro-batch.
+      const int64_t global_pair = sample * pairs_per_sample + j;
+      const int64_t window = global_pair / routing.chunk_pairs % routing.num_windows;
+      const int64_t micro = global_pair % routing.chunk_pairs / routing.micro_batch;
       const std::vector<int64_t>& pool =
-          experts == 1 ? pools[0] : pools[rl::stable_hash("expert", seed, rollout_id, micro) % experts];
+          experts == 1 ? pools[0] : pools[rl::stable_hash("expert", seed, rollout_id, window, micro) % experts];
       if (pool.empty()) fail("sft: the {}-step grid has no step for one of the {} experts", steps, experts);
       const int64_t k = at::randint(static_cast<int64_t>(pool.size()), {1}, gen, at::TensorOptions().dtype(at::kLong))
                             .item<int64_t>();

@@ -44,11 +44,12 @@ TrainData Sft::prepare(const TrainingRollout& rollout) {
   for (int64_t i = 0; i < view.snapshot->steps(); ++i)
     expert_of_step.push_back(policy_.family->expert_for(view.snapshot->timestep(i)));
   TrainData data;
-  data.pairs =
-      sft_pairs(view, kPairsPerSample, options_.seed, rollout.rollout_id, expert_of_step, options_.micro_batch);
+  const SftRouting routing{options_.micro_batch, chunk_samples(kPairsPerSample, options_.micro_batch) * kPairsPerSample,
+                           options_.steps_per_rollout};
+  data.pairs = sft_pairs(view, kPairsPerSample, options_.seed, rollout.rollout_id, expert_of_step, routing);
   data.pairs_per_sample = kPairsPerSample;
-  data.windows =
-      optimizer_windows(static_cast<int64_t>(data.pairs.size()), options_.steps_per_rollout, options_.micro_batch);
+  data.windows = optimizer_windows({static_cast<int64_t>(data.pairs.size()), routing.chunk_pairs, options_.micro_batch,
+                                    options_.steps_per_rollout, policy_.params->rank(), policy_.params->world_size()});
   return data;
 }
 

@@ -5,11 +5,25 @@
 
 #include <ATen/ATen.h>
 
+#include <ditrl/error.hpp>
+
 #include <chrono>
 
 namespace ditrl::shard {
 
+GradReducer::GradReducer(const Layout& layout, Slices& slices, dist::Communicator& comm, bool canonical)
+    : layout_(layout), slices_(slices), comm_(comm), canonical_(canonical), reduced_(layout.units.size(), false) {
+  if (canonical_)
+    for (const UnitLayout& u : layout_.units) trees_.emplace_back(u.groups.size());
+}
+
 void GradReducer::reduce(size_t unit, const std::vector<at::Tensor>& grads) {
+  if (canonical_ && reduced_.at(unit))
+    fail(
+        "gradient reduce: unit {} ran its backward twice in one micro-batch; the deterministic (canonical) "
+        "gradient sum needs one reduction per unit and micro-batch",
+        unit);
+  reduced_.at(unit) = true;
   size_t k = 0;
   const std::vector<FlatGroup>& groups = layout_.units[unit].groups;
   for (size_t g = 0; g < groups.size(); ++g) {
@@ -26,24 +40,47 @@ void GradReducer::reduce(size_t unit, const std::vector<at::Tensor>& grads) {
     }
     flat.narrow(0, groups[g].numel, padded - groups[g].numel).zero_();
     at::Tensor mine = buffer(mine_, groups[g].shard, groups[g].reduce);
-    at::Tensor& target = slices_.units[unit][g].grad;
     const auto start = std::chrono::steady_clock::now();
     if (overlap()) {
       drain();
-      in_flight_ = {comm_.reduce_scatter_async(flat, mine, dist::ReduceOp::Avg), mine, &target};
+      in_flight_ = {comm_.reduce_scatter_async(flat, mine, dist::ReduceOp::Avg), mine, unit, g, true};
     } else {
       comm_.reduce_scatter(flat, mine, dist::ReduceOp::Avg);
-      target.add_(mine);
+      accumulate(unit, g, mine);
     }
     seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
 }
 
+void GradReducer::accumulate(size_t unit, size_t group, const at::Tensor& mine) {
+  if (canonical_)
+    trees_[unit][group].add(mine);
+  else
+    slices_.units[unit][group].grad.add_(mine);
+}
+
 void GradReducer::drain() {
-  if (!in_flight_.target) return;
+  if (!in_flight_.active) return;
   in_flight_.pending.wait();
-  in_flight_.target->add_(in_flight_.mine);
+  accumulate(in_flight_.unit, in_flight_.group, in_flight_.mine);
   in_flight_ = {};
+}
+
+void GradReducer::end_micro_batch() {
+  drain();
+  std::fill(reduced_.begin(), reduced_.end(), false);
+}
+
+void GradReducer::settle() {
+  end_micro_batch();
+  for (size_t u = 0; u < trees_.size(); ++u)
+    for (size_t g = 0; g < trees_[u].size(); ++g) trees_[u][g].fold_into(slices_.units[u][g].grad);
+}
+
+void GradReducer::discard() {
+  end_micro_batch();
+  for (std::vector<TreeSum>& unit : trees_)
+    for (TreeSum& tree : unit) tree.clear();
 }
 
 bool GradReducer::overlap() const {

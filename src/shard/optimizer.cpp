@@ -1,49 +1,15 @@
-// Gradient norm (fixed-order fp64 partial sums), clipping and AdamW on the slices.
+// Gradient clipping and AdamW on the slices.
 
+#include <ditrl/shard/grad_norm.hpp>
 #include <ditrl/shard/optimizer.hpp>
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
 namespace ditrl::shard {
-
-namespace {
-
-// fp64 sum of squares of an fp32 tensor in a fixed order (blocks summed in
-// sequence, block sums added in block order), without temporaries.
-double sum_of_squares(const at::Tensor& t) {
-  if (!t.device().is_cpu()) return t.to(at::kDouble).square().sum().item<double>();
-  constexpr int64_t kBlock = 1 << 16;
-  const float* x = t.data_ptr<float>();
-  const int64_t n = t.numel(), blocks = (n + kBlock - 1) / kBlock;
-  std::vector<double> partial(blocks, 0.0);
-  at::parallel_for(0, blocks, 1, [&](int64_t first, int64_t last) {
-    for (int64_t b = first; b < last; ++b) {
-      double sum = 0;
-      for (int64_t i = b * kBlock; i < std::min(n, (b + 1) * kBlock); ++i) sum += static_cast<double>(x[i]) * x[i];
-      partial[b] = sum;
-    }
-  });
-  double total = 0;
-  for (double p : partial) total += p;
-  return total;
-}
-
-}  // namespace
-
-double grad_norm(const Slices& slices, dist::Communicator& comm) {
-  double local = 0;
-  for (const auto& unit : slices.units)
-    for (const GroupSlices& gs : unit)
-      if (gs.grad.defined()) local += sum_of_squares(gs.grad);
-  at::Tensor total = at::full({1}, local, slices.on(at::kDouble));
-  comm.all_reduce(total, dist::ReduceOp::Sum);
-  return std::sqrt(total.item<double>());
-}
 
 double clip_grad(Slices& slices, dist::Communicator& comm, double max_norm) {
   const double norm = grad_norm(slices, comm);

@@ -19,7 +19,7 @@ ShardedParams::ShardedParams(torch::nn::Module& model, const std::vector<models:
       options_(options),
       slices_(take_slices(layout_, comm.rank(), options.device, source)),
       gather_(layout_, slices_, comm, options.prefetch),
-      reducer_(layout_, slices_, comm),
+      reducer_(layout_, slices_, comm, options.canonical_sum),
       adamw_(options.adamw),
       anchor_(at::zeros({}, at::TensorOptions().device(options.device)).requires_grad_(true)) {}
 
@@ -55,11 +55,12 @@ void ShardedParams::finish_backward() {
   std::vector<at::Tensor> params = trainable_params(root), grads;
   for (at::Tensor& p : params) grads.push_back(p.grad());
   reducer_.reduce(root, grads);
-  reducer_.drain();
+  reducer_.end_micro_batch();
   for (at::Tensor& p : params) p.mutable_grad().reset();
 }
 
 void ShardedParams::zero_grad() {
+  reducer_.discard();
   for (auto& unit : slices_.units)
     for (GroupSlices& gs : unit)
       if (gs.grad.defined()) gs.grad.zero_();
@@ -67,14 +68,17 @@ void ShardedParams::zero_grad() {
 }
 
 double ShardedParams::grad_norm() {
+  reducer_.settle();
   return shard::grad_norm(slices_, comm_);
 }
 
 double ShardedParams::clip_grad(double max_norm) {
+  reducer_.settle();
   return shard::clip_grad(slices_, comm_, max_norm);
 }
 
 void ShardedParams::adamw_step(double lr) {
+  reducer_.settle();
   gather_.release_all();
   adamw_.step(slices_, lr);
 }

@@ -16,21 +16,14 @@
 #include <thread>
 
 using namespace ditrl;
+using Catch::Matchers::Contains;
 using test::data_offset;
 using test::flip_byte;
-using Catch::Matchers::Contains;
+using test::read_file;
 
 namespace {
 
 const std::string kDeck = test::e2e_deck("tiny_grpo.toml");
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 
 }  // namespace
 
@@ -288,7 +281,8 @@ TEST_CASE("export: a checkpoint's weights as a diffusers model folder / a LoRA r
     ++adapted;
     const at::Tensor expected = bare.get(name) + at::matmul(lora_b, trained.open_dataset(a).read()) * (6.0 / 4.0);
     // fp32 rounding of a 4-term sum, whatever kernel: a few ulps of the values.
-    const double ulp = std::nextafter(expected.abs().max().item<float>(), INFINITY) - expected.abs().max().item<float>();
+    const double ulp =
+        std::nextafter(expected.abs().max().item<float>(), INFINITY) - expected.abs().max().item<float>();
     CHECK((merged.get(name) - expected).abs().max().item<double>() <= 4 * ulp);
     CHECK_FALSE(at::equal(merged.get(name), bare.get(name)));
   }

@@ -15,18 +15,12 @@
 
 using namespace ditrl;
 using Catch::Matchers::Contains;
+using test::read_file;
 
 namespace {
 
 const std::string kDeck = test::e2e_deck("tiny_grpo.toml");
 const std::string kOnGpu = "--set run.device=cuda";
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 // Bitwise comparison of two checkpoints' parameters and AdamW moments.
 void check_checkpoints_equal(const std::string& a, const std::string& b) {

@@ -1,5 +1,6 @@
 // ditrl-mpi-ranks: 1 2 4
 #include <ditrl/dist/communicator.hpp>
+#include <ditrl/dist/reduction.hpp>
 #include <ditrl/error.hpp>
 
 #include <ATen/ATen.h>
@@ -22,20 +23,29 @@ at::Tensor contribution(int r, int64_t n, c10::ScalarType dtype) {
   return base.abs_().fmod_(100).to(dtype);  // small non-negative integers (uint8-safe)
 }
 
-// The documented reduction order: chunks added in rank order, accumulating
-// in fp32 for fp32/bf16/fp16, rounded once to the output dtype.
+// The documented reduction order: the canonical tree over the chunks in
+// chunk_leaf_order (2 ranks: c0 + c1; 4 ranks: (c0 + c2) + (c1 + c3)),
+// accumulating in fp32 for fp32/bf16/fp16, rounded once to the output dtype.
+at::Tensor tree_of(const std::vector<at::Tensor>& leaves, size_t lo, size_t hi) {
+  if (hi - lo == 1) return leaves[lo];
+  const size_t split = lo + static_cast<size_t>(dist::tree_split(static_cast<int64_t>(hi - lo)));
+  return tree_of(leaves, lo, split) + tree_of(leaves, split, hi);
+}
+
 at::Tensor expected_reduction(const std::vector<at::Tensor>& chunks, dist::ReduceOp op) {
   const c10::ScalarType dtype = chunks[0].scalar_type();
   const c10::ScalarType acc_dtype = dtype == at::kHalf || dtype == at::kBFloat16 ? at::kFloat : dtype;
-  at::Tensor acc = chunks[0].to(acc_dtype);
-  for (size_t r = 1; r < chunks.size(); ++r) {
-    if (op == dist::ReduceOp::Max)
-      acc = at::maximum(acc, chunks[r].to(acc_dtype));
-    else if (op == dist::ReduceOp::Min)
-      acc = at::minimum(acc, chunks[r].to(acc_dtype));
-    else
-      acc = acc + chunks[r].to(acc_dtype);
+  if (op == dist::ReduceOp::Max || op == dist::ReduceOp::Min) {
+    at::Tensor acc = chunks[0].to(acc_dtype);
+    for (size_t r = 1; r < chunks.size(); ++r)
+      acc = op == dist::ReduceOp::Max ? at::maximum(acc, chunks[r].to(acc_dtype))
+                                      : at::minimum(acc, chunks[r].to(acc_dtype));
+    return acc.to(dtype);
   }
+  std::vector<at::Tensor> leaves;
+  for (int r : dist::chunk_leaf_order(static_cast<int>(chunks.size())))
+    leaves.push_back(chunks[static_cast<size_t>(r)].to(acc_dtype));
+  at::Tensor acc = tree_of(leaves, 0, leaves.size());
   if (op == dist::ReduceOp::Avg) acc = acc / static_cast<double>(chunks.size());
   return acc.to(dtype);
 }
@@ -54,7 +64,7 @@ TEST_CASE("communicator: all_gather moves every dtype bit-exactly in rank order"
   }
 }
 
-TEST_CASE("communicator: reduce_scatter sums in rank order with fp32 accumulation for every dtype", "[communicator]") {
+TEST_CASE("communicator: reduce_scatter sums in the canonical tree with fp32 accumulation for every dtype", "[communicator]") {
   auto comm = dist::make_mpi_communicator();
   const int n = comm->size();
   const int64_t chunk = 777;

@@ -2,13 +2,16 @@
 //
 // The sharded-parameter manager against references computed on every rank
 // without sharding. The data-parallel reference reproduces the sharded math
-// step by step (each rank's slice of the batch, fp32 gradient sums in rank
-// order, torch::optim::AdamW), so the sharded run must equal it bitwise. A
-// run at N ranks equals the 1-rank run only up to the order of the gradient
-// sums (N partial batch sums added in rank order instead of one sum over the
-// whole batch); those comparisons carry a tolerance derived from that.
+// step by step (each rank's slice of the batch, fp32 gradient sums in the
+// communicator's tree order, torch::optim::AdamW), so the sharded run must
+// equal it bitwise. Here a run at N ranks equals the 1-rank run only up to
+// the order of the gradient sums (each rank's slice of every micro-batch is
+// one partial batch sum instead of one sum over the whole batch); those
+// comparisons carry a tolerance derived from that. (Training itself makes
+// micro-batches whole units of the sum, rl/loss_window.hpp: bitwise.)
 
 #include <ditrl/dist/communicator.hpp>
+#include <ditrl/dist/reduction.hpp>
 #include <ditrl/error.hpp>
 #include <ditrl/precision/plan.hpp>
 #include <ditrl/shard/sharded_params.hpp>
@@ -110,7 +113,8 @@ Result train_sharded(dist::Communicator& comm, const Spec& spec) {
 
 // Unsharded data parallelism emulated on one rank: fp32 masters stepped by
 // torch::optim::AdamW; the model holds compute-dtype copies; each virtual
-// rank's gradients are cast to fp32 and summed in rank order, then / ranks.
+// rank's gradients are cast to fp32 and summed in the communicator's
+// canonical tree (dist/reduction.hpp), then / ranks.
 Result train_reference(const Spec& spec, int ranks) {
   auto model = make_model(spec);
   const precision::CompiledPlan plan = make_plan(*model, spec);
@@ -136,7 +140,7 @@ Result train_reference(const Spec& spec, int ranks) {
     const auto [x, y] = global_batch(spec, step);
     double loss_sum = 0;
     for (int m = 0; m < spec.micro; ++m) {
-      std::vector<at::Tensor> sums(params.size());
+      std::vector<std::vector<at::Tensor>> per_rank(params.size());
       double micro_loss = 0;
       for (int r = 0; r < ranks; ++r) {
         const at::Tensor loss =
@@ -145,13 +149,16 @@ Result train_reference(const Spec& spec, int ranks) {
         loss.backward();
         micro_loss += loss.item<double>();
         for (size_t i = 0; i < params.size(); ++i) {
-          const at::Tensor g = params[i].grad().to(at::kFloat);
-          sums[i] = r == 0 ? g.clone() : sums[i].add_(g);
+          per_rank[i].push_back(params[i].grad().to(at::kFloat).reshape({-1}));
           params[i].mutable_grad().reset();
         }
       }
       loss_sum += micro_loss / ranks;
-      for (size_t i = 0; i < params.size(); ++i) masters[i].mutable_grad().add_(sums[i].div_(ranks));
+      for (size_t i = 0; i < params.size(); ++i) {
+        at::Tensor mean = at::empty({masters[i].numel()});
+        dist::tree_sum_of_chunks(at::stack(per_rank[i]), mean, /*average=*/true);
+        masters[i].mutable_grad().add_(mean.view(masters[i].sizes()));
+      }
     }
     result.losses.push_back(loss_sum);
     if (spec.clip > 0) {
@@ -204,8 +211,8 @@ TEST_CASE("shard: fp32 stack / 3 AdamW steps / equals the data-parallel AdamW re
   Spec untrained = spec;
   untrained.steps = 0;
   CHECK(max_abs_diff(sharded, train_reference(untrained, 1)) > 1e-2);  // the steps moved the weights
-  // The norms are summed in another grouping (per rank slice, fp64) than the
-  // reference's per-parameter fp64 sums: equal to rounding.
+  // The norms are exact integer sums (shard/grad_norm.hpp), the reference's
+  // per-parameter fp64 sums: equal to rounding.
   for (size_t s = 0; s < reference.norms.size(); ++s)
     CHECK(sharded.norms[s] == Approx(reference.norms[s]).epsilon(1e-6));
 }

@@ -7,6 +7,8 @@
 
 #include <fmt/format.h>
 
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -19,14 +21,26 @@ inline std::string e2e_deck(const std::string& name) {
 }
 
 // `mpiexec -np N ditrl train DECK --set run.out_dir=OUT <args>`, bounded by a timeout.
-inline ProcessResult train(const std::string& deck, const std::string& out_dir, int ranks,
-                           const std::string& args = "", const std::string& env = "") {
+inline ProcessResult train(const std::string& deck, const std::string& out_dir, int ranks, const std::string& args = "",
+                           const std::string& env = "") {
   return run_process(fmt::format("{} timeout 600 {} -np {} {} train {} --set run.out_dir={} {}", env, DITRL_MPIEXEC,
                                  ranks, DITRL_BINARY, deck, out_dir, args));
 }
 
-inline ProcessResult ditrl(const std::string& args) { return run_process(std::string(DITRL_BINARY) + " " + args); }
+inline ProcessResult ditrl(const std::string& args) {
+  return run_process(std::string(DITRL_BINARY) + " " + args);
+}
 
-inline io::MetricsTable metrics_of(const std::string& out_dir) { return io::read_metrics(out_dir + "/metrics.h5"); }
+inline io::MetricsTable metrics_of(const std::string& out_dir) {
+  return io::read_metrics(out_dir + "/metrics.h5");
+}
+
+// A file the job wrote (status, latest, job.log) as text; "" when it is absent.
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
 
 }  // namespace ditrl::test

@@ -239,6 +239,18 @@ TEST_CASE("config: `ditrl check` rejects what train start would: batch splits / 
   CHECK(three.exit_code != 0);
   CHECK_THAT(three.output, Contains("train.global_batch = 8 is not divisible by the 3 ranks"));
 
+  // NFT: each sample gives 9 pairs (10 steps x 0.99), so micro-batches of 8
+  // pairs take chunks of 8 samples; a rank's window holds 4 at 2 ranks, 8 at 1.
+  const std::string nft =
+      check + " --set train.loss=nft --set train.micro_batch=8 --set rollout.microgroup=1 --set run.out_dir=" + dir +
+      "/run";
+  const auto whole = ditrl::test::run_process(nft + " --ranks 1");
+  INFO(whole.output);
+  CHECK(whole.exit_code == 0);
+  const auto split = ditrl::test::run_process(nft + " --ranks 2");
+  CHECK(split.exit_code != 0);
+  CHECK_THAT(split.output, Contains("holds 4 samples (train.global_batch / ranks), not whole chunks of 8 samples"));
+
   const auto preset = ditrl::test::run_process(check + " --set model.preset=nonesuch --set run.out_dir=" + dir);
   CHECK(preset.exit_code != 0);
   CHECK_THAT(preset.output, Contains("nonesuch"));

@@ -1,3 +1,4 @@
+#include <ditrl/dist/reduction.hpp>
 #include <ditrl/error.hpp>
 #include <ditrl/rl/advantages.hpp>
 #include <ditrl/rl/ema.hpp>
@@ -11,6 +12,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <utility>
 
 using namespace ditrl::rl;
 
@@ -159,13 +162,16 @@ TEST_CASE("sft loss: velocity MSE against eps - x0", "[rl][loss]") {
 }
 
 TEST_CASE("loss aggregation: micro-batch sums over the window's pairs give the window mean", "[rl][loss]") {
-  const auto windows = optimizer_windows(12, 2, 3);
+  // 12 pairs in 4 chunks of 3 (one micro-batch each), 2 windows: window w trains chunks w and w + 2.
+  const auto windows = optimizer_windows({12, 3, 3, 2, 0, 1});
   REQUIRE(windows.size() == 2);
-  CHECK(windows[1].begin == 6);
   CHECK(windows[1].pairs() == 6);
+  CHECK(windows[1].leaves == 2);
   REQUIRE(windows[0].micro_batches.size() == 2);
-  CHECK(windows[0].micro_batches[1].begin == 3);
-  CHECK(windows[0].micro_batches[1].end == 6);
+  CHECK(windows[0].micro_batches[0].begin == 0);
+  CHECK(windows[0].micro_batches[1].begin == 6);
+  CHECK(windows[0].micro_batches[1].end == 9);
+  CHECK(windows[1].micro_batches[0].begin == 3);
 
   // Accumulating backward(window_objective(sum over micro-batch)) equals backward(mean over the window).
   const at::Tensor w = at::randn({5}).set_requires_grad(true);
@@ -175,12 +181,75 @@ TEST_CASE("loss aggregation: micro-batch sums over the window's pairs give the w
     window_objective(pair_loss(mb.begin, mb.end).sum(), windows[0].pairs()).backward();
   const at::Tensor accumulated = w.grad().clone();
   w.grad().zero_();
-  pair_loss(0, 6).mean().backward();
+  at::cat({pair_loss(0, 3), pair_loss(6, 9)}).mean().backward();
   CHECK(at::allclose(accumulated, w.grad(), 1e-5, 1e-6));
 
-  CHECK_THROWS_WITH(optimizer_windows(10, 3, 1), Catch::Contains("equal optimizer steps"));
-  CHECK_THROWS_WITH(optimizer_windows(12, 2, 4), Catch::Contains("no ragged final micro-batch"));
+  CHECK_THROWS_WITH(optimizer_windows({10, 5, 5, 3, 0, 1}), Catch::Contains("equal optimizer steps"));
+  CHECK_THROWS_WITH(optimizer_windows({12, 6, 4, 2, 0, 1}), Catch::Contains("no ragged final micro-batch"));
+  CHECK_THROWS_WITH(optimizer_windows({12, 5, 5, 1, 0, 1}), Catch::Contains("not whole chunks"));
   CHECK_THROWS_WITH(window_objective(at::ones({}), 0), Catch::Contains("0 pairs"));
+  CHECK(chunk_samples(3, 2) == 2);
+  CHECK(chunk_samples(4, 2) == 1);
+  CHECK(chunk_samples(1, 4) == 4);
+}
+
+namespace {
+
+// Each rank's windows of a rollout of `samples` samples in chunks of
+// `chunk` samples with `per_chunk` micro-batches each, at `ranks` ranks.
+std::vector<std::vector<OptimizerWindow>> layout_at(int ranks, int64_t samples, int64_t chunk, int64_t per_chunk,
+                                                    int64_t windows) {
+  std::vector<std::vector<OptimizerWindow>> out;
+  const int64_t chunk_pairs = chunk * per_chunk;
+  for (int r = 0; r < ranks; ++r)
+    out.push_back(optimizer_windows({samples / ranks * per_chunk, chunk_pairs, chunk, windows, r, ranks}));
+  return out;
+}
+
+// The global (chunk, micro-batch) a rank's micro-batch trains.
+std::pair<int64_t, int64_t> global_of(const MicroBatch& mb, int rank, int ranks, int64_t samples, int64_t chunk,
+                                      int64_t per_chunk) {
+  const int64_t rank_chunks = samples / chunk / ranks;
+  const int64_t local_chunk = mb.begin / (chunk * per_chunk);
+  return {rank * rank_chunks + local_chunk, mb.index};
+}
+
+}  // namespace
+
+TEST_CASE("loss aggregation: the canonical order is the same tree at 1 2 4 and 8 ranks", "[rl][loss]") {
+  // 24 chunks (q = 3, 2^3) of 5 micro-batches, 1 window; and 16 chunks in 2 windows.
+  for (const auto& [samples, windows] : {std::pair<int64_t, int64_t>{48, 1}, {32, 2}}) {
+    const int64_t chunk = 2, per_chunk = 5;
+    // The leaf of every global (chunk, micro-batch) at one rank.
+    std::map<std::pair<int64_t, int64_t>, std::pair<int64_t, int64_t>> leaf_at_one;  // -> (window, leaf)
+    const auto one = layout_at(1, samples, chunk, per_chunk, windows);
+    for (size_t w = 0; w < one[0].size(); ++w)
+      for (const MicroBatch& mb : one[0][w].micro_batches)
+        leaf_at_one[global_of(mb, 0, 1, samples, chunk, per_chunk)] = {static_cast<int64_t>(w), mb.leaf};
+    REQUIRE(leaf_at_one.size() == static_cast<size_t>(samples / chunk * per_chunk));
+
+    for (int ranks : {2, 4, 8}) {
+      const auto all = layout_at(ranks, samples, chunk, per_chunk, windows);
+      const std::vector<int> order = ditrl::dist::chunk_leaf_order(ranks);
+      for (size_t w = 0; w < all[0].size(); ++w) {
+        const size_t steps = all[0][w].micro_batches.size();
+        for (size_t j = 0; j < steps; ++j) {
+          // Local step j of every rank: one aligned block of `ranks` leaves,
+          // rank order[p] at position p, each the leaf one rank gives it.
+          const int64_t block = all[order[0]][w].micro_batches[j].leaf;
+          CHECK(block % ranks == 0);
+          for (int p = 0; p < ranks; ++p) {
+            const int r = order[static_cast<size_t>(p)];
+            const MicroBatch& mb = all[static_cast<size_t>(r)][w].micro_batches.at(j);
+            CHECK(mb.leaf == block + p);
+            CHECK(mb.index == all[0][w].micro_batches[j].index);  // the ranks run the same step (expert)
+            CHECK(leaf_at_one.at(global_of(mb, r, ranks, samples, chunk, per_chunk)) ==
+                  std::pair<int64_t, int64_t>{static_cast<int64_t>(w), mb.leaf});
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST_CASE("advantages: per-group and global statistics with either std convention", "[rl][advantages]") {

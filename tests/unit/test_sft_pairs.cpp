@@ -1,5 +1,6 @@
 // SFT pairs (algorithms.md §5): grid indices drawn per sample; with two
-// experts every micro-batch trains one expert, the same on every rank.
+// experts every micro-batch trains one expert, a function of its window and
+// its place in its chunk, so the same on every rank at any rank count.
 #include <ditrl/diffusion/schedule_preset.hpp>
 #include <ditrl/rl/pairs.hpp>
 #include <ditrl/rl/stable_hash.hpp>
@@ -32,23 +33,29 @@ size_t expert_of(float t) {
 
 }  // namespace
 
-TEST_CASE("sft pairs: one expert per micro-batch / identical across ranks / both experts trained", "[rl][sft]") {
+TEST_CASE("sft pairs: one expert per micro-batch / keyed by window and chunk position / both experts trained",
+          "[rl][sft]") {
   const rl::RolloutView rank0 = view_of_rank(0), rank1 = view_of_rank(8);
   std::vector<size_t> experts;
   for (int64_t i = 0; i < rank0.snapshot->steps(); ++i) experts.push_back(expert_of(rank0.snapshot->timestep(i)));
   REQUIRE(std::set<size_t>(experts.begin(), experts.end()).size() == 2);  // the grid spans both experts
 
+  // Micro-batches of 2 pairs, chunks of 4 pairs (2 micro-batches), 2 windows:
+  // pair p of a view is micro-batch p % 4 / 2 of its chunk, in window p / 4 % 2.
+  const rl::SftRouting routing{2, 4, 2};
   std::set<size_t> seen;
-  for (int64_t rollout = 0; rollout < 3; ++rollout) {
-    const auto a = rl::sft_pairs(rank0, 1, 7, rollout, experts, 2);
-    const auto b = rl::sft_pairs(rank1, 1, 7, rollout, experts, 2);
+  for (int64_t rollout = 0; rollout < 8; ++rollout) {
+    const auto a = rl::sft_pairs(rank0, 1, 7, rollout, experts, routing);
+    const auto b = rl::sft_pairs(rank1, 1, 7, rollout, experts, routing);
     REQUIRE(a.size() == 8);
     REQUIRE(b.size() == 8);
     for (size_t i = 0; i < a.size(); i += 2) {
       const size_t e = expert_of(a[i].timestep);
       CHECK(expert_of(a[i + 1].timestep) == e);
-      CHECK(expert_of(b[i].timestep) == e);
+      CHECK(expert_of(b[i].timestep) == e);  // rank 1's chunks sit at the same window and position
       CHECK(expert_of(b[i + 1].timestep) == e);
+      const int64_t window = static_cast<int64_t>(i) / 4 % 2, micro = static_cast<int64_t>(i) % 4 / 2;
+      CHECK(rl::stable_hash("expert", 7, rollout, window, micro) % 2 == e);  // pools[k] is expert k's
       seen.insert(e);
     }
   }

@@ -34,6 +34,11 @@ struct RunSection {
   std::string out_dir = "out";
   int64_t seed = 42;
   bool deterministic = false;
+  // With deterministic: sum each optimizer step's micro-batch gradients in
+  // the canonical tree (shard/grad_reduce.hpp), so results do not depend on
+  // the rank count; false keeps the sequential sum and saves the tree's
+  // partial gradient slices (reproducible at one rank count only).
+  bool rank_invariant = true;
   int64_t threads = 0;  // intra-op threads per rank; 0 = cores / ranks on the node
   std::string log_level = "info";
   // "auto": the rank's GPU when this is a CUDA build and one is visible.
@@ -45,6 +50,7 @@ struct RunSection {
     v("out_dir", out_dir);
     v("seed", seed, Between{0, kIntMax});
     v("deterministic", deterministic);
+    v("rank_invariant", rank_invariant);
     v("threads", threads, Between{0, 4096});
     v("log_level", log_level, OneOf{"trace", "debug", "info", "warn", "error"});
     v("device", device, OneOf{"auto", "cpu", "cuda"});

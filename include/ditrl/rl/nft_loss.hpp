@@ -47,8 +47,11 @@ NftTerms nft_loss(const at::Tensor& velocity, const at::Tensor& velocity_old, co
                   const at::Tensor& x_t, const at::Tensor& sigmas, const at::Tensor& advantages,
                   const NftOptions& options, const at::Tensor& velocity_ref = {});
 
-// Which sigma indices of a sample's snapshot become pairs (§4.1):
-// K = max(1, int(num_sigmas * timestep_fraction)); with shuffle, the first K
+// K = max(1, int(num_sigmas * timestep_fraction)): a sample's NFT pairs.
+int64_t nft_pairs_per_sample(int64_t num_sigmas, double timestep_fraction);
+
+// Which sigma indices of a sample's snapshot become pairs (§4.1): K of
+// them (nft_pairs_per_sample); with shuffle, the first K
 // of randperm(num_sigmas) from a CPU generator seeded with
 // stable_hash("nft_sigma_shuffle", seed, sample_index); else 0..K-1.
 // num_sigmas counts the snapshot's sigmas without the terminal 0.

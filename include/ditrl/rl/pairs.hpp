@@ -47,14 +47,22 @@ std::vector<TrainPair> nft_pairs(const RolloutView& rollout, double timestep_fra
 at::Tensor pair_noise(const char* tag, int64_t seed, int64_t rollout_id, const PreparedBatch& batch,
                       const std::vector<int64_t>& latent_shape);
 
+// Where SFT pairs fall in the canonical micro-batch order (rl/loss_window.hpp).
+struct SftRouting {
+  int64_t micro_batch = 1;
+  int64_t chunk_pairs = 1;  // pairs of one chunk
+  int64_t num_windows = 1;
+};
+
 // SFT: `pairs_per_sample` grid indices drawn uniformly per sample from
 // stable_hash("sample", seed, rollout_id, global sample id). With several
 // experts (`expert_of_step[i]` = the expert of grid step i) every micro-batch
-// of `micro_batch` pairs trains one expert, picked by stable_hash("expert",
-// seed, rollout_id, micro-batch index) and the same on every rank (their
-// gathers must match), and draws only that expert's grid indices
-// (algorithms.md §5).
+// trains one expert and draws only that expert's grid indices (algorithms.md
+// §5). The ranks run a window's micro-batches in lockstep and their gathers
+// must match, at every rank count: the expert is picked by
+// stable_hash("expert", seed, rollout_id, window, micro-batch of its chunk),
+// what the micro-batches of one local step share at any rank count.
 std::vector<TrainPair> sft_pairs(const RolloutView& rollout, int64_t pairs_per_sample, int64_t seed, int64_t rollout_id,
-                                 const std::vector<size_t>& expert_of_step = {}, int64_t micro_batch = 1);
+                                 const std::vector<size_t>& expert_of_step = {}, const SftRouting& routing = {});
 
 }  // namespace ditrl::rl

@@ -16,6 +16,8 @@ namespace ditrl::rl {
 
 class Sft final : public Algorithm {
  public:
+  static constexpr int64_t kPairsPerSample = 1;  // each sample trains at one drawn sigma
+
   Sft(const AlgorithmOptions& options, const Policy& policy);
 
   const MetricSchema& metric_schema() const override { return schema_; }
@@ -24,7 +26,6 @@ class Sft final : public Algorithm {
                               size_t micro_batch_index, MetricBuffer& metrics) override;
 
  private:
-  static constexpr int64_t kPairsPerSample = 1;
   static constexpr int64_t kSigmaBuckets = 4;
 
   at::Tensor targets(const at::Tensor& prompt_index) const;

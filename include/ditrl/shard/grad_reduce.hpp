@@ -7,10 +7,18 @@
 // On CUDA a group's reduce-scatter is left in flight (on the communicator's
 // stream) while the backward of the units before it is issued; the next
 // reduce or drain() adds it, so each slice still accumulates in call order.
+//
+// With `canonical` (deterministic mode) the micro-batches' reduced gradients
+// are not added into the slice one after the other but through a TreeSum
+// per group (shard/tree_sum.hpp), folded into the slices by settle(): the
+// window's gradient is then the canonical tree over its micro-batches, the
+// same at every power-of-two rank count (rl/loss_window.hpp). A unit must
+// then be reduced once per micro-batch (its backward runs once).
 
 #include <ditrl/dist/communicator.hpp>
 #include <ditrl/shard/layout.hpp>
 #include <ditrl/shard/slices.hpp>
+#include <ditrl/shard/tree_sum.hpp>
 
 #include <ATen/core/Tensor.h>
 
@@ -20,14 +28,21 @@ namespace ditrl::shard {
 
 class GradReducer {
  public:
-  GradReducer(const Layout& layout, Slices& slices, dist::Communicator& comm)
-      : layout_(layout), slices_(slices), comm_(comm) {}
+  GradReducer(const Layout& layout, Slices& slices, dist::Communicator& comm, bool canonical);
 
   // grads: one per trainable parameter of the unit in layout order
   // (undefined = zero). Collective.
   void reduce(size_t unit, const std::vector<at::Tensor>& grads);
-  // Adds the reduce-scatter still in flight, if any (before the slices are read).
+  // Adds the reduce-scatter still in flight, if any.
   void drain();
+  // Ends a micro-batch's backward (drains; canonical: checks each unit was
+  // reduced at most once in it).
+  void end_micro_batch();
+  // Before the slices are read: drains and, canonical, folds the trees into
+  // the gradient slices.
+  void settle();
+  // Drops what was accumulated but not settled (zero_grad).
+  void discard();
   // Wall seconds in reduce-scatters.
   double seconds() const { return seconds_; }
 
@@ -35,8 +50,11 @@ class GradReducer {
   struct InFlight {
     dist::Pending pending;
     at::Tensor mine;
-    at::Tensor* target = nullptr;
+    size_t unit = 0, group = 0;
+    bool active = false;
   };
+
+  void accumulate(size_t unit, size_t group, const at::Tensor& mine);
 
   bool overlap() const;
   at::Tensor buffer(at::Tensor& holder, int64_t elements, c10::ScalarType dtype) const;
@@ -46,6 +64,9 @@ class GradReducer {
   const Layout& layout_;
   Slices& slices_;
   dist::Communicator& comm_;
+  bool canonical_;
+  std::vector<std::vector<TreeSum>> trees_;  // [unit][group], canonical only
+  std::vector<bool> reduced_;                // [unit]: reduced in the current micro-batch
   at::Tensor flat_, mine_;
   InFlight in_flight_;
   double seconds_ = 0;

@@ -1,7 +1,7 @@
 #pragma once
 
 // The optimizer half of a sharded step, on this rank's slices only: the
-// global gradient norm (one all-reduce), torch's clip_grad_norm_, and AdamW
+// global gradient norm (shard/grad_norm.hpp), torch's clip_grad_norm_, and AdamW
 // with the same operations in the same order as torch::optim::AdamW::step.
 
 #include <ditrl/dist/communicator.hpp>
@@ -19,9 +19,6 @@ struct AdamWOptions {
   double eps = 1e-8;
   double weight_decay = 0.0;  // decoupled: p -= lr * weight_decay * p
 };
-
-// Global L2 norm of the gradient slices (fp64 partial sums in a fixed order).
-double grad_norm(const Slices& slices, dist::Communicator& comm);
 
 // Scales the gradients to norm max_norm when above it (coefficient
 // max_norm / (norm + 1e-6)); returns the pre-clip norm. A non-finite norm

@@ -22,6 +22,7 @@
 #include <ditrl/dist/communicator.hpp>
 #include <ditrl/models/unit.hpp>
 #include <ditrl/shard/gather.hpp>
+#include <ditrl/shard/grad_norm.hpp>
 #include <ditrl/shard/grad_reduce.hpp>
 #include <ditrl/shard/layout.hpp>
 #include <ditrl/shard/optimizer.hpp>
@@ -40,6 +41,8 @@ struct ShardOptions {
   bool reshard_after_forward = true;  // false: keep units gathered from forward until their backward
   bool prefetch = true;               // gather the next unit behind the current one's compute (N > 1)
   c10::Device device = c10::kCPU;     // where slices and gathered units live (the runtime's device)
+  bool canonical_sum = false;         // deterministic mode: micro-batch gradients summed in the canonical tree
+                                      // (shard/grad_reduce.hpp), the same at every power-of-two rank count
   AdamWOptions adamw;
 };
 
@@ -74,7 +77,7 @@ class ShardedParams final : public models::UnitRunner {
   void finish_backward();
   void zero_grad();
 
-  // Global L2 norm of the gradient slices: one all-reduce.
+  // Global L2 norm of the gradient slices (shard/optimizer.hpp).
   double grad_norm();
   // torch's clip_grad_norm_ (shard/optimizer.hpp); returns the pre-clip norm.
   double clip_grad(double max_norm);

@@ -9,8 +9,9 @@
 // reduction kernels, whose order of additions depends on the algorithm and
 // topology NCCL picks: each rank receives the chunks it owns from every rank
 // (grouped ncclSend/ncclRecv, an all-to-all) and adds them on its stream in
-// rank order, accumulating like the MPI backend (fp32 for 16-bit floats), so
-// the result is bitwise the MPI backend's for the same inputs.
+// the canonical tree order of dist/reduction.hpp, accumulating like the MPI
+// backend (fp32 for 16-bit floats), so the result is bitwise the MPI
+// backend's for the same inputs.
 //
 // The NCCL communicator is non-blocking (config.blocking = 0): every NCCL
 // call returns at once, possibly with ncclInProgress, so a host thread never
@@ -110,19 +111,11 @@ class Event {
   cudaEvent_t event_ = nullptr;
 };
 
-// The accumulation dtype of a deterministic sum, as in the MPI backend.
-c10::ScalarType accumulation_dtype(c10::ScalarType dtype) {
-  return dtype == at::kBFloat16 || dtype == at::kHalf ? at::kFloat : dtype;
-}
-
-// output = chunks[0] (op) chunks[1] (op) ... in rank order; chunks is [ranks, n].
-void reduce_chunks_in_order(const at::Tensor& chunks, at::Tensor& output, ReduceOp op) {
-  const int64_t ranks = chunks.size(0);
+// output = the chunks [ranks, n] reduced: the extremum, or the canonical tree
+// sum of the MPI backend (dist/reduction.hpp).
+void reduce_chunks(const at::Tensor& chunks, at::Tensor& output, ReduceOp op) {
   if (op == ReduceOp::Max || op == ReduceOp::Min) return extremum_of_chunks(chunks, output, op);
-  at::Tensor acc = chunks[0].to(accumulation_dtype(output.scalar_type()), /*non_blocking=*/false, /*copy=*/true);
-  for (int64_t r = 1; r < ranks; ++r) acc.add_(chunks[r]);
-  if (op == ReduceOp::Avg) acc.div_(static_cast<double>(ranks));
-  output.view({-1}).copy_(acc);
+  tree_sum_of_chunks(chunks, output, op == ReduceOp::Avg);
 }
 
 class NcclCommunicator final : public Communicator {
@@ -160,13 +153,13 @@ class NcclCommunicator final : public Communicator {
       }));
       return;
     }
-    // Every rank gathers every copy and reduces them in rank order: the same
+    // Every rank gathers every copy and reduces them in the canonical order: the same
     // sums as the MPI backend's reduce-scatter + all-gather.
     const at::Tensor flat = tensor.view({-1});
     at::Tensor copies = at::empty({size_, flat.numel()}, tensor.options());
     wait_on_compute(issue_all_gather(flat, copies));
     at::Tensor out = tensor;
-    reduce_chunks_in_order(copies, out, op);
+    reduce_chunks(copies, out, op);
   }
 
   void broadcast(at::Tensor& tensor, int root) override {
@@ -254,7 +247,7 @@ class NcclCommunicator final : public Communicator {
         },
         [&] {
           at::Tensor out = output;
-          reduce_chunks_in_order(chunks, out, op);
+          reduce_chunks(chunks, out, op);
         });
   }
 
