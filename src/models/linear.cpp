@@ -43,9 +43,13 @@ void Linear::attach_lora(int64_t rank, double alpha, const at::TensorOptions& op
 }
 
 at::Tensor Linear::merged_weight() const {
-  if (!has_lora()) return weight.detach().clone();
+  return merged_weight(weight.detach());
+}
+
+at::Tensor Linear::merged_weight(const at::Tensor& base) const {
+  if (!has_lora()) return base.clone();
   const at::Tensor delta = at::matmul(lora_B->weight.detach().to(at::kFloat), lora_A->weight.detach().to(at::kFloat));
-  return (weight.detach().to(at::kFloat) + delta * lora_scale_).to(weight.scalar_type());
+  return (base.to(at::kFloat) + delta * lora_scale_).to(base.scalar_type());
 }
 
 }  // namespace ditrl::models

@@ -60,6 +60,9 @@ class Linear : public torch::nn::Module {
   double lora_alpha() const { return lora_alpha_; }
   // W + alpha/r * B A, in W's dtype (the full weight a merged export writes).
   at::Tensor merged_weight() const;
+  // The same with `base` for W: a sliced model's W is on the meta device and
+  // its values come from a ParameterSource (a streamed export).
+  at::Tensor merged_weight(const at::Tensor& base) const;
 
   at::Tensor weight;
   at::Tensor bias;  // undefined without bias
