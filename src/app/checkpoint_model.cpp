@@ -26,7 +26,6 @@ void require_file(const std::string& path, const std::string& key, const std::st
     fail("{}: {} = \"{}\": no such file (the base weights are not stored in a checkpoint)", what, key, path);
 }
 
-
 // The stored deck, with the base weights it names still where they were.
 config::Config stored_deck(const std::string& checkpoint) {
   if (!std::filesystem::exists(checkpoint)) fail("checkpoint {}: no such file", checkpoint);
@@ -48,14 +47,13 @@ config::Config base_deck(const config::Config& c, const std::string& attention) 
 }
 
 // The family's parameter a trained tensor belongs to; errors name the file.
-at::Tensor& trained_target(std::map<std::string, at::Tensor>& params, const std::string& name,
-                           int64_t numel, const std::string& checkpoint, const std::string& family) {
+at::Tensor& trained_target(std::map<std::string, at::Tensor>& params, const std::string& name, int64_t numel,
+                           const std::string& checkpoint, const std::string& family) {
   const auto it = params.find(precision::canonical_name(name));
   if (it == params.end())
     fail("{}: trained parameter '{}' is not in the {} model the stored deck builds", checkpoint, name, family);
   if (it->second.numel() != numel)
-    fail("{}: trained parameter '{}' has {} elements, the model's has {}", checkpoint, name, numel,
-         it->second.numel());
+    fail("{}: trained parameter '{}' has {} elements, the model's has {}", checkpoint, name, numel, it->second.numel());
   return it->second;
 }
 
@@ -113,8 +111,8 @@ at::Tensor StreamedCheckpointModel::value(const std::string& name) {
   const at::Tensor& t = it->second;
   if (!t.is_meta()) return t.detach();
   const auto trained = trained_meta_.find(name);
-  const at::Tensor flat = trained != trained_meta_.end() ? trained_->read(trained->second).reshape(-1)
-                                                         : source_->read(name, 0, t.numel());
+  const at::Tensor flat =
+      trained != trained_meta_.end() ? trained_->read(trained->second).reshape(-1) : source_->read(name, 0, t.numel());
   return flat.to(t.scalar_type()).view(t.sizes());
 }
 

@@ -25,9 +25,9 @@
 #include <ditrl/io/safetensors.hpp>
 #include <ditrl/io/safetensors_shards.hpp>
 #include <ditrl/io/text_file.hpp>
+#include <ditrl/models/linear.hpp>
 #include <ditrl/models/lora.hpp>
 #include <ditrl/models/lora_adapter.hpp>
-#include <ditrl/models/linear.hpp>
 #include <ditrl/models/lora_files.hpp>
 #include <ditrl/models/model_config.hpp>
 #include <ditrl/models/weights.hpp>
@@ -136,9 +136,9 @@ std::vector<std::string> write_model(const std::string& dir, const Part& part, S
     io::write_safetensors_streamed(path, specs, values, meta);
     return {path};
   }
-  std::vector<std::string> written = io::write_sharded_safetensors_streamed(
-      dir, "diffusion_pytorch_model", specs, values, io::parse_byte_size(cli.max_shard_size, "--max-shard-size"),
-      metadata);
+  std::vector<std::string> written =
+      io::write_sharded_safetensors_streamed(dir, "diffusion_pytorch_model", specs, values,
+                                             io::parse_byte_size(cli.max_shard_size, "--max-shard-size"), metadata);
   written.push_back((fs::path(dir) / "config.json").string());
   io::write_text_file(written.back(), config + "\n");
   return written;
@@ -176,8 +176,8 @@ int export_command(const ExportCli& cli) {
     const models::LoraAdapter adapter = models::lora_adapter_of(family);
     std::vector<Part> adapted;
     for (const Part& part : parts) {
-      models::LoraFileOptions options{
-          dtype, part.prefix == "transformer_2." ? c.model.weights_2 : c.model.weights, metadata};
+      models::LoraFileOptions options{dtype, part.prefix == "transformer_2." ? c.model.weights_2 : c.model.weights,
+                                      metadata};
       const models::LoraAdapter mine = part.prefix.empty() ? adapter : adapter.under(part.prefix);
       if (mine.modules.empty()) continue;  // an expert the deck's targets left alone
       add(write_lora((fs::path(cli.out) / part.folder).string(), family, mine, options));

@@ -510,8 +510,7 @@ bool TrainedWeights::contains(const std::string& name) const {
 
 at::Tensor TrainedWeights::read(const std::string& name) const {
   const auto it = impl_->shapes.find(name);
-  if (it == impl_->shapes.end())
-    fail("checkpoint {}: no trained parameter '{}'", impl_->file.file_name(), name);
+  if (it == impl_->shapes.end()) fail("checkpoint {}: no trained parameter '{}'", impl_->file.file_name(), name);
   int64_t numel = 1;
   for (int64_t d : it->second) numel *= d;
   return read_range(impl_->file, impl_->manifest, "/model/" + name, it->second, 0, numel).view(it->second);

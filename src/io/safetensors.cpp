@@ -2,8 +2,8 @@
 #include <ditrl/io/safetensors.hpp>
 
 #include <ATen/ATen.h>
-#include <boost/json.hpp>
 #include <fmt/ranges.h>
+#include <boost/json.hpp>
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -539,7 +539,8 @@ void write_safetensors(const std::string& path, const NamedTensors& tensors,
   const std::vector<at::Tensor> values = cpu_contiguous(tensors);
   const std::vector<TensorSpec> specs = specs_of(values, tensors);
   size_t next = 0;  // asked for in the specs' order
-  write_safetensors_streamed(path, specs, [&values, &next](const TensorSpec&) { return values[next++]; }, metadata);
+  write_safetensors_streamed(
+      path, specs, [&values, &next](const TensorSpec&) { return values[next++]; }, metadata);
 }
 
 }  // namespace ditrl::io

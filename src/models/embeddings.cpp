@@ -60,9 +60,8 @@ at::Tensor sincos_1d(int64_t dim, const at::Tensor& pos) {
 }  // namespace
 
 at::Tensor sincos_pos_embed_2d(int64_t dim, int64_t grid, double base_size, double interpolation_scale) {
-  const at::Tensor coords =
-      at::arange(grid, at::TensorOptions().dtype(at::kFloat)) / (static_cast<double>(grid) / base_size) /
-      interpolation_scale;
+  const at::Tensor coords = at::arange(grid, at::TensorOptions().dtype(at::kFloat)) /
+                            (static_cast<double>(grid) / base_size) / interpolation_scale;
   // Token r*grid + c is [S(coords[c]) | S(coords[r])] (diffusers' "xy"
   // meshgrid: the column half first): one (grid, width) table of S, cast to
   // fp32 once and broadcast into both halves, so the (grid*grid, dim) fp64

@@ -99,7 +99,8 @@ TEST_CASE("export: streamed shards equal the whole model's export / full fine-tu
                         "--set model.lora.alpha=6")
                 .exit_code == 0);
     const std::string ckpt = out + "/checkpoints/step-1.h5";
-    const auto r = test::ditrl("export " + ckpt + " --out " + out + "/export --merged --dtype bf16 --max-shard-size 50KB");
+    const auto r =
+        test::ditrl("export " + ckpt + " --out " + out + "/export --merged --dtype bf16 --max-shard-size 50KB");
     INFO(r.output);
     REQUIRE(r.exit_code == 0);
     const app::CheckpointModel m = app::load_checkpoint_model(ckpt);

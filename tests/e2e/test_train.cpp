@@ -202,7 +202,10 @@ TEST_CASE("train: wrong or partial weights fail before any work naming the tenso
        "missing (1): proj_out.bias"},
       {broken("unexpected", [](io::NamedTensors& t) { t.emplace_back("extra.weight", at::zeros({3})); }),
        "unexpected (1): extra.weight"},
-      {broken("shape", [&](io::NamedTensors& t) { at_name(t, "context_embedder.weight") = at::zeros({2, 2}); }),
+      {broken("shape",
+              [&](io::NamedTensors& t) {
+                at_name(t, "context_embedder.weight") = at::zeros({2, 2});
+              }),
        "wrong shape (1): context_embedder.weight (checkpoint [2, 2]"},
       {broken("dtype",
               [&](io::NamedTensors& t) {

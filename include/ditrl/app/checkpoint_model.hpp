@@ -57,9 +57,9 @@ class StreamedCheckpointModel {
   std::shared_ptr<models::Family> family_;
   std::unique_ptr<models::ParameterSource> source_;
   std::unique_ptr<io::TrainedWeights> trained_;
-  std::map<std::string, at::Tensor> tensors_;                 // the family's parameters and buffers
-  std::map<const c10::TensorImpl*, std::string> names_;       // the same, by tensor
-  std::map<std::string, std::string> trained_meta_;           // meta parameter -> its dataset name
+  std::map<std::string, at::Tensor> tensors_;            // the family's parameters and buffers
+  std::map<const c10::TensorImpl*, std::string> names_;  // the same, by tensor
+  std::map<std::string, std::string> trained_meta_;      // meta parameter -> its dataset name
   size_t trained_tensors_ = 0;
 };
 
