@@ -14,6 +14,10 @@
 //    LTX-2: ltx_model.safetensors, ltx_core's single-file layout.
 // A two-expert Wan2.2 model writes each expert into DIR/transformer/ and
 // DIR/transformer_2/, the pipeline's component folders.
+// Full weights are streamed: the model is built sliced (its base on the meta
+// device) and each tensor is read from the base weights, the seeded init or
+// the checkpoint, merged, cast and written at its offset before the next, so
+// the process holds one tensor at a time, never the model.
 
 #include <ditrl/app/checkpoint_model.hpp>
 #include <ditrl/app/commands.hpp>
@@ -21,12 +25,14 @@
 #include <ditrl/io/safetensors.hpp>
 #include <ditrl/io/safetensors_shards.hpp>
 #include <ditrl/io/text_file.hpp>
+#include <ditrl/models/linear.hpp>
 #include <ditrl/models/lora.hpp>
 #include <ditrl/models/lora_adapter.hpp>
 #include <ditrl/models/lora_files.hpp>
 #include <ditrl/models/model_config.hpp>
 #include <ditrl/models/weights.hpp>
 #include <ditrl/precision/dtype.hpp>
+#include <ditrl/precision/names.hpp>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -67,33 +73,72 @@ std::vector<Part> parts_of(models::Family& family) {
   return parts;
 }
 
-io::NamedTensors cast_all(io::NamedTensors tensors, c10::ScalarType dtype) {
-  for (auto& [name, t] : tensors)
-    if (t.is_floating_point()) t = t.to(dtype).contiguous();
-  return tensors;
+// One tensor of a part's files: its stored name, its name in the family and
+// whether a LoRA merge folds into it.
+struct Entry {
+  io::TensorSpec spec;
+  std::string family_name;
+  const models::Linear* merge = nullptr;
+};
+
+// The tensors of a part's full weights in the order its loader lists them
+// (parameters, then buffers), floating ones stored in `dtype`: with
+// `merged`, the LoRA factors are left out and each adapted weight carries
+// its adapter, to be folded in as it is written.
+std::vector<Entry> entries_of(const Part& part, StreamedCheckpointModel& m, c10::ScalarType dtype, bool merged) {
+  std::map<std::string, const models::Linear*> adapted;
+  if (merged)
+    for (const auto& item : part.module->named_modules("", false))
+      if (auto linear = std::dynamic_pointer_cast<models::Linear>(item.value()); linear && linear->has_lora())
+        adapted[item.key() + ".weight"] = linear.get();
+  std::vector<Entry> out;
+  auto add = [&](const std::string& name, const at::Tensor& t) {
+    const auto it = adapted.find(name);
+    out.push_back({{name, t.is_floating_point() ? dtype : t.scalar_type(), t.sizes().vec()},
+                   m.family_name(t),
+                   it != adapted.end() ? it->second : nullptr});
+  };
+  for (const auto& p : part.module->named_parameters())
+    if (!merged || !precision::is_lora_name(p.key())) add(p.key(), p.value());
+  for (const auto& b : part.module->named_buffers()) add(b.key(), b.value());
+  return out;
 }
 
-io::NamedTensors prefixed(io::NamedTensors tensors, const std::string& prefix) {
-  for (auto& [name, t] : tensors) name = prefix + name;
-  return tensors;
-}
-
-// The full weights of one part as its loader reads them.
-std::vector<std::string> write_model(const std::string& dir, models::Family& family, const io::NamedTensors& tensors,
-                                     const ExportCli& cli, const std::map<std::string, std::string>& metadata) {
+// The full weights of one part as its loader reads them, streamed: each
+// tensor is read (base source or checkpoint), merged, cast and written
+// before the next, so no process holds the model.
+std::vector<std::string> write_model(const std::string& dir, const Part& part, StreamedCheckpointModel& m,
+                                     const ExportCli& cli, bool merged,
+                                     const std::map<std::string, std::string>& metadata) {
+  const c10::ScalarType dtype = precision::parse_dtype(cli.dtype);
+  const bool ltx = m.family().family_name() == "ltx";
+  // ltx_core's single-file checkpoint: the DiT under model.diffusion_model.,
+  // its config in the metadata (LTXModelConfigurator.from_metadata).
+  const std::string stored_prefix = ltx ? "model.diffusion_model." : "";
+  std::vector<io::TensorSpec> specs;
+  std::map<std::string, Entry> by_name;
+  for (Entry& e : entries_of(part, m, dtype, merged)) {
+    e.spec.name = stored_prefix + e.spec.name;
+    specs.push_back(e.spec);
+    by_name[e.spec.name] = std::move(e);
+  }
+  const io::TensorValues values = [&by_name, &m](const io::TensorSpec& spec) {
+    const Entry& e = by_name.at(spec.name);
+    const at::Tensor value = m.value(e.family_name);
+    return e.merge ? e.merge->merged_weight(value) : value;
+  };
   fs::create_directories(dir);
-  const std::string config = models::model_config_json(family);
-  if (family.family_name() == "ltx") {
-    // ltx_core's single-file checkpoint: the DiT under model.diffusion_model.,
-    // its config in the metadata (LTXModelConfigurator.from_metadata).
+  const std::string config = models::model_config_json(m.family());
+  if (ltx) {
     std::map<std::string, std::string> meta = metadata;
     meta["config"] = config;
     const std::string path = (fs::path(dir) / "ltx_model.safetensors").string();
-    io::write_safetensors(path, prefixed(tensors, "model.diffusion_model."), meta);
+    io::write_safetensors_streamed(path, specs, values, meta);
     return {path};
   }
-  std::vector<std::string> written = io::write_sharded_safetensors(
-      dir, "diffusion_pytorch_model", tensors, io::parse_byte_size(cli.max_shard_size, "--max-shard-size"), metadata);
+  std::vector<std::string> written =
+      io::write_sharded_safetensors_streamed(dir, "diffusion_pytorch_model", specs, values,
+                                             io::parse_byte_size(cli.max_shard_size, "--max-shard-size"), metadata);
   written.push_back((fs::path(dir) / "config.json").string());
   io::write_text_file(written.back(), config + "\n");
   return written;
@@ -117,36 +162,40 @@ std::vector<std::string> write_lora(const std::string& dir, const models::Family
 int export_command(const ExportCli& cli) {
   const c10::ScalarType dtype = precision::parse_dtype(cli.dtype);
   io::parse_byte_size(cli.max_shard_size, "--max-shard-size");  // a bad size fails before any work
-  CheckpointModel m = load_checkpoint_model(cli.checkpoint);
-  models::Family& family = *m.family;
+  StreamedCheckpointModel m(cli.checkpoint);
+  models::Family& family = m.family();
+  const config::Config& c = m.config();
   const std::map<std::string, std::string> metadata{{"ditrl_checkpoint", cli.checkpoint},
-                                                    {"ditrl_family", m.config.model.family}};
+                                                    {"ditrl_family", c.model.family}};
   std::vector<std::string> written;
   auto add = [&written](const std::vector<std::string>& files) {
     written.insert(written.end(), files.begin(), files.end());
   };
   const std::vector<Part> parts = parts_of(family);
-  if (m.lora) {
+  if (m.lora()) {
     const models::LoraAdapter adapter = models::lora_adapter_of(family);
+    std::vector<Part> adapted;
     for (const Part& part : parts) {
-      models::LoraFileOptions options{
-          dtype, part.prefix == "transformer_2." ? m.config.model.weights_2 : m.config.model.weights, metadata};
+      models::LoraFileOptions options{dtype, part.prefix == "transformer_2." ? c.model.weights_2 : c.model.weights,
+                                      metadata};
       const models::LoraAdapter mine = part.prefix.empty() ? adapter : adapter.under(part.prefix);
       if (mine.modules.empty()) continue;  // an expert the deck's targets left alone
       add(write_lora((fs::path(cli.out) / part.folder).string(), family, mine, options));
-      if (cli.merged)
-        add(write_model((fs::path(cli.out) / "merged" / part.folder).string(), family,
-                        cast_all(models::merged_state(*part.module), dtype), cli, metadata));
+      adapted.push_back(part);
     }
+    // The merged weights after every adapter file: the base is read in the
+    // family's order, expert by expert.
+    if (cli.merged)
+      for (const Part& part : adapted)
+        add(write_model((fs::path(cli.out) / "merged" / part.folder).string(), part, m, cli, true, metadata));
   } else {
     if (cli.merged)
       fail("--merged: {} is a full fine-tune (no LoRA to merge); its export is the full model", cli.checkpoint);
     for (const Part& part : parts)
-      add(write_model((fs::path(cli.out) / part.folder).string(), family,
-                      cast_all(models::state_tensors(*part.module), dtype), cli, metadata));
+      add(write_model((fs::path(cli.out) / part.folder).string(), part, m, cli, false, metadata));
   }
-  std::cout << fmt::format("exported {} ({} trained tensors, {}{}):\n", cli.checkpoint, m.trained_tensors,
-                           m.config.model.family, m.lora ? ", LoRA" : "");
+  std::cout << fmt::format("exported {} ({} trained tensors, {}{}):\n", cli.checkpoint, m.trained_tensors(),
+                           c.model.family, m.lora() ? ", LoRA" : "");
   for (const std::string& path : written) std::cout << "  " << path << "\n";
   return 0;
 }

@@ -149,30 +149,56 @@ rl::AlgorithmOptions algorithm_options(const config::Config& c) {
   return o;
 }
 
-// model.weights into the whole family, or with model.weights_2 the two
-// expert checkpoints into their experts (Wan2.2 A14B: the diffusers folders
+// model.weights for the whole family, or with model.weights_2 the two expert
+// checkpoints for their experts (Wan2.2 A14B: the diffusers folders
 // transformer/ and transformer_2/, names without the expert prefix).
-void load_deck_weights(models::Family& family, const config::Config& c) {
+std::vector<models::CheckpointPart> weight_parts(const std::shared_ptr<models::Family>& family,
+                                                 const config::Config& c) {
   if (c.model.weights_2.empty()) {
-    if (!c.model.weights.empty()) models::load_weights(family, io::Checkpoint(c.model.weights));
-    return;
+    if (c.model.weights.empty()) return {};
+    return {{family, c.model.weights}};
   }
   if (c.model.weights.empty())
     fail("{}: model.weights_2 (the low-noise expert) needs model.weights (the high-noise expert)", c.source);
-  const std::vector<std::shared_ptr<torch::nn::Module>> experts = family.expert_modules();
+  const std::vector<std::shared_ptr<torch::nn::Module>> experts = family->expert_modules();
   if (experts.size() != 2)
-    fail("{}: model.weights_2 needs a family with two experts; {} has {}", c.source, family.family_name(),
+    fail("{}: model.weights_2 needs a family with two experts; {} has {}", c.source, family->family_name(),
          experts.size());
-  models::load_weights(*experts[0], io::Checkpoint(c.model.weights));
-  models::load_weights(*experts[1], io::Checkpoint(c.model.weights_2));
+  return {{experts[0], c.model.weights}, {experts[1], c.model.weights_2}};
 }
+
+void load_deck_weights(const std::shared_ptr<models::Family>& family, const config::Config& c) {
+  for (const models::CheckpointPart& part : weight_parts(family, c))
+    models::load_weights(*part.module, io::Checkpoint(part.path));
+}
+
+namespace {
+
+// Starts from an existing PEFT / diffusers / LTX-2 adapter (model.lora.weights).
+void load_deck_lora(models::Family& family, const config::Config& c) {
+  if (!c.model.lora.weights.empty())
+    models::load_lora_adapter(family, models::read_lora_file(c.model.lora.weights), c.model.lora.weights);
+}
+
+}  // namespace
 
 std::shared_ptr<models::Family> deck_model(const config::Config& c, c10::Device device) {
   std::shared_ptr<models::Family> family = models::create_family(family_options(c, device));
-  load_deck_weights(*family, c);
-  if (!c.model.lora.weights.empty())  // start from an existing PEFT / diffusers / LTX-2 adapter
-    models::load_lora_adapter(*family, models::read_lora_file(c.model.lora.weights), c.model.lora.weights);
+  load_deck_weights(family, c);
+  load_deck_lora(*family, c);
   return family;
+}
+
+SlicedModel sliced_deck_model(const config::Config& c, c10::Device device) {
+  models::FamilyOptions options = family_options(c, device);
+  options.sliced = true;
+  SlicedModel out;
+  out.family = models::create_family(options);
+  const std::vector<models::CheckpointPart> parts = weight_parts(out.family, c);
+  out.source = parts.empty() ? models::seeded_source(*out.family, c.model.init_seed)
+                             : models::checkpoint_source(*out.family, parts);
+  load_deck_lora(*out.family, c);
+  return out;
 }
 
 rl::LrSchedule lr_schedule(const config::Config& c) {

@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <chrono>
 #include <filesystem>
 
 namespace ditrl::app {
@@ -85,6 +86,18 @@ std::unique_ptr<rl::ParityDump> open_parity_dump(const config::Config& c, const 
   return dump;
 }
 
+// Every rank's own figure (its log): what it read of the weights, how fast.
+void log_load(const config::Config& c, const models::ParameterSource& source, double seconds) {
+  if (source.bytes_read() == 0) {
+    spdlog::info("[load] seeded init (model.init_seed = {}): this rank's slices in {:.2f} s", c.model.init_seed,
+                 seconds);
+    return;
+  }
+  spdlog::info("[load] {}: read this rank's slices, {:.3f} GB, in {:.2f} s ({:.2f} GB/s)", c.model.weights,
+               static_cast<double>(source.bytes_read()) / 1e9, seconds,
+               static_cast<double>(source.bytes_read()) / 1e9 / seconds);
+}
+
 }  // namespace
 
 void check_run_inputs(const config::Config& config, int world, bool files) {
@@ -137,7 +150,9 @@ Run open_run(const config::Config& config, dist::Runtime& runtime, const std::st
   run.traits = rl::algorithm_traits(c.train.loss);
   check_run_inputs(c, world);
 
-  run.family = deck_model(c, runtime.device());
+  const auto load_start = std::chrono::steady_clock::now();
+  SlicedModel model = sliced_deck_model(c, runtime.device());
+  run.family = std::move(model.family);
   check_sequence_parallel(c, *run.family);
   const dist::SequenceGroups& sequence = runtime.sequence();
   if (sequence.layout().size > 1) run.ulysses = std::make_unique<models::Ulysses>(sequence.group());
@@ -166,7 +181,9 @@ Run open_run(const config::Config& config, dist::Runtime& runtime, const std::st
 
   run.params =
       std::make_unique<shard::ShardedParams>(*run.family, run.family->wrap_units(), compiled_plan(c, *run.family),
-                                             runtime.data(), shard_options(c, runtime.device()));
+                                             runtime.data(), shard_options(c, runtime.device()), model.source.get());
+  log_load(c, *model.source, std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count());
+  model.source.reset();  // the checkpoint files are not needed after loading
   collect.sampler.device = runtime.device();
   if (c.debug.dump) {
     run.dump = open_parity_dump(c, run.traits, runtime.world().rank, dump_dir);

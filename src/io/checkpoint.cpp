@@ -477,23 +477,49 @@ CheckpointMeta load_checkpoint(const std::string& path, const TrainingState& sta
   return meta;
 }
 
-std::map<std::string, at::Tensor> read_checkpoint_weights(const std::string& path) {
-  h5::File file = h5::File::open(path);
+struct TrainedWeights::Impl {
+  h5::File file;
+  std::optional<Manifest> manifest;
+  std::map<std::string, std::vector<int64_t>> shapes;
+};
+
+TrainedWeights::TrainedWeights(const std::string& path) : impl_(std::make_unique<Impl>()) {
+  impl_->file = h5::File::open(path);
+  h5::File& file = impl_->file;
   const std::string format = file.has_attr("format") ? file.string_attr("format") : "";
   if (format != kFormat && format != kChunkedFormat) fail("checkpoint {}: not a ditrl checkpoint", path);
-  const std::optional<Manifest> manifest =
-      format == kChunkedFormat ? std::nullopt : std::optional<Manifest>(parse_manifest(file));
-  std::map<std::string, at::Tensor> weights;
-  const h5::Group model = file.open_group("/model");
+  if (format != kChunkedFormat) impl_->manifest = parse_manifest(file);
   // Dataset names are the canonical parameter names (dots, no nesting).
-  for (const std::string& name : model.children()) {
-    const std::string dataset = "/model/" + name;
-    const std::vector<hsize_t> shape = file.open_dataset(dataset).shape();
-    int64_t numel = 1;
-    for (hsize_t d : shape) numel *= static_cast<int64_t>(d);
-    weights[name] = read_range(file, manifest, dataset, {shape.begin(), shape.end()}, 0, numel)
-                        .view(std::vector<int64_t>(shape.begin(), shape.end()));
+  for (const std::string& name : file.open_group("/model").children()) {
+    const std::vector<hsize_t> shape = file.open_dataset("/model/" + name).shape();
+    impl_->shapes[name] = std::vector<int64_t>(shape.begin(), shape.end());
   }
+}
+
+TrainedWeights::~TrainedWeights() = default;
+
+std::vector<std::string> TrainedWeights::names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, shape] : impl_->shapes) out.push_back(name);
+  return out;
+}
+
+bool TrainedWeights::contains(const std::string& name) const {
+  return impl_->shapes.count(name) > 0;
+}
+
+at::Tensor TrainedWeights::read(const std::string& name) const {
+  const auto it = impl_->shapes.find(name);
+  if (it == impl_->shapes.end()) fail("checkpoint {}: no trained parameter '{}'", impl_->file.file_name(), name);
+  int64_t numel = 1;
+  for (int64_t d : it->second) numel *= d;
+  return read_range(impl_->file, impl_->manifest, "/model/" + name, it->second, 0, numel).view(it->second);
+}
+
+std::map<std::string, at::Tensor> read_checkpoint_weights(const std::string& path) {
+  const TrainedWeights trained(path);
+  std::map<std::string, at::Tensor> weights;
+  for (const std::string& name : trained.names()) weights[name] = trained.read(name);
   return weights;
 }
 

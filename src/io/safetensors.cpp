@@ -2,6 +2,7 @@
 #include <ditrl/io/safetensors.hpp>
 
 #include <ATen/ATen.h>
+#include <fmt/ranges.h>
 #include <boost/json.hpp>
 
 #include <fcntl.h>
@@ -44,7 +45,7 @@ class MappedBytes {
       bytes->data_ = static_cast<uint8_t*>(addr);
       bytes->mapped_ = true;
     }
-    ::close(fd);  // the mapping stays valid without the descriptor
+    bytes->fd_ = fd;  // kept for copy_out's preads
     return bytes;
   }
 
@@ -58,6 +59,27 @@ class MappedBytes {
 
   ~MappedBytes() {
     if (mapped_) ::munmap(data_, size_);
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  // Copies bytes [offset, offset + n) to `out` with pread: the bytes go from
+  // the page cache straight into `out`, so reading a slice maps none of the
+  // file into this process (nothing of it counts in its resident set) and
+  // the whole-file mapping (whose pages view() may write) is not touched.
+  void copy_out(size_t offset, size_t n, uint8_t* out, const std::string& path) const {
+    if (fd_ < 0) {
+      std::memcpy(out, data_ + offset, n);
+      return;
+    }
+    while (n > 0) {
+      const ssize_t got = ::pread(fd_, out, std::min(n, kMaxRead), static_cast<off_t>(offset));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0)
+        fail("cannot read {} bytes of {} at {}: {}", n, path, offset, got < 0 ? std::strerror(errno) : "end of file");
+      offset += static_cast<size_t>(got);
+      out += got;
+      n -= static_cast<size_t>(got);
+    }
   }
   MappedBytes(const MappedBytes&) = delete;
   MappedBytes& operator=(const MappedBytes&) = delete;
@@ -70,7 +92,10 @@ class MappedBytes {
   uint8_t* data_ = nullptr;
   size_t size_ = 0;
   bool mapped_ = false;
+  int fd_ = -1;
   std::vector<uint8_t> buffer_;
+  // Linux reads at most 0x7ffff000 bytes per call; 1 GiB keeps each call whole.
+  static constexpr size_t kMaxRead = size_t{1} << 30;
 };
 
 namespace {
@@ -284,6 +309,19 @@ at::Tensor SafetensorsFile::view(const std::string& name) const {
       ptr, t.shape, [keep](void*) mutable { keep.reset(); }, at::TensorOptions().dtype(dtype));
 }
 
+at::Tensor SafetensorsFile::read_range(const std::string& name, int64_t begin, int64_t end) const {
+  const TensorInfo& t = info(name);
+  const c10::ScalarType dtype = safetensors_scalar_type(t.dtype, fmt::format("tensor '{}' of {}", name, path_));
+  if (begin < 0 || end < begin || end > t.numel())
+    fail("{}: elements [{}, {}) are outside tensor '{}' of {} elements", path_, begin, end, name, t.numel());
+  at::Tensor out = at::empty({end - begin}, at::TensorOptions().dtype(dtype));
+  const size_t element = c10::elementSize(dtype);
+  if (end > begin)
+    bytes_->copy_out(data_start_ + t.begin + static_cast<size_t>(begin) * element,
+                     static_cast<size_t>(end - begin) * element, static_cast<uint8_t*>(out.data_ptr()), path_);
+  return out;
+}
+
 Checkpoint::Checkpoint(const std::string& path) : path_(path) {
   const bool is_index = path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0;
   if (!is_index) {
@@ -351,23 +389,40 @@ at::Tensor Checkpoint::get(const std::string& name) const {
 at::Tensor Checkpoint::view(const std::string& name) const {
   return shard(name).view(name);
 }
+at::Tensor Checkpoint::read_range(const std::string& name, int64_t begin, int64_t end) const {
+  return shard(name).read_range(name, begin, end);
+}
 const std::string& Checkpoint::file_of(const std::string& name) const {
   return shard(name).path();
 }
 
-std::vector<uint8_t> serialize_safetensors(const NamedTensors& tensors,
-                                           const std::map<std::string, std::string>& metadata) {
-  std::vector<std::pair<std::string, at::Tensor>> sorted;
+uint64_t TensorSpec::nbytes() const {
+  uint64_t n = c10::elementSize(dtype);
+  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
+namespace {
+
+// The file's layout: data sorted by dtype alignment (descending) then name,
+// the header padded with spaces to a multiple of 8.
+struct FileLayout {
+  std::string header;             // the JSON text, padded
+  std::vector<uint64_t> offsets;  // per spec (in the specs' order), from the start of the file
+  uint64_t size = 0;              // of the whole file
+};
+
+FileLayout layout_of(const std::vector<TensorSpec>& specs, const std::map<std::string, std::string>& metadata) {
   std::set<std::string> seen;
-  for (const auto& [name, tensor] : tensors) {
-    if (name == "__metadata__") fail("a tensor cannot be named __metadata__");
-    if (!seen.insert(name).second) fail("tensor '{}' is written twice", name);
-    if (!tensor.defined()) fail("tensor '{}' is undefined", name);
-    sorted.emplace_back(name, tensor.detach().to(at::kCPU).contiguous());
+  std::vector<size_t> order(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (specs[i].name == "__metadata__") fail("a tensor cannot be named __metadata__");
+    if (!seen.insert(specs[i].name).second) fail("tensor '{}' is written twice", specs[i].name);
+    order[i] = i;
   }
-  std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) {
-    const size_t sa = a.second.element_size(), sb = b.second.element_size();
-    return sa != sb ? sa > sb : a.first < b.first;
+  std::sort(order.begin(), order.end(), [&specs](size_t a, size_t b) {
+    const size_t sa = c10::elementSize(specs[a].dtype), sb = c10::elementSize(specs[b].dtype);
+    return sa != sb ? sa > sb : specs[a].name < specs[b].name;
   });
   json::object header;
   if (!metadata.empty()) {
@@ -375,41 +430,101 @@ std::vector<uint8_t> serialize_safetensors(const NamedTensors& tensors,
     for (const auto& [k, v] : metadata) meta[k] = v;
     header["__metadata__"] = std::move(meta);
   }
+  FileLayout layout;
+  layout.offsets.resize(specs.size());
   uint64_t offset = 0;
-  for (const auto& [name, t] : sorted) {
-    const uint64_t nbytes = t.numel() * t.element_size();
+  for (size_t i : order) {
+    const TensorSpec& t = specs[i];
     json::array shape;
-    for (int64_t d : t.sizes()) shape.push_back(d);
-    header[name] = json::object{{"dtype", safetensors_dtype_code(t.scalar_type())},
-                                {"shape", std::move(shape)},
-                                {"data_offsets", json::array{offset, offset + nbytes}}};
-    offset += nbytes;
+    for (int64_t d : t.shape) shape.push_back(d);
+    header[t.name] = json::object{{"dtype", safetensors_dtype_code(t.dtype)},
+                                  {"shape", std::move(shape)},
+                                  {"data_offsets", json::array{offset, offset + t.nbytes()}}};
+    layout.offsets[i] = offset;
+    offset += t.nbytes();
   }
-  std::string text = json::serialize(header);
-  text.append((8 - text.size() % 8) % 8, ' ');
-  std::vector<uint8_t> out(8 + text.size() + offset);
-  const uint64_t header_len = text.size();
-  std::memcpy(out.data(), &header_len, 8);
-  std::memcpy(out.data() + 8, text.data(), text.size());
-  uint8_t* data = out.data() + 8 + text.size();
-  for (const auto& [name, t] : sorted) {
-    const size_t nbytes = t.numel() * t.element_size();
-    if (nbytes > 0) std::memcpy(data, t.data_ptr(), nbytes);
-    data += nbytes;
+  layout.header = json::serialize(header);
+  layout.header.append((8 - layout.header.size() % 8) % 8, ' ');
+  const uint64_t data_start = 8 + layout.header.size();
+  for (uint64_t& o : layout.offsets) o += data_start;
+  layout.size = data_start + offset;
+  return layout;
+}
+
+std::vector<TensorSpec> specs_of(const std::vector<at::Tensor>& tensors, const NamedTensors& named) {
+  std::vector<TensorSpec> specs;
+  for (size_t i = 0; i < named.size(); ++i)
+    specs.push_back({named[i].first, tensors[i].scalar_type(), tensors[i].sizes().vec()});
+  return specs;
+}
+
+std::vector<at::Tensor> cpu_contiguous(const NamedTensors& tensors) {
+  std::vector<at::Tensor> out;
+  for (const auto& [name, tensor] : tensors) {
+    if (!tensor.defined()) fail("tensor '{}' is undefined", name);
+    out.push_back(tensor.detach().to(at::kCPU).contiguous());
   }
   return out;
 }
 
-void write_safetensors(const std::string& path, const NamedTensors& tensors,
-                       const std::map<std::string, std::string>& metadata) {
-  const std::vector<uint8_t> bytes = serialize_safetensors(tensors, metadata);
+// The stored bytes of `value` for `spec`: its dtype, its numel, contiguous.
+at::Tensor stored_value(const TensorSpec& spec, const at::Tensor& value) {
+  int64_t numel = 1;
+  for (int64_t d : spec.shape) numel *= d;
+  if (!value.defined() || value.numel() != numel)
+    fail("tensor '{}': {} values were produced, its shape [{}] holds {}", spec.name,
+         value.defined() ? value.numel() : 0, fmt::join(spec.shape, ", "), numel);
+  return value.detach().to(at::kCPU).to(spec.dtype).contiguous();
+}
+
+void write_all(int fd, const uint8_t* data, uint64_t n, uint64_t offset, const std::string& path) {
+  while (n > 0) {
+    const ssize_t put = ::pwrite(fd, data, std::min<uint64_t>(n, uint64_t{1} << 30), static_cast<off_t>(offset));
+    if (put < 0 && errno == EINTR) continue;
+    if (put <= 0) fail("cannot write {} bytes to {} at {}: {}", n, path, offset, std::strerror(errno));
+    data += put;
+    offset += static_cast<uint64_t>(put);
+    n -= static_cast<uint64_t>(put);
+  }
+}
+
+}  // namespace
+
+std::vector<uint8_t> serialize_safetensors(const NamedTensors& tensors,
+                                           const std::map<std::string, std::string>& metadata) {
+  const std::vector<at::Tensor> values = cpu_contiguous(tensors);
+  const std::vector<TensorSpec> specs = specs_of(values, tensors);
+  const FileLayout layout = layout_of(specs, metadata);
+  std::vector<uint8_t> out(layout.size);
+  const uint64_t header_len = layout.header.size();
+  std::memcpy(out.data(), &header_len, 8);
+  std::memcpy(out.data() + 8, layout.header.data(), layout.header.size());
+  for (size_t i = 0; i < values.size(); ++i)
+    if (specs[i].nbytes() > 0) std::memcpy(out.data() + layout.offsets[i], values[i].data_ptr(), specs[i].nbytes());
+  return out;
+}
+
+void write_safetensors_streamed(const std::string& path, const std::vector<TensorSpec>& specs,
+                                const TensorValues& values, const std::map<std::string, std::string>& metadata) {
+  const FileLayout layout = layout_of(specs, metadata);
   const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) fail("cannot create {}: {}", tmp, std::strerror(errno));
-    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-    out.flush();
-    if (!out) fail("cannot write {} ({} bytes): {}", tmp, bytes.size(), std::strerror(errno));
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail("cannot create {}: {}", tmp, std::strerror(errno));
+  try {
+    const uint64_t header_len = layout.header.size();
+    write_all(fd, reinterpret_cast<const uint8_t*>(&header_len), 8, 0, tmp);
+    write_all(fd, reinterpret_cast<const uint8_t*>(layout.header.data()), header_len, 8, tmp);
+    for (size_t i = 0; i < specs.size(); ++i) {
+      const at::Tensor stored = stored_value(specs[i], values(specs[i]));
+      write_all(fd, static_cast<const uint8_t*>(stored.data_ptr()), specs[i].nbytes(), layout.offsets[i], tmp);
+    }
+    if (::ftruncate(fd, static_cast<off_t>(layout.size)) != 0)  // a trailing empty tensor leaves no bytes
+      fail("cannot size {} to {} bytes: {}", tmp, layout.size, std::strerror(errno));
+    if (::close(fd) != 0) fail("cannot write {}: {}", tmp, std::strerror(errno));
+  } catch (...) {
+    ::close(fd);
+    std::filesystem::remove(tmp);
+    throw;
   }
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
@@ -417,6 +532,15 @@ void write_safetensors(const std::string& path, const NamedTensors& tensors,
     std::filesystem::remove(tmp);
     fail("cannot rename {} to {}: {}", tmp, path, ec.message());
   }
+}
+
+void write_safetensors(const std::string& path, const NamedTensors& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  const std::vector<at::Tensor> values = cpu_contiguous(tensors);
+  const std::vector<TensorSpec> specs = specs_of(values, tensors);
+  size_t next = 0;  // asked for in the specs' order
+  write_safetensors_streamed(
+      path, specs, [&values, &next](const TensorSpec&) { return values[next++]; }, metadata);
 }
 
 }  // namespace ditrl::io

@@ -17,22 +17,17 @@ namespace fs = std::filesystem;
 
 namespace {
 
-uint64_t stored_bytes(const at::Tensor& t) {
-  return static_cast<uint64_t>(t.numel()) * t.element_size();
-}
-
 // Greedy in order: a new shard starts when the next tensor would overflow.
-std::vector<NamedTensors> split(const NamedTensors& tensors, uint64_t max_bytes) {
-  std::vector<NamedTensors> shards(1);
+std::vector<std::vector<TensorSpec>> split(const std::vector<TensorSpec>& specs, uint64_t max_bytes) {
+  std::vector<std::vector<TensorSpec>> shards(1);
   uint64_t size = 0;
-  for (const auto& item : tensors) {
-    const uint64_t bytes = stored_bytes(item.second);
-    if (!shards.back().empty() && size + bytes > max_bytes) {
+  for (const TensorSpec& spec : specs) {
+    if (!shards.back().empty() && size + spec.nbytes() > max_bytes) {
       shards.emplace_back();
       size = 0;
     }
-    shards.back().push_back(item);
-    size += bytes;
+    shards.back().push_back(spec);
+    size += spec.nbytes();
   }
   return shards;
 }
@@ -67,19 +62,20 @@ uint64_t parse_byte_size(const std::string& text, const std::string& what) {
   return static_cast<uint64_t>(value * it->second);
 }
 
-std::vector<std::string> write_sharded_safetensors(const std::string& dir, const std::string& stem,
-                                                   const NamedTensors& tensors, uint64_t max_shard_bytes,
-                                                   const std::map<std::string, std::string>& metadata) {
+std::vector<std::string> write_sharded_safetensors_streamed(const std::string& dir, const std::string& stem,
+                                                            const std::vector<TensorSpec>& specs,
+                                                            const TensorValues& values, uint64_t max_shard_bytes,
+                                                            const std::map<std::string, std::string>& metadata) {
   fs::create_directories(dir);
   std::map<std::string, std::string> meta = metadata;
   meta["format"] = "pt";
-  const std::vector<NamedTensors> shards = split(tensors, max_shard_bytes);
+  const std::vector<std::vector<TensorSpec>> shards = split(specs, max_shard_bytes);
   std::vector<std::string> written;
   std::set<std::string> names;
   if (shards.size() == 1) {
     names.insert(stem + ".safetensors");
     written.push_back((fs::path(dir) / (stem + ".safetensors")).string());
-    write_safetensors(written.back(), shards[0], meta);
+    write_safetensors_streamed(written.back(), shards[0], values, meta);
   } else {
     boost::json::object weight_map;
     uint64_t total = 0;
@@ -87,10 +83,10 @@ std::vector<std::string> write_sharded_safetensors(const std::string& dir, const
       const std::string name = fmt::format("{}-{:05d}-of-{:05d}.safetensors", stem, i + 1, shards.size());
       names.insert(name);
       written.push_back((fs::path(dir) / name).string());
-      write_safetensors(written.back(), shards[i], meta);
-      for (const auto& [tensor, value] : shards[i]) {
-        weight_map[tensor] = name;
-        total += stored_bytes(value);
+      write_safetensors_streamed(written.back(), shards[i], values, meta);
+      for (const TensorSpec& spec : shards[i]) {
+        weight_map[spec.name] = name;
+        total += spec.nbytes();
       }
     }
     boost::json::object index;
@@ -103,6 +99,21 @@ std::vector<std::string> write_sharded_safetensors(const std::string& dir, const
   }
   remove_stale(dir, stem, names);
   return written;
+}
+
+std::vector<std::string> write_sharded_safetensors(const std::string& dir, const std::string& stem,
+                                                   const NamedTensors& tensors, uint64_t max_shard_bytes,
+                                                   const std::map<std::string, std::string>& metadata) {
+  std::vector<TensorSpec> specs;
+  std::map<std::string, at::Tensor> by_name;
+  for (const auto& [name, t] : tensors) {
+    if (!t.defined()) fail("tensor '{}' is undefined", name);
+    specs.push_back({name, t.scalar_type(), t.sizes().vec()});
+    by_name[name] = t;
+  }
+  return write_sharded_safetensors_streamed(
+      dir, stem, specs, [&by_name](const TensorSpec& spec) { return by_name.at(spec.name); }, max_shard_bytes,
+      metadata);
 }
 
 }  // namespace ditrl::io

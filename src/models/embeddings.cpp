@@ -60,25 +60,30 @@ at::Tensor sincos_1d(int64_t dim, const at::Tensor& pos) {
 }  // namespace
 
 at::Tensor sincos_pos_embed_2d(int64_t dim, int64_t grid, double base_size, double interpolation_scale) {
-  const auto coords = [&] {
-    return at::arange(grid, at::TensorOptions().dtype(at::kFloat)) / (static_cast<double>(grid) / base_size) /
-           interpolation_scale;
-  };
-  // meshgrid "xy": the first grid varies along columns (width).
-  const std::vector<at::Tensor> mesh = at::meshgrid({coords(), coords()}, "xy");
-  return at::cat({sincos_1d(dim / 2, mesh[0]), sincos_1d(dim / 2, mesh[1])}, 1).to(at::kFloat);
+  const at::Tensor coords = at::arange(grid, at::TensorOptions().dtype(at::kFloat)) /
+                            (static_cast<double>(grid) / base_size) / interpolation_scale;
+  // Token r*grid + c is [S(coords[c]) | S(coords[r])] (diffusers' "xy"
+  // meshgrid: the column half first): one (grid, width) table of S, cast to
+  // fp32 once and broadcast into both halves, so the (grid*grid, dim) fp64
+  // table is never built (SD3.5's 384x384x1536 one peaked at 4.5 GB).
+  const at::Tensor table = sincos_1d(dim / 2, coords).to(at::kFloat);
+  const int64_t width = table.size(1);
+  at::Tensor out = at::empty({grid, grid, 2 * width}, at::TensorOptions().dtype(at::kFloat));
+  out.narrow(2, 0, width).copy_(table.unsqueeze(0).expand({grid, grid, width}));
+  out.narrow(2, width, width).copy_(table.unsqueeze(1).expand({grid, grid, width}));
+  return out.reshape({grid * grid, 2 * width});
 }
 
 PatchEmbed::PatchEmbed(int64_t in_channels, int64_t dim, int64_t patch, int64_t pos_embed_max_size, double base_size,
-                       const at::TensorOptions& options)
+                       const at::TensorOptions& options, const at::TensorOptions& buffer_options)
     : patch_(patch), max_size_(pos_embed_max_size) {
   proj = register_module(
       "proj", std::make_shared<PatchProjection>(in_channels, dim, std::vector<int64_t>{patch, patch}, options));
   const int64_t rows = pos_embed_max_size * pos_embed_max_size;
   at::Tensor table =
-      options.device().is_meta()
-          ? at::empty({1, rows, dim}, options.dtype(at::kFloat))
-          : sincos_pos_embed_2d(dim, pos_embed_max_size, base_size, 1.0).unsqueeze(0).to(options.device());
+      buffer_options.device().is_meta()
+          ? at::empty({1, rows, dim}, buffer_options.dtype(at::kFloat))
+          : sincos_pos_embed_2d(dim, pos_embed_max_size, base_size, 1.0).unsqueeze(0).to(buffer_options.device());
   pos_embed = register_buffer("pos_embed", table);
 }
 

@@ -115,8 +115,11 @@ std::shared_ptr<Family> create_family(const FamilyOptions& options) {
   if (options.experts > 1 && family->expert_modules().size() != static_cast<size_t>(options.experts))
     fail("model family '{}' does not run {} expert DiTs (two experts are Wan2.2 A14B's)", options.family,
          options.experts);
-  if (!options.device.is_meta()) init_parameters(*family, options.init_seed);
-  if (options.lora.enabled) attach_lora(*family, options.lora, family->default_lora_targets());
+  // Sliced: the base values come later, slice by slice (models::SeededSource
+  // draws the same init); the adapters are small and drawn here as always.
+  if (!options.device.is_meta() && !options.sliced) init_parameters(*family, options.init_seed);
+  if (options.lora.enabled)
+    attach_lora(*family, options.lora, family->default_lora_targets(), options.buffer_options());
   return family;
 }
 

@@ -28,9 +28,12 @@ at::Tensor Linear::forward(const at::Tensor& x) const {
 }
 
 void Linear::attach_lora(int64_t rank, double alpha) {
+  attach_lora(rank, alpha, weight.options());
+}
+
+void Linear::attach_lora(int64_t rank, double alpha, const at::TensorOptions& options) {
   if (has_lora()) fail("a LoRA adapter is already attached");
   if (rank <= 0) fail("LoRA rank must be positive, got {}", rank);
-  const at::TensorOptions options = weight.options();
   lora_A = register_module("lora_A", std::make_shared<WeightOnly>(at::empty({rank, in_features()}, options)));
   lora_B = register_module("lora_B", std::make_shared<WeightOnly>(at::zeros({out_features(), rank}, options)));
   lora_alpha_ = alpha;
@@ -40,9 +43,13 @@ void Linear::attach_lora(int64_t rank, double alpha) {
 }
 
 at::Tensor Linear::merged_weight() const {
-  if (!has_lora()) return weight.detach().clone();
+  return merged_weight(weight.detach());
+}
+
+at::Tensor Linear::merged_weight(const at::Tensor& base) const {
+  if (!has_lora()) return base.clone();
   const at::Tensor delta = at::matmul(lora_B->weight.detach().to(at::kFloat), lora_A->weight.detach().to(at::kFloat));
-  return (weight.detach().to(at::kFloat) + delta * lora_scale_).to(weight.scalar_type());
+  return (base.to(at::kFloat) + delta * lora_scale_).to(base.scalar_type());
 }
 
 }  // namespace ditrl::models

@@ -37,7 +37,8 @@ bool lora_target_matches(const std::string& target, const std::string& module) {
 }
 
 std::vector<std::string> attach_lora(torch::nn::Module& model, const LoraOptions& options,
-                                     const std::vector<std::string>& default_targets) {
+                                     const std::vector<std::string>& default_targets,
+                                     const std::optional<at::TensorOptions>& adapter_options) {
   if (options.rank <= 0) fail("LoRA rank must be positive, got {}", options.rank);
   if (!(options.alpha > 0)) fail("LoRA alpha must be positive, got {}", options.alpha);
   if (options.init != "gaussian" && options.init != "kaiming")
@@ -58,7 +59,7 @@ std::vector<std::string> attach_lora(torch::nn::Module& model, const LoraOptions
         selected = true;
       }
     if (!selected) continue;
-    linear->attach_lora(options.rank, options.alpha);
+    linear->attach_lora(options.rank, options.alpha, adapter_options.value_or(linear->weight.options()));
     init_lora_a(linear->lora_A->weight, options.init, gen);
     adapted.push_back(item.key());
   }

@@ -203,9 +203,10 @@ SD3::SD3(const SD3Config& config, const FamilyOptions& options) : config_(config
   const AttentionBackend backend = parse_attention_backend(options.attention);
   const at::TensorOptions opts = options.parameter_options();
   const int64_t dim = config_.inner_dim();
-  pos_embed = register_module("pos_embed", std::make_shared<PatchEmbed>(
-                                               config_.in_channels, dim, config_.patch_size, config_.pos_embed_max_size,
-                                               static_cast<double>(config_.sample_size / config_.patch_size), opts));
+  pos_embed = register_module(
+      "pos_embed", std::make_shared<PatchEmbed>(
+                       config_.in_channels, dim, config_.patch_size, config_.pos_embed_max_size,
+                       static_cast<double>(config_.sample_size / config_.patch_size), opts, options.buffer_options()));
   auto time_text = register_module("time_text_embed", std::make_shared<Container>());
   timestep_embedder = time_text->register_module("timestep_embedder",
                                                  std::make_shared<MLPEmbedding>(256, dim, dim, Activation::SiLU, opts));

@@ -27,7 +27,7 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return fmt::format("[{}]", fmt::join(shape, ", "));
 }
 
-// Checkpoint name -> canonical name, refusing two spellings of one tensor. A
+// Canonical name -> checkpoint name, refusing two spellings of one tensor. A
 // family maps its checkpoints' own spellings (prefixes) first and may skip
 // tensors of the file that are not part of the model; `skipped` counts them.
 std::map<std::string, std::string> canonical_names(const torch::nn::Module& model, const io::Checkpoint& checkpoint,
@@ -56,12 +56,23 @@ std::map<std::string, at::Tensor> named_tensors(const torch::nn::Module& model) 
   return out;
 }
 
+// Floating dtypes whose cast to the fp32 parameters is defined (an integer
+// or boolean tensor would be converted silently; fp8 and sub-byte codes have
+// no conversion here).
+bool loadable_dtype(const std::string& code) {
+  return code == "F32" || code == "BF16" || code == "F16" || code == "F64";
+}
+
 void require_materialized(const torch::nn::Module& model, const std::string& what) {
   for (const auto& p : model.named_parameters())
     if (p.value().is_meta()) fail("cannot {} a model built on the meta device (shapes only): '{}'", what, p.key());
 }
 
 }  // namespace
+
+std::map<std::string, std::string> stored_names(const torch::nn::Module& model, const io::Checkpoint& checkpoint) {
+  return canonical_names(model, checkpoint);
+}
 
 std::vector<CheckpointEntry> checkpoint_layout(const torch::nn::Module& model) {
   std::vector<CheckpointEntry> out;
@@ -74,7 +85,7 @@ std::vector<CheckpointEntry> checkpoint_layout(const torch::nn::Module& model) {
 void validate_checkpoint(const torch::nn::Module& model, const io::Checkpoint& checkpoint) {
   size_t skipped = 0;
   const std::map<std::string, std::string> in_file = canonical_names(model, checkpoint, &skipped);
-  std::vector<std::string> missing, unexpected, wrong_shape;
+  std::vector<std::string> missing, unexpected, wrong_shape, wrong_dtype;
   std::map<std::string, const CheckpointEntry*> expected;
   const std::vector<CheckpointEntry> layout = checkpoint_layout(model);
   for (const CheckpointEntry& e : layout) {
@@ -84,14 +95,15 @@ void validate_checkpoint(const torch::nn::Module& model, const io::Checkpoint& c
       if (e.required) missing.push_back(e.name);
       continue;
     }
-    const std::vector<int64_t>& shape = checkpoint.info(it->second).shape;
-    if (shape != e.shape)
+    const io::TensorInfo& stored = checkpoint.info(it->second);
+    if (stored.shape != e.shape)
       wrong_shape.push_back(
-          fmt::format("{} (checkpoint {}, model {})", it->second, shape_text(shape), shape_text(e.shape)));
+          fmt::format("{} (checkpoint {}, model {})", it->second, shape_text(stored.shape), shape_text(e.shape)));
+    if (!loadable_dtype(stored.dtype)) wrong_dtype.push_back(fmt::format("{} ({})", it->second, stored.dtype));
   }
   for (const auto& [canonical, name] : in_file)
     if (!expected.count(canonical)) unexpected.push_back(name);
-  if (missing.empty() && unexpected.empty() && wrong_shape.empty()) return;
+  if (missing.empty() && unexpected.empty() && wrong_shape.empty() && wrong_dtype.empty()) return;
   std::string message = fmt::format(
       "checkpoint {} does not match the model ({} tensors in the checkpoint{}, {} in the model):", checkpoint.path(),
       in_file.size(), skipped ? fmt::format(" besides {} that are not part of the model", skipped) : "", layout.size());
@@ -99,6 +111,9 @@ void validate_checkpoint(const torch::nn::Module& model, const io::Checkpoint& c
   if (!unexpected.empty()) message += fmt::format("\n  unexpected ({}): {}", unexpected.size(), name_list(unexpected));
   if (!wrong_shape.empty())
     message += fmt::format("\n  wrong shape ({}): {}", wrong_shape.size(), name_list(wrong_shape, 10));
+  if (!wrong_dtype.empty())
+    message += fmt::format("\n  wrong dtype ({}, expected F32, BF16, F16 or F64): {}", wrong_dtype.size(),
+                           name_list(wrong_dtype, 10));
   throw Error(message);
 }
 
@@ -111,23 +126,25 @@ void load_weights(torch::nn::Module& model, const io::Checkpoint& checkpoint) {
     targets.at(canonical).copy_(checkpoint.view(name));
 }
 
+at::Tensor seeded_value(const std::string& name, at::IntArrayRef shape, at::Generator& gen) {
+  at::Tensor v = at::empty(shape, at::TensorOptions().dtype(at::kFloat));
+  v.normal_(0.0, 1.0, gen);
+  const bool is_weight = name.size() >= 6 && name.compare(name.size() - 6, 6, "weight") == 0;
+  if (v.dim() >= 2)
+    v.div_(std::sqrt(static_cast<double>(v.numel() / v.size(0))));
+  else if (is_weight)
+    v.mul_(0.1).add_(1.0);
+  else
+    v.mul_(0.1);
+  return v;
+}
+
 void init_parameters(torch::nn::Module& model, int64_t seed) {
   require_materialized(model, "initialise");
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(seed));
   torch::NoGradGuard no_grad;
-  for (const auto& p : model.named_parameters()) {
-    if (precision::is_lora_name(p.key())) continue;
-    at::Tensor v = at::empty(p.value().sizes(), at::TensorOptions().dtype(at::kFloat));
-    v.normal_(0.0, 1.0, gen);
-    const bool is_weight = p.key().size() >= 6 && p.key().compare(p.key().size() - 6, 6, "weight") == 0;
-    if (v.dim() >= 2)
-      v.div_(std::sqrt(static_cast<double>(v.numel() / v.size(0))));
-    else if (is_weight)
-      v.mul_(0.1).add_(1.0);
-    else
-      v.mul_(0.1);
-    p.value().copy_(v);
-  }
+  for (const auto& p : model.named_parameters())
+    if (!precision::is_lora_name(p.key())) p.value().copy_(seeded_value(p.key(), p.value().sizes(), gen));
 }
 
 void cast_parameters(torch::nn::Module& model, c10::ScalarType forward, const std::vector<DtypeOverride>& overrides) {

@@ -12,11 +12,12 @@
 namespace ditrl::shard {
 
 ShardedParams::ShardedParams(torch::nn::Module& model, const std::vector<models::WrapUnit>& units,
-                             const precision::CompiledPlan& plan, dist::Communicator& comm, ShardOptions options)
+                             const precision::CompiledPlan& plan, dist::Communicator& comm, ShardOptions options,
+                             models::ParameterSource* source)
     : layout_(build_layout(model, units, plan, comm.size())),
       comm_(comm),
       options_(options),
-      slices_(take_slices(layout_, comm.rank(), options.device)),
+      slices_(take_slices(layout_, comm.rank(), options.device, source)),
       gather_(layout_, slices_, comm, options.prefetch),
       reducer_(layout_, slices_, comm, options.canonical_sum),
       adamw_(options.adamw),

@@ -1,9 +1,12 @@
 // A rank's slices of the flat groups, taken from a module's parameters.
 
 #include <ditrl/error.hpp>
+#include <ditrl/models/parameter_source.hpp>
 #include <ditrl/shard/slices.hpp>
 
 #include <ATen/ATen.h>
+
+#include <set>
 
 namespace ditrl::shard {
 
@@ -20,7 +23,43 @@ at::Tensor placeholder(c10::ScalarType dtype, c10::Device device) {
   return at::empty({0}, at::TensorOptions().dtype(dtype).device(device));
 }
 
-Slices take_slices(const Layout& layout, int rank, c10::Device device) {
+namespace {
+
+// Fills this rank's part of every meta slot from `source`, in the source's
+// order (a seeded source draws in registration order, which is not the
+// layout's: the root unit comes last).
+void read_slices(const Layout& layout, Slices& slices, int rank, models::ParameterSource& source) {
+  for (const std::string& name : source.order()) {
+    const SlotRef ref = layout.find(name);
+    const FlatGroup& g = layout.units[ref.unit].groups[ref.group];
+    const Slot& slot = g.slots[ref.slot];
+    if (!slot.param.is_meta()) continue;
+    const auto range = g.owned_range(slot, rank);
+    if (range.first == range.second) continue;
+    GroupSlices& gs = slices.units[ref.unit][ref.group];
+    slot_part(g.trainable ? gs.master : gs.compute, g, slot, rank, range)
+        .copy_(source.read(name, range.first, range.second));
+  }
+}
+
+// Points a parameter at `data`. A meta parameter (a sliced family's) cannot
+// take CPU or CUDA data through set_data, whose check refuses a change of
+// backend; both are plain TensorImpls, so its metadata (device, dispatch keys,
+// storage) is replaced in place as set_data would, keeping the module's
+// handles and the autograd metadata. It has never been used in autograd, so
+// there is no gradient accumulator to reset.
+void point_at(const at::Tensor& param, const at::Tensor& data) {
+  if (param.is_meta())
+    param.unsafeGetTensorImpl()->shallow_copy_from(data.getIntrusivePtr());
+  else
+    param.set_data(data);
+}
+
+}  // namespace
+
+Slices take_slices(const Layout& layout, int rank, c10::Device device, models::ParameterSource* source) {
+  std::set<std::string> supplied;
+  if (source) supplied.insert(source->order().begin(), source->order().end());
   Slices slices;
   slices.device = device;
   for (const UnitLayout& unit : layout.units) {
@@ -30,25 +69,36 @@ Slices take_slices(const Layout& layout, int rank, c10::Device device) {
       const c10::ScalarType held = g.trainable ? g.master : g.compute;
       at::Tensor values = at::zeros({g.shard}, slices.on(held));
       for (const Slot& slot : g.slots) {
-        if (slot.param.device().is_meta())
-          fail("sharded parameters: '{}' is on the meta device; the manager takes materialized parameters", slot.name);
+        if (slot.param.device().is_meta()) {
+          if (!supplied.count(slot.name))
+            fail("sharded parameters: '{}' is on the meta device and {}", slot.name,
+                 source ? "its source (seeded init or weights) does not supply it" : "no source supplies its values");
+          continue;
+        }
         const auto range = g.owned_range(slot, rank);
         if (range.first == range.second) continue;
         slot_part(values, g, slot, rank, range)
             .copy_(slot.param.detach().reshape(-1).narrow(0, range.first, range.second - range.first));
       }
-      if (g.trainable) {
+      if (g.trainable)
         gs.master = values;
+      else
+        gs.compute = values;
+    }
+  }
+  if (source) read_slices(layout, slices, rank, *source);
+  for (size_t u = 0; u < layout.units.size(); ++u)
+    for (size_t i = 0; i < layout.units[u].groups.size(); ++i) {
+      const FlatGroup& g = layout.units[u].groups[i];
+      GroupSlices& gs = slices.units[u][i];
+      if (g.trainable) {
         gs.exp_avg = at::zeros({g.shard}, slices.on(at::kFloat));
         gs.exp_avg_sq = at::zeros({g.shard}, slices.on(at::kFloat));
         gs.grad = at::zeros({g.shard}, slices.on(at::kFloat));
         gs.compute = g.compute == g.master ? gs.master : gs.master.to(g.compute);
-      } else {
-        gs.compute = values;
       }
-      for (const Slot& slot : g.slots) slot.param.set_data(placeholder(g.compute, device));
+      for (const Slot& slot : g.slots) point_at(slot.param, placeholder(g.compute, device));
     }
-  }
   return slices;
 }
 

@@ -1,9 +1,13 @@
 // The main job as users run it: `mpiexec -np 2 ditrl train DECK`, its
 // metrics, checkpoints, resume (same and other rank counts), failures and
 // signals.
+#include <ditrl/app/options.hpp>
+#include <ditrl/config/deck.hpp>
+#include <ditrl/error.hpp>
 #include <ditrl/io/h5.hpp>
 #include <ditrl/io/safetensors.hpp>
 #include <ditrl/io/standard.hpp>
+#include <ditrl/models/weights.hpp>
 
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
@@ -13,6 +17,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <thread>
 
 using namespace ditrl;
@@ -169,6 +174,62 @@ TEST_CASE("train: bad decks fail before any rank does work", "[e2e][deck]") {
   CHECK(ranks.exit_code != 0);
   CHECK_THAT(ranks.output, Contains("train.global_batch = 8 is not divisible by the 3 ranks"));
   for (const char* d : {"a", "b", "c", "d"}) CHECK_FALSE(std::filesystem::exists(out + "/" + d + "/metrics.h5"));
+}
+
+TEST_CASE("train: wrong or partial weights fail before any work naming the tensor", "[e2e][deck][weights]") {
+  const std::string out = test::fresh_output_dir("e2e_bad_weights");
+  // The deck's own model, whole, as a weights file; then one defect each.
+  const io::NamedTensors good =
+      models::state_tensors(*app::deck_model(config::parse_deck(read_file(kDeck), kDeck), c10::kCPU));
+  const auto broken = [&](const std::string& name, const std::function<void(io::NamedTensors&)>& edit) {
+    io::NamedTensors tensors = good;
+    edit(tensors);
+    const std::string path = out + "/" + name + ".safetensors";
+    io::write_safetensors(path, tensors);
+    return path;
+  };
+  const auto at_name = [](io::NamedTensors& t, const std::string& name) -> at::Tensor& {
+    for (auto& [key, value] : t)
+      if (key == name) return value;
+    throw Error("no tensor " + name);
+  };
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {broken("missing",
+              [](io::NamedTensors& t) {
+                t.erase(std::remove_if(t.begin(), t.end(), [](const auto& x) { return x.first == "proj_out.bias"; }),
+                        t.end());
+              }),
+       "missing (1): proj_out.bias"},
+      {broken("unexpected", [](io::NamedTensors& t) { t.emplace_back("extra.weight", at::zeros({3})); }),
+       "unexpected (1): extra.weight"},
+      {broken("shape",
+              [&](io::NamedTensors& t) {
+                at_name(t, "context_embedder.weight") = at::zeros({2, 2});
+              }),
+       "wrong shape (1): context_embedder.weight (checkpoint [2, 2]"},
+      {broken("dtype",
+              [&](io::NamedTensors& t) {
+                at::Tensor& v = at_name(t, "norm_out.linear.weight");
+                v = v.to(at::kLong);
+              }),
+       "norm_out.linear.weight (I64)"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const auto& [path, message] = cases[i];
+    INFO(path);
+    const std::string run = out + "/run" + std::to_string(i);
+    const auto r = test::train(kDeck, run, 2, "--set model.weights=" + path);
+    INFO(r.output);
+    CHECK(r.exit_code != 0);
+    CHECK_THAT(r.output, Contains(message) && Contains(path));
+    CHECK_FALSE(std::filesystem::exists(run + "/metrics.h5"));
+    CHECK_FALSE(std::filesystem::exists(run + "/checkpoints"));
+  }
+  // The same file whole trains: the defects, not the file's form, failed.
+  const auto fine = test::train(kDeck, out + "/good", 2,
+                                "--set train.num_rollouts=1 --set model.weights=" + broken("good", [](auto&) {}));
+  INFO(fine.output);
+  CHECK(fine.exit_code == 0);
 }
 
 TEST_CASE("train: rollouts written by `ditrl rollout` train like sampled ones / bad files are named",

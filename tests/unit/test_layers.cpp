@@ -82,8 +82,27 @@ TEST_CASE("layers: the 2-D sin-cos table is the reference's buffer bit for bit",
   }
 }
 
+TEST_CASE("layers: the 2-D sin-cos table equals the fp64 meshgrid formula bit for bit at SD3.5 widths",
+          "[models][layers]") {
+  // The formula as diffusers writes it: the whole (grid*grid, dim) table in
+  // fp64 from the meshgrid, cast once (what sincos_pos_embed_2d builds from
+  // one small table instead).
+  const int64_t dim = 1536, grid = 48;
+  const double base = 64.0;
+  const at::Tensor coords = at::arange(grid, at::TensorOptions().dtype(at::kFloat)) / (grid / base);
+  const std::vector<at::Tensor> mesh = at::meshgrid({coords, coords}, "xy");
+  const auto one_d = [](int64_t d, const at::Tensor& pos) {
+    const at::Tensor omega =
+        at::pow(10000.0, at::arange(d / 2, at::TensorOptions().dtype(at::kDouble)) / (d / 2.0)).reciprocal();
+    const at::Tensor angles = pos.reshape({-1, 1}).to(at::kDouble) * omega.unsqueeze(0);
+    return at::cat({at::sin(angles), at::cos(angles)}, 1);
+  };
+  const at::Tensor expected = at::cat({one_d(dim / 2, mesh[0]), one_d(dim / 2, mesh[1])}, 1).to(at::kFloat);
+  CHECK(at::equal(sincos_pos_embed_2d(dim, grid, base, 1.0), expected));
+}
+
 TEST_CASE("layers: patch embedding crops the table at the centre", "[models][layers]") {
-  PatchEmbed embed(4, 64, 2, 16, 8.0, kCpu);
+  PatchEmbed embed(4, 64, 2, 16, 8.0, kCpu, kCpu);
   const at::Tensor crop = embed.cropped_pos_embed(3, 6);  // top (16-3)/2 = 6, left (16-6)/2 = 5
   REQUIRE(crop.sizes() == at::IntArrayRef{1, 18, 64});
   for (int64_t r = 0; r < 3; ++r)

@@ -7,6 +7,7 @@
 #include <ditrl/config/deck.hpp>
 #include <ditrl/dist/runtime.hpp>
 #include <ditrl/models/family.hpp>
+#include <ditrl/models/parameter_source.hpp>
 #include <ditrl/precision/plan.hpp>
 #include <ditrl/rl/advantages.hpp>
 #include <ditrl/rl/algorithm.hpp>
@@ -24,11 +25,28 @@ dist::RuntimeOptions runtime_options(const config::Config& c);
 // The model as [model] and [precision] describe it, built on `device`
 // (c10::kMeta for shapes only).
 models::FamilyOptions family_options(const config::Config& c, c10::Device device);
-// model.weights (and model.weights_2: the second expert) into the family.
-void load_deck_weights(models::Family& family, const config::Config& c);
-// The deck's model as a run starts from it on `device`: the family, its base
-// weights or seeded init, its LoRA adapters, model.lora.weights loaded.
+// The checkpoints of model.weights (and model.weights_2: the second expert)
+// and the part of the family each one is for; empty without weights.
+std::vector<models::CheckpointPart> weight_parts(const std::shared_ptr<models::Family>& family,
+                                                 const config::Config& c);
+// Those checkpoints into the (materialised) family.
+void load_deck_weights(const std::shared_ptr<models::Family>& family, const config::Config& c);
+// The deck's model as a run starts from it on `device`, whole on this rank:
+// the family, its base weights or seeded init, its LoRA adapters,
+// model.lora.weights loaded. Commands that need the whole model (forward,
+// export from a checkpoint) build this.
 std::shared_ptr<models::Family> deck_model(const config::Config& c, c10::Device device);
+
+// The same model for a sharded run, of which no rank holds the whole: the
+// family built sliced (base parameters on the meta device, buffers and LoRA
+// adapters materialised on `device`, model.lora.weights loaded) and the
+// source of its base values, the deck's weights (validated here, before any
+// work) or the seeded init, that shard::ShardedParams reads slice by slice.
+struct SlicedModel {
+  std::shared_ptr<models::Family> family;
+  std::unique_ptr<models::ParameterSource> source;
+};
+SlicedModel sliced_deck_model(const config::Config& c, c10::Device device);
 // [precision] with `family_rules` (a family's default fp32-kept parameters)
 // first when precision.family_overrides is on.
 precision::PrecisionPlan precision_plan(const config::Config& c, const std::vector<precision::DtypeRule>& family_rules);

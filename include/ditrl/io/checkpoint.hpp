@@ -34,6 +34,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -86,8 +87,26 @@ ResumeCandidates resume_candidates(const std::string& out_dir);
 // on every rank, with the file closed: the caller may try another one.
 CheckpointMeta load_checkpoint(const std::string& path, const TrainingState& state, MPI_Comm comm);
 
-// The trained weights (full, fp32) by canonical name: collective gather of
-// every trainable parameter; frozen ones with `include_frozen`.
+// A checkpoint's trained parameters (/model), read on one process one at a
+// time, each verified against the manifest: a full fine-tune's checkpoint is
+// the whole model in fp32, which `ditrl export` streams without holding it.
+class TrainedWeights {
+ public:
+  explicit TrainedWeights(const std::string& path);
+  ~TrainedWeights();
+  TrainedWeights(const TrainedWeights&) = delete;
+  TrainedWeights& operator=(const TrainedWeights&) = delete;
+
+  std::vector<std::string> names() const;  // canonical, sorted
+  bool contains(const std::string& name) const;
+  at::Tensor read(const std::string& name) const;  // full logical shape, master dtype
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Every trained parameter at once (full, in the master dtype), by canonical name.
 std::map<std::string, at::Tensor> read_checkpoint_weights(const std::string& path);
 
 }  // namespace ditrl::io

@@ -10,6 +10,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -62,6 +63,10 @@ class SafetensorsFile {
   // A CPU tensor over the mapping (kept alive by the tensor); writes stay in
   // this process. Falls back to a copy when the bytes are not aligned.
   at::Tensor view(const std::string& name) const;
+  // Elements [begin, end) of the flattened tensor as an owned 1-D CPU tensor
+  // of its stored dtype: only those bytes are read, and none of the file
+  // stays resident (sliced loading reads a rank's part of every tensor).
+  at::Tensor read_range(const std::string& name, int64_t begin, int64_t end) const;
 
  private:
   SafetensorsFile(std::shared_ptr<const MappedBytes> bytes, std::string path);
@@ -85,7 +90,8 @@ class Checkpoint {
   bool contains(const std::string& name) const { return shard_of_.count(name) > 0; }
   const TensorInfo& info(const std::string& name) const;
   at::Tensor get(const std::string& name) const;
-  at::Tensor view(const std::string& name) const;  // see SafetensorsFile::view
+  at::Tensor view(const std::string& name) const;                                    // see SafetensorsFile::view
+  at::Tensor read_range(const std::string& name, int64_t begin, int64_t end) const;  // see SafetensorsFile
   // The file that holds `name` (the shard for an index).
   const std::string& file_of(const std::string& name) const;
   // The single file's metadata, or the index's "metadata" values as text.
@@ -108,6 +114,25 @@ using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 // padded with spaces to a multiple of 8, `metadata` as "__metadata__".
 void write_safetensors(const std::string& path, const NamedTensors& tensors,
                        const std::map<std::string, std::string>& metadata = {});
+// A tensor whose values are produced while its file is written
+// (write_safetensors_streamed): name, stored dtype and shape are all the
+// header needs.
+struct TensorSpec {
+  std::string name;
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  std::vector<int64_t> shape;
+  uint64_t nbytes() const;
+};
+// The values of one spec, asked for once per spec in the specs' order: any
+// CPU tensor of its numel, cast to spec.dtype on the way to the file.
+using TensorValues = std::function<at::Tensor(const TensorSpec&)>;
+
+// write_safetensors with the tensors produced one at a time: the same header
+// and layout (same bytes), each tensor written at its offset as soon as it
+// is produced and then dropped, so a writer holds one tensor at a time, not
+// the file's contents. Atomic; a failure removes the partial file.
+void write_safetensors_streamed(const std::string& path, const std::vector<TensorSpec>& specs,
+                                const TensorValues& values, const std::map<std::string, std::string>& metadata = {});
 // The bytes write_safetensors would write.
 std::vector<uint8_t> serialize_safetensors(const NamedTensors& tensors,
                                            const std::map<std::string, std::string>& metadata = {});

@@ -29,5 +29,13 @@ uint64_t parse_byte_size(const std::string& text, const std::string& what);
 std::vector<std::string> write_sharded_safetensors(const std::string& dir, const std::string& stem,
                                                    const NamedTensors& tensors, uint64_t max_shard_bytes,
                                                    const std::map<std::string, std::string>& metadata = {});
+// The same files with the tensors produced one at a time
+// (write_safetensors_streamed): shards are split from the specs' sizes, and
+// `values` is asked for each spec in the specs' order, so the writer holds
+// one tensor at a time.
+std::vector<std::string> write_sharded_safetensors_streamed(const std::string& dir, const std::string& stem,
+                                                            const std::vector<TensorSpec>& specs,
+                                                            const TensorValues& values, uint64_t max_shard_bytes,
+                                                            const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace ditrl::io

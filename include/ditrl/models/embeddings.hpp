@@ -66,10 +66,10 @@ at::Tensor sincos_pos_embed_2d(int64_t dim, int64_t grid, double base_size, doub
 // of the persistent (1, M*M, D) `pos_embed` table.
 class PatchEmbed : public torch::nn::Module {
  public:
-  // The table is computed unless `options` is on the meta device; a
-  // checkpoint that carries it overwrites it on load.
+  // The table is computed on `buffer_options`' device unless it is the meta
+  // device; a checkpoint that carries it overwrites it on load.
   PatchEmbed(int64_t in_channels, int64_t dim, int64_t patch, int64_t pos_embed_max_size, double base_size,
-             const at::TensorOptions& options);
+             const at::TensorOptions& options, const at::TensorOptions& buffer_options);
   at::Tensor forward(const at::Tensor& latent) const;  // (B, C, H, W) -> (B, h*w, D)
   at::Tensor cropped_pos_embed(int64_t h, int64_t w) const;
 

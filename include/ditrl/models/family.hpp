@@ -80,8 +80,13 @@ struct FamilyOptions {
   std::string preset = "tiny";
   std::string config_json;         // path of an optional config.json (reference format) replacing the preset
   c10::Device device = c10::kCPU;  // where parameters live; c10::kMeta: shapes only, nothing allocated
-  int64_t experts = 0;             // expert DiTs (Wan2.2 A14B: 2); 0 = what the preset or config.json says
-  int64_t init_seed = 0;           // seeded init when no weights are loaded
+  // Sliced loading: the parameters stay on the meta device (no rank ever
+  // holds the whole model) while buffers (SD3's pos_embed) and LoRA adapters
+  // are materialised on `device`; shard::ShardedParams then reads each rank's
+  // slices from a models::ParameterSource (the seeded init or the weights).
+  bool sliced = false;
+  int64_t experts = 0;    // expert DiTs (Wan2.2 A14B: 2); 0 = what the preset or config.json says
+  int64_t init_seed = 0;  // seeded init when no weights are loaded
   std::string attention = "math";
   LoraOptions lora;
   precision::InputPolicy inputs;  // boundary casts applied inside noise_pred
@@ -89,8 +94,12 @@ struct FamilyOptions {
   // token sequences that do not carry it (LTX builds its RoPE positions from it).
   LatentGrid latent_grid;
 
-  // fp32 on `device`: what a family builds its parameters with.
-  at::TensorOptions parameter_options() const { return at::TensorOptions().dtype(at::kFloat).device(device); }
+  // fp32 on `device` (the meta device when sliced): what a family builds its parameters with.
+  at::TensorOptions parameter_options() const {
+    return at::TensorOptions().dtype(at::kFloat).device(sliced ? c10::Device(c10::kMeta) : device);
+  }
+  // fp32 on `device`: buffers a family computes, and LoRA adapters.
+  at::TensorOptions buffer_options() const { return at::TensorOptions().dtype(at::kFloat).device(device); }
 };
 
 class Family : public torch::nn::Module {

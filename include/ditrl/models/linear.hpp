@@ -49,14 +49,20 @@ class Linear : public torch::nn::Module {
   int64_t out_features() const { return weight.size(0); }
 
   // Adds zero-initialised-B adapters (A drawn by the caller) and freezes the
-  // base weight and bias; the adapters are trainable.
+  // base weight and bias; the adapters are trainable. They are made like the
+  // base weight, or with `adapter_options` (a base on the meta device with
+  // materialised adapters: sliced loading).
   void attach_lora(int64_t rank, double alpha);
+  void attach_lora(int64_t rank, double alpha, const at::TensorOptions& adapter_options);
   bool has_lora() const { return lora_A != nullptr; }
   double lora_scale() const { return lora_scale_; }
   int64_t lora_rank() const { return has_lora() ? lora_A->weight.size(0) : 0; }
   double lora_alpha() const { return lora_alpha_; }
   // W + alpha/r * B A, in W's dtype (the full weight a merged export writes).
   at::Tensor merged_weight() const;
+  // The same with `base` for W: a sliced model's W is on the meta device and
+  // its values come from a ParameterSource (a streamed export).
+  at::Tensor merged_weight(const at::Tensor& base) const;
 
   at::Tensor weight;
   at::Tensor bias;  // undefined without bias

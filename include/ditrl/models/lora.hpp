@@ -10,6 +10,7 @@
 
 #include <torch/nn/module.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,9 +22,11 @@ bool lora_target_matches(const std::string& target, const std::string& module);
 
 // Attaches adapters to every Linear a target selects (options.targets, or
 // `default_targets` when empty) and freezes every other parameter. A target
-// that selects no Linear is an error. Returns the adapted module names.
+// that selects no Linear is an error. Returns the adapted module names. The
+// adapters are made like each base weight, or with `adapter_options` when given.
 std::vector<std::string> attach_lora(torch::nn::Module& model, const LoraOptions& options,
-                                     const std::vector<std::string>& default_targets);
+                                     const std::vector<std::string>& default_targets,
+                                     const std::optional<at::TensorOptions>& adapter_options = std::nullopt);
 
 // The adapter tensors, under PEFT names (`base_model.model.X.lora_A.default.weight`)
 // or canonical ones.

@@ -10,6 +10,7 @@
 #include <torch/nn/module.h>
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -29,10 +30,15 @@ std::vector<CheckpointEntry> checkpoint_layout(const torch::nn::Module& model);
 
 // Checks the checkpoint's names (PEFT names resolved to canonical ones) and
 // shapes against the model; throws one Error, naming the checkpoint, that
-// lists every missing, unexpected and wrongly-shaped tensor together. When
+// lists every missing, unexpected, wrongly-shaped and wrongly-typed (not
+// F32/BF16/F16/F64) tensor together. When
 // `model` is a Family, stored names go through Family::checkpoint_name first
 // (tensors it skips are neither loaded nor reported).
 void validate_checkpoint(const torch::nn::Module& model, const io::Checkpoint& checkpoint);
+
+// Canonical parameter name -> the name it is stored under in `checkpoint`
+// (PEFT spellings and Family::checkpoint_name resolved; skipped tensors left out).
+std::map<std::string, std::string> stored_names(const torch::nn::Module& model, const io::Checkpoint& checkpoint);
 
 // validate_checkpoint, then copies every tensor into the model (converted to
 // the parameter's dtype).
@@ -42,6 +48,9 @@ void load_weights(torch::nn::Module& model, const io::Checkpoint& checkpoint);
 // with >= 2 dims N(0, 1)/sqrt(fan_in), 1-D `*weight` 1 + 0.1 N(0, 1), other
 // 1-D 0.1 N(0, 1) (the reference fixtures' rule: every weight matters).
 void init_parameters(torch::nn::Module& model, int64_t seed);
+// One parameter's value under that rule, drawn from `gen` (init_parameters
+// draws every parameter in turn from one generator).
+at::Tensor seeded_value(const std::string& name, at::IntArrayRef shape, at::Generator& gen);
 
 // Casts every parameter and floating buffer to `forward`, except names an
 // override pattern matches (the last matching rule sets the dtype). The

@@ -59,10 +59,12 @@ struct CommSeconds {
 class ShardedParams final : public models::UnitRunner {
  public:
   // Takes the current values of `model`'s parameters (identical on every
-  // rank, materialized: not on the meta device) as the masters, then empties
-  // them.
+  // rank) as the masters, then empties them. Parameters on the meta device (a
+  // sliced family, models::FamilyOptions::sliced) are read from `source`,
+  // each rank reading only its slices (take_slices).
   ShardedParams(torch::nn::Module& model, const std::vector<models::WrapUnit>& units,
-                const precision::CompiledPlan& plan, dist::Communicator& comm, ShardOptions options = {});
+                const precision::CompiledPlan& plan, dist::Communicator& comm, ShardOptions options = {},
+                models::ParameterSource* source = nullptr);
   ShardedParams(const ShardedParams&) = delete;
   ShardedParams& operator=(const ShardedParams&) = delete;
 

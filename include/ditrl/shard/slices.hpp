@@ -14,6 +14,10 @@
 #include <utility>
 #include <vector>
 
+namespace ditrl::models {
+class ParameterSource;
+}
+
 namespace ditrl::shard {
 
 struct GroupSlices {
@@ -28,10 +32,12 @@ struct Slices {
   at::TensorOptions on(c10::ScalarType dtype) const;
 };
 
-// Takes the current values of the layout's parameters (identical on every
-// rank, materialized: not on the meta device) as the slices on `device`, then
-// points every parameter at an empty placeholder.
-Slices take_slices(const Layout& layout, int rank, c10::Device device);
+// Takes the current values of the layout's materialised parameters
+// (identical on every rank) and this rank's ranges of its meta parameters
+// from `source` (sliced loading: no full tensor of them exists) as the slices
+// on `device`, then points every parameter at an empty placeholder. A meta
+// parameter the source does not supply is an error naming it.
+Slices take_slices(const Layout& layout, int rank, c10::Device device, models::ParameterSource* source = nullptr);
 
 // The part of a group's shard tensor holding elements `range` of `slot`
 // (range from FlatGroup::owned_range for the same rank).

@@ -1,0 +1,61 @@
+#pragma once
+
+// Where the values of a sliced family's parameters come from
+// (FamilyOptions::sliced: parameters on the meta device). The sharded-
+// parameter manager asks for each rank's element range of each parameter, in
+// the order order() lists them, and casts what it gets into the slice's dtype
+// (shard::take_slices). A source gives bitwise the values the unsliced path
+// holds in its fp32 parameters, so both paths build the same slices: the
+// seeded init (init_parameters), or a checkpoint's tensors cast to fp32
+// (load_weights).
+
+#include <ditrl/io/safetensors.hpp>
+
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ditrl::models {
+
+class ParameterSource {
+ public:
+  virtual ~ParameterSource() = default;
+  // The parameters it supplies, in the order read() must be asked for them.
+  virtual const std::vector<std::string>& order() const = 0;
+  // Elements [begin, end) of `name`'s flattened value: a 1-D CPU tensor in
+  // fp32 or in a dtype whose every value fp32 holds exactly (a bf16 or fp16
+  // checkpoint's own), so that one cast into the slice's dtype rounds as the
+  // fp32 parameter's cast would.
+  virtual at::Tensor read(const std::string& name, int64_t begin, int64_t end) = 0;
+  // Bytes read from files so far (the seeded init reads none).
+  virtual uint64_t bytes_read() const { return 0; }
+};
+
+// init_parameters(model, seed) one parameter at a time: every value depends
+// on all earlier draws of the one generator, so each rank draws the whole
+// sequence, holding one full parameter at a time (the largest one is the
+// peak). Supplies the model's meta parameters except the LoRA adapters
+// (materialised and drawn by attach_lora).
+std::unique_ptr<ParameterSource> seeded_source(const torch::nn::Module& model, int64_t seed);
+
+// A checkpoint for a part of the model: `module` is the family itself, or a
+// submodule that holds one checkpoint (Family::expert_modules: Wan2.2 A14B's
+// two experts), whose parameter names are the checkpoint's names.
+struct CheckpointPart {
+  std::shared_ptr<torch::nn::Module> module;
+  std::string path;
+};
+
+// The model's meta parameters read slice by slice from checkpoints (single
+// safetensors files or `*.index.json` with shards). Every part is validated
+// first (validate_checkpoint: missing, unexpected, wrongly-shaped and
+// wrongly-typed tensors in one error naming the file), before any value is
+// read; materialised tensors a checkpoint carries (SD3's pos_embed buffer,
+// LoRA factors) are copied in whole, as load_weights does. `model` is the
+// family whose parameter names order() lists.
+std::unique_ptr<ParameterSource> checkpoint_source(torch::nn::Module& model, const std::vector<CheckpointPart>& parts);
+
+}  // namespace ditrl::models

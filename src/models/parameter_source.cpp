@@ -1,0 +1,125 @@
+#include <ditrl/error.hpp>
+#include <ditrl/models/parameter_source.hpp>
+#include <ditrl/models/weights.hpp>
+#include <ditrl/precision/names.hpp>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <map>
+#include <unordered_map>
+
+namespace ditrl::models {
+
+namespace {
+
+// The model's meta parameters (what a sliced family leaves to a source), by
+// name in registration order, with their shapes.
+std::vector<std::pair<std::string, std::vector<int64_t>>> meta_parameters(const torch::nn::Module& model) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  for (const auto& p : model.named_parameters())
+    if (p.value().is_meta()) out.emplace_back(p.key(), p.value().sizes().vec());
+  return out;
+}
+
+class SeededSource final : public ParameterSource {
+ public:
+  SeededSource(const torch::nn::Module& model, int64_t seed)
+      : gen_(at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(seed))) {
+    // The draws follow init_parameters: every non-LoRA parameter in
+    // registration order, materialised ones (none in a sliced family's base)
+    // included, so that their draws advance the generator as they did.
+    for (const auto& p : model.named_parameters()) {
+      if (precision::is_lora_name(p.key())) continue;
+      draws_.emplace_back(p.key(), p.value().sizes().vec());
+      if (p.value().is_meta()) order_.push_back(p.key());
+    }
+  }
+
+  const std::vector<std::string>& order() const override { return order_; }
+
+  at::Tensor read(const std::string& name, int64_t begin, int64_t end) override {
+    while (current_name_ != name) {
+      if (next_ == draws_.size())
+        fail("seeded init: '{}' was asked for after the parameters that follow it, or is not a parameter", name);
+      current_name_ = draws_[next_].first;
+      current_ = seeded_value(current_name_, draws_[next_].second, gen_).reshape(-1);
+      ++next_;
+    }
+    return current_.narrow(0, begin, end - begin);
+  }
+
+ private:
+  at::Generator gen_;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> draws_;
+  std::vector<std::string> order_;
+  size_t next_ = 0;
+  std::string current_name_;
+  at::Tensor current_;  // the last drawn parameter, flattened
+};
+
+class CheckpointSource final : public ParameterSource {
+ public:
+  CheckpointSource(torch::nn::Module& model, const std::vector<CheckpointPart>& parts) {
+    std::unordered_map<const c10::TensorImpl*, std::string> model_name;
+    for (const auto& p : model.named_parameters()) model_name[p.value().unsafeGetTensorImpl()] = p.key();
+    for (const auto& b : model.named_buffers()) model_name[b.value().unsafeGetTensorImpl()] = b.key();
+    // Validate every part before reading anything.
+    for (const CheckpointPart& part : parts) {
+      checkpoints_.push_back(std::make_unique<io::Checkpoint>(part.path));
+      validate_checkpoint(*part.module, *checkpoints_.back());
+    }
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      std::map<std::string, at::Tensor> tensors;
+      for (const auto& p : parts[i].module->named_parameters()) tensors[p.key()] = p.value();
+      for (const auto& b : parts[i].module->named_buffers()) tensors[b.key()] = b.value();
+      for (const auto& [canonical, stored] : stored_names(*parts[i].module, *checkpoints_[i])) {
+        at::Tensor& target = tensors.at(canonical);
+        if (!target.is_meta()) {
+          target.copy_(checkpoints_[i]->view(stored));
+          continue;
+        }
+        const auto it = model_name.find(target.unsafeGetTensorImpl());
+        if (it == model_name.end()) fail("checkpoint {}: '{}' is not a parameter of the model", parts[i].path, stored);
+        where_[it->second] = {i, stored};
+      }
+    }
+    for (const auto& [name, shape] : meta_parameters(model))
+      if (where_.count(name)) order_.push_back(name);
+  }
+
+  const std::vector<std::string>& order() const override { return order_; }
+
+  at::Tensor read(const std::string& name, int64_t begin, int64_t end) override {
+    const auto it = where_.find(name);
+    if (it == where_.end()) fail("no checkpoint holds parameter '{}'", name);
+    const at::Tensor stored = checkpoints_[it->second.first]->read_range(it->second.second, begin, end);
+    bytes_read_ += stored.nbytes();
+    // fp64 would round twice on the unsliced path (file -> fp32 parameter ->
+    // slice), so it goes through fp32 here too; bf16, fp16 and fp32 convert
+    // to fp32 exactly and are cast once, by the caller, into the slice.
+    return stored.scalar_type() == at::kDouble ? stored.to(at::kFloat) : stored;
+  }
+
+  uint64_t bytes_read() const override { return bytes_read_; }
+
+ private:
+  std::vector<std::unique_ptr<io::Checkpoint>> checkpoints_;
+  std::map<std::string, std::pair<size_t, std::string>> where_;  // parameter -> (checkpoint, stored name)
+  std::vector<std::string> order_;
+  uint64_t bytes_read_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<ParameterSource> seeded_source(const torch::nn::Module& model, int64_t seed) {
+  return std::make_unique<SeededSource>(model, seed);
+}
+
+std::unique_ptr<ParameterSource> checkpoint_source(torch::nn::Module& model, const std::vector<CheckpointPart>& parts) {
+  return std::make_unique<CheckpointSource>(model, parts);
+}
+
+}  // namespace ditrl::models

@@ -1,0 +1,212 @@
+// ditrl-mpi-ranks: 1 2 4
+//
+// Sliced loading (models::FamilyOptions::sliced, app::sliced_deck_model)
+// against the old full path (app::deck_model: the whole fp32 model on every
+// rank, then sliced): at every rank count each rank's master and compute
+// slices must be bitwise the same, for the seeded init, bf16, fp32, fp16 and
+// fp64 weights files, a sharded checkpoint with its index, LoRA (frozen bf16 base)
+// and Wan2.2 A14B's two expert checkpoints. Wrong or partial weights fail on
+// every rank before any slice is read, naming the tensor.
+
+#include <ditrl/app/options.hpp>
+#include <ditrl/config/deck.hpp>
+#include <ditrl/dist/communicator.hpp>
+#include <ditrl/error.hpp>
+#include <ditrl/io/safetensors.hpp>
+#include <ditrl/io/safetensors_shards.hpp>
+#include <ditrl/models/weights.hpp>
+#include <ditrl/precision/names.hpp>
+#include <ditrl/shard/sharded_params.hpp>
+
+#include <ATen/ATen.h>
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <functional>
+
+#include "mpi_world.hpp"
+
+namespace ditrl {
+namespace {
+
+namespace fs = std::filesystem;
+using Catch::Matchers::Contains;
+
+// A folder shared by the ranks (rank 0 names it; every rank reads it).
+std::string shared_dir(dist::Communicator& comm, const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / fmt::format("ditrl-sliced-{}-{}", name, comm.size());
+  if (comm.rank() == 0) {
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  comm.barrier();
+  return dir.string();
+}
+
+config::Config deck(const std::string& model, const std::string& extra = "") {
+  const std::string text = "[model]\n" + model +
+                           "\n[precision]\nmaster = \"fp32\"\nforward = \"bf16\"\n"
+                           "[rollout]\nbatch = 4\nsamples_per_prompt = 4\nheight = 8\nwidth = 8\n"
+                           "[train]\nglobal_batch = 16\nmicro_batch = 4\n" +
+                           extra;
+  return config::parse_deck(text, "sliced-loading deck");
+}
+
+std::unique_ptr<shard::ShardedParams> shard_model(const config::Config& c, models::Family& family,
+                                                  dist::Communicator& comm, models::ParameterSource* source) {
+  return std::make_unique<shard::ShardedParams>(family, family.wrap_units(), app::compiled_plan(c, family), comm,
+                                                app::shard_options(c, c10::kCPU), source);
+}
+
+bool same_bits(const at::Tensor& a, const at::Tensor& b) {
+  if (a.defined() != b.defined()) return false;
+  if (!a.defined()) return true;
+  return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() &&
+         at::equal(a.contiguous().view(at::kByte), b.contiguous().view(at::kByte));
+}
+
+// Builds the deck's model both ways and compares this rank's pieces.
+void check_same_slices(const config::Config& c, dist::Communicator& comm) {
+  std::shared_ptr<models::Family> full = app::deck_model(c, c10::kCPU);
+  auto old_path = shard_model(c, *full, comm, nullptr);
+  app::SlicedModel sliced = app::sliced_deck_model(c, c10::kCPU);
+  for (const auto& p : sliced.family->named_parameters())
+    if (!precision::is_lora_name(p.key())) REQUIRE(p.value().is_meta());
+  auto new_path = shard_model(c, *sliced.family, comm, sliced.source.get());
+  const std::vector<shard::ShardPiece> a = old_path->pieces(), b = new_path->pieces();
+  REQUIRE(a.size() == b.size());
+  REQUIRE(!a.empty());
+  for (size_t i = 0; i < a.size(); ++i) {
+    INFO(a[i].name << " on rank " << comm.rank());
+    REQUIRE(a[i].name == b[i].name);
+    CHECK(a[i].begin == b[i].begin);
+    CHECK(a[i].end == b[i].end);
+    CHECK(a[i].trainable == b[i].trainable);
+    CHECK(same_bits(a[i].master, b[i].master));
+    CHECK(same_bits(a[i].compute, b[i].compute));
+  }
+  // The model's buffers (SD3's pos_embed) too.
+  std::map<std::string, at::Tensor> buffers;
+  for (const auto& buf : full->named_buffers()) buffers[buf.key()] = buf.value();
+  for (const auto& buf : sliced.family->named_buffers()) {
+    INFO(buf.key());
+    REQUIRE(buffers.count(buf.key()));
+    CHECK(same_bits(buffers.at(buf.key()), buf.value()));
+  }
+}
+
+// The deck's seeded model's state (every rank computes the same), written by rank 0.
+io::NamedTensors seeded_state(const config::Config& c, c10::ScalarType dtype) {
+  io::NamedTensors out;
+  for (auto& [name, t] : models::state_tensors(*app::deck_model(c, c10::kCPU))) out.emplace_back(name, t.to(dtype));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("sliced loading: seeded init equals the full path bitwise (sd3 tiny)", "[sliced]") {
+  auto comm = dist::make_mpi_communicator();
+  check_same_slices(deck("family = \"sd3\"\npreset = \"tiny\"\ninit_seed = 5"), *comm);
+}
+
+TEST_CASE("sliced loading: seeded init with LoRA (frozen bf16 base) equals the full path bitwise", "[sliced]") {
+  auto comm = dist::make_mpi_communicator();
+  check_same_slices(deck("family = \"sd3\"\npreset = \"tiny\"\ninit_seed = 3\n[model.lora]\nenabled = true\nrank = 4"),
+                    *comm);
+  check_same_slices(deck("family = \"wan\"\npreset = \"tiny\"\n[model.lora]\nenabled = true\nrank = 2\n"), *comm);
+}
+
+TEST_CASE("sliced loading: bf16 / fp32 / fp16 / fp64 weights files equal the full path bitwise", "[sliced]") {
+  auto comm = dist::make_mpi_communicator();
+  const config::Config seeded = deck("family = \"sd3\"\npreset = \"tiny\"\ninit_seed = 11");
+  const std::string dir = shared_dir(*comm, "single");
+  // bf16 and fp16 convert to fp32 exactly and are cast once; fp64 rounds
+  // through fp32 as the unsliced path's fp32 parameter does.
+  for (const auto& [dtype, file] : {std::pair{at::kBFloat16, "bf16.safetensors"},
+                                    {at::kFloat, "fp32.safetensors"},
+                                    {at::kHalf, "fp16.safetensors"},
+                                    {at::kDouble, "fp64.safetensors"}}) {
+    const std::string path = dir + "/" + file;
+    if (comm->rank() == 0) io::write_safetensors(path, seeded_state(seeded, dtype));
+    comm->barrier();
+    check_same_slices(deck("family = \"sd3\"\npreset = \"tiny\"\nweights = \"" + path + "\""), *comm);
+    check_same_slices(
+        deck("family = \"sd3\"\npreset = \"tiny\"\nweights = \"" + path + "\"\n[model.lora]\nenabled = true\nrank = 4"),
+        *comm);
+  }
+}
+
+TEST_CASE("sliced loading: a sharded checkpoint with its index equals the full path bitwise", "[sliced]") {
+  auto comm = dist::make_mpi_communicator();
+  const config::Config seeded = deck("family = \"wan\"\npreset = \"tiny\"\ninit_seed = 2");
+  const std::string dir = shared_dir(*comm, "sharded");
+  if (comm->rank() == 0) {
+    const auto written =
+        io::write_sharded_safetensors(dir, "diffusion_pytorch_model", seeded_state(seeded, at::kBFloat16), 20'000);
+    REQUIRE(written.size() > 3);  // several shards and the index
+  }
+  comm->barrier();
+  check_same_slices(deck("family = \"wan\"\npreset = \"tiny\"\nweights = \"" + dir +
+                         "/diffusion_pytorch_model.safetensors.index.json\""),
+                    *comm);
+}
+
+TEST_CASE("sliced loading: Wan2.2 A14B's two expert checkpoints equal the full path bitwise", "[sliced]") {
+  auto comm = dist::make_mpi_communicator();
+  const std::string dir = shared_dir(*comm, "experts");
+  const config::Config one = deck("family = \"wan\"\npreset = \"tiny\"\ninit_seed = 8");
+  const config::Config other = deck("family = \"wan\"\npreset = \"tiny\"\ninit_seed = 9");
+  if (comm->rank() == 0) {
+    io::write_safetensors(dir + "/high.safetensors", seeded_state(one, at::kBFloat16));
+    io::write_safetensors(dir + "/low.safetensors", seeded_state(other, at::kFloat));
+  }
+  comm->barrier();
+  check_same_slices(deck("family = \"wan\"\npreset = \"tiny-a14b\"\nweights = \"" + dir +
+                         "/high.safetensors\"\nweights_2 = \"" + dir + "/low.safetensors\""),
+                    *comm);
+}
+
+TEST_CASE("sliced loading: wrong or partial weights fail on every rank naming the tensor", "[sliced]") {
+  auto comm = dist::make_mpi_communicator();
+  const config::Config seeded = deck("family = \"sd3\"\npreset = \"tiny\"");
+  const std::string dir = shared_dir(*comm, "wrong");
+  const io::NamedTensors good = seeded_state(seeded, at::kFloat);
+  const auto write = [&](const std::string& file, const std::function<void(io::NamedTensors&)>& edit) {
+    if (comm->rank() == 0) {
+      io::NamedTensors tensors = good;
+      edit(tensors);
+      io::write_safetensors(dir + "/" + file, tensors);
+    }
+  };
+  const auto find = [](io::NamedTensors& tensors, const std::string& name) -> at::Tensor& {
+    for (auto& [key, value] : tensors)
+      if (key == name) return value;
+    FAIL("no tensor " << name);
+    throw Error("unreachable");
+  };
+  write("missing.safetensors", [](io::NamedTensors& t) {
+    t.erase(std::remove_if(t.begin(), t.end(), [](const auto& x) { return x.first == "proj_out.bias"; }), t.end());
+  });
+  write("unexpected.safetensors", [](io::NamedTensors& t) { t.emplace_back("extra.weight", at::zeros({3})); });
+  write("shape.safetensors", [&](io::NamedTensors& t) {
+    find(t, "context_embedder.weight") = at::zeros({2, 2}, at::kFloat);
+  });
+  write("dtype.safetensors", [&](io::NamedTensors& t) {
+    at::Tensor& v = find(t, "norm_out.linear.weight");
+    v = v.to(at::kLong);
+  });
+  comm->barrier();
+  const auto load = [&](const std::string& file) {
+    return app::sliced_deck_model(deck("family = \"sd3\"\npreset = \"tiny\"\nweights = \"" + dir + "/" + file + "\""),
+                                  c10::kCPU);
+  };
+  CHECK_THROWS_WITH(load("missing.safetensors"), Contains("missing (1): proj_out.bias"));
+  CHECK_THROWS_WITH(load("unexpected.safetensors"), Contains("unexpected (1): extra.weight"));
+  CHECK_THROWS_WITH(load("shape.safetensors"), Contains("wrong shape (1): context_embedder.weight (checkpoint [2, 2]"));
+  CHECK_THROWS_WITH(load("dtype.safetensors"), Contains("wrong dtype (1, expected F32, BF16, F16 or F64): "
+                                                        "norm_out.linear.weight (I64)"));
+  CHECK_THROWS_WITH(load("dtype.safetensors"), Contains(dir + "/dtype.safetensors"));
+}
+
+}  // namespace ditrl
