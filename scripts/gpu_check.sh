@@ -115,7 +115,7 @@ step configure 300 cmake "${generator[@]}" -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=R
   -DDITRL_PYTHON="$PY" -DDITRL_WERROR="${DITRL_WERROR:-OFF}" -DCMAKE_PREFIX_PATH="$KIT_USR" \
   -DMPI_C_COMPILER="$KIT_USR/bin/mpicc" -DMPIEXEC_EXECUTABLE="$KIT_USR/bin/mpiexec" \
   -DHDF5_C_COMPILER_EXECUTABLE="$KIT_USR/bin/h5pcc" || finish
-targets=(ditrl ditrl_gpu_tests ditrl_mpi_tests visible_gpus bench_gpu_step)
+targets=(ditrl ditrl_gpu_tests ditrl_nccl_tests visible_gpus bench_gpu_step)
 step build 3600 cmake --build "$BUILD" -j "$(nproc)" --target "${targets[@]}" || finish
 
 # --- the gpu tests -----------------------------------------------------------
