@@ -84,6 +84,8 @@ def main():
     parser.add_argument("--family", default="sd3")
     parser.add_argument("--batch", type=int, default=4, help="global batch")
     parser.add_argument("--tiny", action="store_true", help="the family's tiny preset (a check of the pipeline)")
+    parser.add_argument("--peer-checkpointing", action="store_true",
+                        help="FSDP2 with diffusers' gradient checkpointing (ditrl recomputes blocks in backward too)")
     parser.add_argument("--ranks", default="2,4")
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--steps", type=int, default=2, help="timed steps per run, after one warm-up step")
@@ -121,7 +123,8 @@ def main():
             out = last_json(run(MPI + ["-n", str(n), args.python, os.path.join(HERE, "peer_fsdp2.py"), "--family",
                                        args.family, "--config", f"{data}/config.json", "--weights",
                                        f"{data}/weights.safetensors", "--inputs", f"{data}/inputs.safetensors",
-                                       "--steps", str(args.steps), "--port", str(29500 + 10 * n + r)]),
+                                       "--steps", str(args.steps), "--port", str(29500 + 10 * n + r)] +
+                                (["--checkpointing"] if args.peer_checkpointing else [])),
                             "peer_fsdp2.py")
             out["load"] = load
             results[("fsdp2", n)].append(out)
@@ -189,7 +192,8 @@ def write_report(args, ranks, results, started, load_start, argv):
         "family's fp32-kept parameters, Open MPI vader",
         f"- FSDP2: benchmarks/peer_fsdp2.py, torch {results[('fsdp2', ranks[0])][0]['torch']}, diffusers' class, "
         "`fully_shard` per transformer block then the root, MixedPrecisionPolicy(param_dtype=bf16, "
-        "reduce_dtype=fp32), reshard_after_forward=True, no activation checkpointing, gloo",
+        f"reduce_dtype=fp32), reshard_after_forward=True, "
+        f"{'diffusers gradient checkpointing (every block recomputed in backward, as ditrl)' if args.peer_checkpointing else 'no activation checkpointing'}, gloo",
         "- rank-0 loss: the first (warm-up) step's loss on rank 0's slice (same weights and inputs; bf16 rounding "
         "differs between the two implementations)",
     ]
