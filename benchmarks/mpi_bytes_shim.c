@@ -7,7 +7,9 @@
  * $DITRL_MPI_BYTES_DIR/rank-<world rank>.txt at MPI_Finalize, one line per
  * op and size class: "<op> <bulk|small> <calls> <bytes>", then one line per
  * distinct (op, bytes per call) of the bulk: "size <op> <bytes> <calls>",
- * which names the units behind the totals.
+ * which names the units behind the totals. A program that wants only part
+ * of its run counted calls mpi_bytes_shim_reset() (looked up with dlsym, so
+ * that it runs without the shim) at the start of that part, on every rank.
  *
  * Bytes per call, this rank's share:
  *   MPI_Allgather / MPI_Allgatherv  received from the others: sum of their counts
@@ -49,6 +51,19 @@ static void add(int op, long long n) {
   __atomic_fetch_add(&calls[op][bulk], 1, __ATOMIC_RELAXED);
   __atomic_fetch_add(&bytes[op][bulk], n, __ATOMIC_RELAXED);
   if (bulk) add_size(op, n);
+}
+
+/* Forgets everything counted so far (no collective may be in flight). */
+void mpi_bytes_shim_reset(void) {
+  for (int op = 0; op < OP_COUNT; ++op)
+    for (int bulk = 0; bulk < 2; ++bulk) {
+      __atomic_store_n(&calls[op][bulk], 0, __ATOMIC_RELAXED);
+      __atomic_store_n(&bytes[op][bulk], 0, __ATOMIC_RELAXED);
+    }
+  while (__atomic_exchange_n(&size_lock, 1, __ATOMIC_ACQUIRE)) {
+  }
+  size_count = 0;
+  __atomic_store_n(&size_lock, 0, __ATOMIC_RELEASE);
 }
 
 static long long type_bytes(MPI_Datatype type, long long count) {

@@ -46,24 +46,32 @@ inline double median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
+// `steps` timed calls of step(), which runs one training step and returns its loss.
+template <class Step>
+Timing timed_steps(int steps, const Step& step) {
+  Timing timing;
+  for (int i = 0; i < steps; ++i) {
+    const long faults = minor_faults();
+    const auto start = std::chrono::steady_clock::now();
+    timing.losses.push_back(step());
+    timing.step_seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    timing.minor_faults.push_back(static_cast<double>(minor_faults() - faults));
+  }
+  return timing;
+}
+
 // `steps` timed training steps of `model`: loss() runs the forward, then
 // backward and one optimizer step (gradients dropped first, as
 // zero_grad(set_to_none=True) does on the Python side).
 template <class Loss>
 Timing train_steps(torch::nn::Module& model, torch::optim::Optimizer& optimizer, int steps, const Loss& loss) {
-  Timing timing;
-  for (int i = 0; i < steps; ++i) {
-    const long faults = minor_faults();
-    const auto start = std::chrono::steady_clock::now();
+  return timed_steps(steps, [&] {
     for (auto& p : model.parameters()) p.mutable_grad() = at::Tensor();
     const at::Tensor value = loss();
     value.backward();
     optimizer.step();
-    timing.losses.push_back(value.item<double>());
-    timing.step_seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    timing.minor_faults.push_back(static_cast<double>(minor_faults() - faults));
-  }
-  return timing;
+    return value.item<double>();
+  });
 }
 
 // glibc's malloc returns freed big blocks to the kernel (mmap threshold,
@@ -225,7 +233,7 @@ struct Options {
   }
 
   std::vector<int> thread_counts = {1, static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))};
-  std::string python = "/usr/bin/python3";
+  std::string python = DITRL_PYTHON;
   std::string out, work;
   int tiny_rounds = 10, big_rounds = 4;
   bool skip_tuned = false;
@@ -257,14 +265,19 @@ inline std::string load_average() {
   return one.empty() ? "unknown" : one;
 }
 
-inline std::string python_torch_version(const std::string& python) {
-  FILE* pipe = popen((python + " -c 'import torch; print(torch.__version__)' 2>&1").c_str(), "r");
+// `python -c "import <module>; print(<module>.__version__)"`.
+inline std::string python_module_version(const std::string& python, const std::string& module) {
+  FILE* pipe = popen((python + " -c 'import " + module + "; print(" + module + ".__version__)' 2>&1").c_str(), "r");
   char buffer[256] = {0};
   const size_t n = pipe ? fread(buffer, 1, sizeof buffer - 1, pipe) : 0;
   if (pipe) pclose(pipe);
   std::string v(buffer, n);
   v.erase(v.find_last_not_of(" \n") + 1);
   return v;
+}
+
+inline std::string python_torch_version(const std::string& python) {
+  return python_module_version(python, "torch");
 }
 
 inline std::string blas_library() {

@@ -19,7 +19,7 @@ Importable (with peer_common.py beside it) by a multi-family driver:
 Inputs (safetensors): latent [B, T, in], sigma [B], timesteps [B, 1] or [B, T(, 1)],
 positions [B, 3, T, 2], context [B, L, context width], target [B, T, out].
 
-Run as a script it answers the same pipe protocol as benchmarks/peer_forward.py:
+Run as a script it answers the same pipe protocol as benchmarks/peer_diffusers.py:
 prints {"ready", "params", "torch", "threads"} once loaded, then for every line
 "<n>" read from stdin runs n training steps and prints {"step_seconds",
 "losses", "minor_faults"}.

@@ -1,0 +1,255 @@
+// Where a training step of ditrl's goes, per op family, and how close its
+// GEMMs come to the machine's measured GEMM ceiling.
+//
+// One rank trains a family's ~100M peer_forward config (benchmarks/
+// peer_cases.hpp) through shard::ShardedParams (what `ditrl train` runs);
+// after warm-up steps, `--steps` steps run under LibTorch's profiler (CPU
+// activities, FLOP counts). Each op's self time (its duration minus its
+// children's, per thread) goes to one family by the op's name: GEMM (mm,
+// addmm, bmm, convolutions), attention (softmax and its backward, masked
+// fill), copies (copy_, _to_copy, cat, clone, ...), allocation (empty*),
+// norms / elementwise (every other aten op), optimizer (anything under
+// ShardedParams::adamw_step), framework (autograd engine and scope self time,
+// and the step's time no op covers). The ceiling: the best of a few large
+// single-thread at::mm shapes in the step's dtype, timed here in the same
+// process right after the steps.
+//
+//   bench_step_profile [--family sd3] [--compute fp32|bf16] [--steps 2] [--out FILE.md]
+
+#include <ditrl/dist/communicator.hpp>
+#include <ditrl/dist/runtime.hpp>
+#include <ditrl/shard/sharded_params.hpp>
+
+#include "peer_cases.hpp"
+#include "peer_harness.hpp"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/record_function.h>
+#include <fmt/format.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
+#include <torch/version.h>
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <set>
+
+namespace {
+
+using namespace ditrl;
+namespace prof = torch::autograd::profiler;
+
+constexpr double kLr = 1e-4;
+constexpr char kOptimizerScope[] = "ditrl::adamw_step";
+
+const std::set<std::string> kGemm = {"aten::mm",
+                                     "aten::addmm",
+                                     "aten::bmm",
+                                     "aten::baddbmm",
+                                     "aten::addmv",
+                                     "aten::mv",
+                                     "aten::_convolution",
+                                     "aten::mkldnn_convolution",
+                                     "aten::convolution_backward",
+                                     "aten::_mkl_linear",
+                                     "aten::mkldnn_linear"};
+const std::set<std::string> kAttention = {"aten::_softmax",
+                                          "aten::_softmax_backward_data",
+                                          "aten::masked_fill",
+                                          "aten::masked_fill_",
+                                          "aten::_scaled_dot_product_flash_attention_for_cpu",
+                                          "aten::_scaled_dot_product_flash_attention_for_cpu_backward"};
+const std::set<std::string> kCopies = {
+    "aten::copy_",        "aten::_to_copy",    "aten::clone",        "aten::cat",   "aten::stack", "aten::contiguous",
+    "aten::index_select", "aten::narrow_copy", "aten::_unsafe_view", "aten::fill_", "aten::zero_"};
+
+std::string family_of(const std::string& name, bool in_optimizer) {
+  if (in_optimizer) return "optimizer (AdamW on the slices, re-cast)";
+  if (kGemm.count(name)) return "GEMM (mm, addmm, bmm, conv)";
+  if (kAttention.count(name)) return "attention softmax / mask";
+  if (kCopies.count(name)) return "copies, casts, fills";
+  if (name.rfind("aten::empty", 0) == 0 || name == "aten::resize_") return "allocation";
+  if (name.rfind("aten::", 0) == 0) return "norms / elementwise";
+  return "framework (autograd engine, scopes)";
+}
+
+struct Op {
+  std::string name;
+  uint64_t start, end, thread;
+  uint64_t flops;
+};
+
+struct Profile {
+  std::map<std::string, double> self_seconds;  // per family
+  double gemm_flops = 0;
+  double step_seconds = 0;
+  std::map<std::string, double> top_ops;  // self seconds per op name
+};
+
+// Self time per op family from the profiler's CPU events.
+Profile attribute(const std::vector<Op>& events, double step_seconds) {
+  Profile p;
+  p.step_seconds = step_seconds;
+  std::map<uint64_t, std::vector<Op>> by_thread;
+  for (const Op& e : events) by_thread[e.thread].push_back(e);
+  double covered = 0;
+  for (auto& [thread, ops] : by_thread) {
+    std::sort(ops.begin(), ops.end(),
+              [](const Op& a, const Op& b) { return a.start != b.start ? a.start < b.start : a.end > b.end; });
+    struct Open {
+      const Op* op;
+      uint64_t children = 0;
+      bool in_optimizer;
+    };
+    std::vector<Open> stack;
+    const auto close = [&](const Open& o) {
+      const double self = static_cast<double>(o.op->end - o.op->start - std::min(o.children, o.op->end - o.op->start));
+      p.self_seconds[family_of(o.op->name, o.in_optimizer)] += self * 1e-9;
+      p.top_ops[o.op->name] += self * 1e-9;
+      if (stack.empty()) covered += static_cast<double>(o.op->end - o.op->start) * 1e-9;
+    };
+    for (const Op& op : ops) {
+      while (!stack.empty() && stack.back().op->end <= op.start) {
+        const Open done = stack.back();
+        stack.pop_back();
+        close(done);
+      }
+      if (!stack.empty()) stack.back().children += op.end - op.start;
+      const bool in_optimizer = op.name == kOptimizerScope || (!stack.empty() && stack.back().in_optimizer);
+      stack.push_back({&op, 0, in_optimizer});
+      if (kGemm.count(op.name) && !in_optimizer) p.gemm_flops += static_cast<double>(op.flops);
+    }
+    while (!stack.empty()) {
+      const Open done = stack.back();
+      stack.pop_back();
+      close(done);
+    }
+  }
+  p.self_seconds["framework (autograd engine, scopes)"] += std::max(0.0, step_seconds - covered);
+  return p;
+}
+
+// Best single-thread GFLOP/s of at::mm over a few large shapes (the step's
+// biggest GEMMs are of this size), median of 5 timings each.
+double gemm_ceiling_gflops(c10::ScalarType dtype, std::string& shapes) {
+  double best = 0;
+  const std::vector<std::array<int64_t, 3>> sizes = {{1024, 1024, 1024}, {768, 768, 3072}, {768, 3072, 768}};
+  for (const auto& [m, k, n] : sizes) {
+    const at::Tensor a = at::randn({m, k}).to(dtype), b = at::randn({k, n}).to(dtype);
+    at::mm(a, b);
+    std::vector<double> seconds;
+    for (int i = 0; i < 5; ++i) {
+      const auto start = std::chrono::steady_clock::now();
+      at::mm(a, b);
+      seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    const double gflops = 2.0 * m * k * n / peer::median(seconds) / 1e9;
+    shapes += fmt::format("{}{}x{}x{} {:.1f}", shapes.empty() ? "" : ", ", m, k, n, gflops);
+    best = std::max(best, gflops);
+  }
+  return best;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  dist::MpiRuntime mpi(&argc, &argv);
+  std::string family_name = "sd3", compute_name = "fp32", out, work = "/tmp/ditrl_step_profile";
+  int steps = 2, warmup = 2;
+  CLI::App app{"ditrl's training step per op family, against the measured GEMM ceiling"};
+  app.add_option("--family", family_name, "sd3 | wan | qwen_image (its ~100M peer_forward config)");
+  app.add_option("--compute", compute_name, "fp32 | bf16")->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--steps", steps, "profiled steps");
+  app.add_option("--warmup", warmup, "steps before profiling");
+  app.add_option("--work", work, "directory for the weights / inputs files");
+  app.add_option("--out", out, "append the markdown section to this file (default: stdout only)");
+  CLI11_PARSE(app, argc, argv);
+  const c10::ScalarType compute = compute_name == "bf16" ? at::kBFloat16 : at::kFloat;
+  at::set_num_threads(1);
+  const auto comm = dist::make_mpi_communicator();
+
+  const auto it = peer::kFamilies.find(family_name);
+  if (it == peer::kFamilies.end()) {
+    std::cerr << "unknown family '" << family_name << "'\n";
+    return 2;
+  }
+  const peer::Case c = it->second.cases(1, 1).back();
+  const std::string dir = work + "/" + family_name;
+  peer::prepare_case(c, dir);
+  const auto family = peer::make_family(family_name, dir + "/config.json", compute);
+  models::load_weights(*family, io::Checkpoint(dir + "/weights.safetensors"));
+  int64_t params = 0;
+  for (const auto& p : family->parameters()) params += p.numel();
+  shard::ShardedParams sharded(*family, family->wrap_units(), peer::training_plan(*family, compute), *comm);
+  models::ForwardContext ctx;
+  ctx.runner = &sharded;
+  const io::SafetensorsFile file(dir + "/inputs.safetensors");
+  const at::Tensor x = file.get("latents"), t = file.get("timesteps"), sigma = file.get("sigmas"),
+                   target = file.get("target");
+  models::Cond cond;
+  for (const models::CondSpec& spec : family->cond_spec()) cond.tensors[spec.name] = file.get("cond." + spec.name);
+  const auto step = [&] {
+    sharded.zero_grad();
+    sharded.begin_step();
+    at::mse_loss(family->noise_pred(x, t, sigma, cond, ctx).to(at::kFloat), target).backward();
+    sharded.finish_backward();
+    RECORD_FUNCTION(kOptimizerScope, std::vector<c10::IValue>());
+    sharded.adamw_step(kLr);
+  };
+  for (int i = 0; i < warmup; ++i) step();
+
+  const torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO,
+                                                     /*report_input_shapes=*/true, /*profile_memory=*/false,
+                                                     /*with_stack=*/false, /*with_flops=*/true);
+  const std::set<torch::profiler::impl::ActivityType> activities = {torch::profiler::impl::ActivityType::CPU};
+  prof::prepareProfiler(config, activities);
+  prof::enableProfiler(config, activities);
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < steps; ++i) step();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const std::unique_ptr<prof::ProfilerResult> result = prof::disableProfiler();
+  std::vector<Op> events;
+  for (const prof::KinetoEvent& e : result->events())
+    if (e.deviceType() == c10::DeviceType::CPU && e.endNs() > e.startNs())
+      events.push_back({e.name(), e.startNs(), e.endNs(), e.startThreadId(), e.flops()});
+  const Profile p = attribute(events, seconds);
+  std::string shapes;
+  const double ceiling = gemm_ceiling_gflops(compute, shapes);
+
+  const double per_step = seconds / steps;
+  std::vector<std::pair<std::string, double>> families(p.self_seconds.begin(), p.self_seconds.end());
+  std::sort(families.begin(), families.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::vector<std::pair<std::string, double>> ops(p.top_ops.begin(), p.top_ops.end());
+  std::sort(ops.begin(), ops.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  const double gemm_seconds =
+      p.self_seconds.count("GEMM (mm, addmm, bmm, conv)") ? p.self_seconds.at("GEMM (mm, addmm, bmm, conv)") : 0.0;
+  std::string md = fmt::format(
+      "## {} {}, {:.1f} M parameters, {} compute, batch {} x ({} + {} tokens), 1 thread\n\n"
+      "- Command: `{}`\n- Date: {}; machine: {}, 1-minute load average {} at the end\n"
+      "- LibTorch {}, ShardedParams on one rank; {} profiled steps after {} warm-up steps: {:.2f} s per step "
+      "(the profiler adds its own per-op cost)\n\n"
+      "| op family | s per step | share of the step |\n|---|---|---|\n",
+      family_name, c.name, params / 1e6, compute_name, c.batch, c.image_tokens, c.text_tokens,
+      peer::command_line(argc, argv), peer::utc_now(), peer::cpu_model(), peer::load_average(), TORCH_VERSION, steps,
+      warmup, per_step);
+  for (const auto& [name, s] : families)
+    md += fmt::format("| {} | {:.3f} | {:.1f}% |\n", name, s / steps, 100 * s / seconds);
+  md += "\nTop ops by self time (s per step): ";
+  for (size_t i = 0; i < std::min<size_t>(12, ops.size()); ++i)
+    md += fmt::format("{}{} {:.3f}", i ? ", " : "", ops[i].first, ops[i].second / steps);
+  const double achieved = p.gemm_flops / steps / per_step / 1e9;
+  md += fmt::format(
+      "\n\nGEMM ceiling ({} at::mm, 1 thread, GFLOP/s by shape m x k x n): {}; ceiling {:.1f} GFLOP/s. "
+      "The step's GEMMs: {:.1f} GFLOP per step in {:.3f} s, {:.1f} GFLOP/s inside GEMMs = {:.0f}% of the "
+      "ceiling; over the whole step {:.1f} GFLOP/s = **{:.0f}% of the ceiling**.\n\n",
+      compute_name, shapes, ceiling, p.gemm_flops / steps / 1e9, gemm_seconds / steps,
+      gemm_seconds > 0 ? p.gemm_flops / gemm_seconds / 1e9 : 0.0,
+      gemm_seconds > 0 ? 100 * p.gemm_flops / gemm_seconds / 1e9 / ceiling : 0.0, achieved, 100 * achieved / ceiling);
+  std::cout << md;
+  if (!out.empty()) std::ofstream(out, std::ios::app) << md;
+  return 0;
+}
