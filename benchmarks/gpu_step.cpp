@@ -16,12 +16,14 @@
 #include <ditrl/precision/plan.hpp>
 #include <ditrl/shard/sharded_params.hpp>
 
+#include "peer_cases.hpp"
+
 #include <ATen/ATen.h>
-#include <CLI/CLI.hpp>
-#include <boost/json.hpp>
 #include <fmt/format.h>
 #include <torch/torch.h>
 #include <torch/version.h>
+#include <CLI/CLI.hpp>
+#include <boost/json.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -42,48 +44,26 @@ namespace {
 
 struct Spec {
   std::string family;
-  json::object config;            // diffusers config.json keys, as diffusers_step.py passes them
-  std::vector<int64_t> grid;      // latent frames x height x width (frames 1 for images)
+  json::object config;        // diffusers config.json keys, as diffusers_step.py passes them
+  std::vector<int64_t> grid;  // latent frames x height x width (frames 1 for images)
   int64_t image_tokens, text_tokens;
 };
 
-json::object sd3(int64_t layers, int64_t heads, int64_t head_dim, int64_t joint, int64_t pooled, int64_t sample,
-                 int64_t pos_max, int64_t dual) {
-  json::array dual_layers;
-  for (int64_t i = 0; i < dual; ++i) dual_layers.push_back(i);
-  return {{"_class_name", "SD3Transformer2DModel"}, {"sample_size", sample},
-          {"patch_size", 2},                         {"in_channels", 16},
-          {"num_layers", layers},                    {"attention_head_dim", head_dim},
-          {"num_attention_heads", heads},            {"joint_attention_dim", joint},
-          {"caption_projection_dim", heads * head_dim}, {"pooled_projection_dim", pooled},
-          {"out_channels", 16},                      {"pos_embed_max_size", pos_max},
-          {"dual_attention_layers", dual_layers},    {"qk_norm", "rms_norm"}};
-}
-
-json::object wan(int64_t layers, int64_t heads, int64_t head_dim, int64_t text, int64_t freq, int64_t ffn) {
-  return {{"_class_name", "WanTransformer3DModel"},
-          {"patch_size", json::array{1, 2, 2}},
-          {"num_attention_heads", heads},
-          {"attention_head_dim", head_dim},
-          {"in_channels", 16},
-          {"out_channels", 16},
-          {"text_dim", text},
-          {"freq_dim", freq},
-          {"ffn_dim", ffn},
-          {"num_layers", layers},
-          {"cross_attn_norm", true},
-          {"qk_norm", "rms_norm_across_heads"},
-          {"eps", 1e-6}};
+// SD3's first `n` blocks as dual-attention (MMDiT-X) layers.
+json::array first_layers(int64_t n) {
+  json::array out;
+  for (int64_t i = 0; i < n; ++i) out.push_back(i);
+  return out;
 }
 
 // Keep in step with MODELS in benchmarks/gpu/diffusers_step.py.
 const std::map<std::string, std::map<std::string, Spec>> kModels = {
     {"sd3.5-medium",
-     {{"full", {"sd3", sd3(24, 24, 64, 4096, 2048, 128, 384, 13), {1, 128, 128}, 4096, 333}},
-      {"tiny", {"sd3", sd3(2, 2, 16, 64, 32, 16, 16, 1), {1, 16, 16}, 64, 12}}}},
+     {{"full", {"sd3", peer::sd3_config(128, 24, 24, 64, 4096, 2048, 384, first_layers(13)), {1, 128, 128}, 4096, 333}},
+      {"tiny", {"sd3", peer::sd3_config(16, 2, 2, 16, 64, 32, 16, first_layers(1)), {1, 16, 16}, 64, 12}}}},
     {"wan2.1-1.3b",
-     {{"full", {"wan", wan(30, 12, 128, 4096, 256, 8960), {9, 60, 104}, 14040, 512}},
-      {"tiny", {"wan", wan(2, 2, 16, 64, 32, 64), {3, 8, 8}, 48, 12}}}},
+     {{"full", {"wan", peer::wan_config(30, 12, 128, 8960, 4096, 256), {9, 60, 104}, 14040, 512}},
+      {"tiny", {"wan", peer::wan_config(2, 2, 16, 64, 64, 32), {3, 8, 8}, 48, 12}}}},
 };
 
 void synchronize(const c10::Device& device) {
@@ -124,7 +104,8 @@ Inputs draw_inputs(models::Family& family, const Spec& spec, const c10::Device& 
     std::vector<int64_t> s = {1};
     s.insert(s.end(), c.shape.begin(), c.shape.end());
     if (c.name == "encoder_hidden_states") s[1] = spec.text_tokens;
-    in.cond.tensors[c.name] = c10::isFloatingType(c.dtype) ? at::randn(s, on).to(c.dtype) : at::ones(s, on.dtype(c.dtype));
+    in.cond.tensors[c.name] =
+        c10::isFloatingType(c.dtype) ? at::randn(s, on).to(c.dtype) : at::ones(s, on.dtype(c.dtype));
   }
   in.timesteps = at::full({1}, 500.0, on);
   in.sigmas = in.timesteps / 1000;
