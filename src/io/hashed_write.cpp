@@ -1,10 +1,11 @@
 #include <ditrl/error.hpp>
+#include <ditrl/io/file_descriptor.hpp>
 #include <ditrl/io/hashed_write.hpp>
 #include <ditrl/io/sha256.hpp>
 
 #include <ATen/ATen.h>
-#include <fmt/format.h>
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,20 +29,6 @@ constexpr int64_t kDirectMinimum = int64_t{1} << 20;
 // One staging buffer per worker: large enough for few system calls, small
 // enough to stay in cache between the copy, the hash and the write.
 constexpr int64_t kStage = int64_t{8} << 20;
-
-class FileDescriptor {
- public:
-  explicit FileDescriptor(int fd) : fd_(fd) {}
-  FileDescriptor(const FileDescriptor&) = delete;
-  FileDescriptor& operator=(const FileDescriptor&) = delete;
-  ~FileDescriptor() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
 
 struct AlignedFree {
   void operator()(char* p) const { std::free(p); }

@@ -1,4 +1,5 @@
 #include <ditrl/error.hpp>
+#include <ditrl/io/file_descriptor.hpp>
 #include <ditrl/io/safetensors.hpp>
 
 #include <ATen/ATen.h>
@@ -508,21 +509,20 @@ void write_safetensors_streamed(const std::string& path, const std::vector<Tenso
                                 const TensorValues& values, const std::map<std::string, std::string>& metadata) {
   const FileLayout layout = layout_of(specs, metadata);
   const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail("cannot create {}: {}", tmp, std::strerror(errno));
   try {
+    FileDescriptor fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    if (fd.get() < 0) fail("cannot create {}: {}", tmp, std::strerror(errno));
     const uint64_t header_len = layout.header.size();
-    write_all(fd, reinterpret_cast<const uint8_t*>(&header_len), 8, 0, tmp);
-    write_all(fd, reinterpret_cast<const uint8_t*>(layout.header.data()), header_len, 8, tmp);
+    write_all(fd.get(), reinterpret_cast<const uint8_t*>(&header_len), 8, 0, tmp);
+    write_all(fd.get(), reinterpret_cast<const uint8_t*>(layout.header.data()), header_len, 8, tmp);
     for (size_t i = 0; i < specs.size(); ++i) {
       const at::Tensor stored = stored_value(specs[i], values(specs[i]));
-      write_all(fd, static_cast<const uint8_t*>(stored.data_ptr()), specs[i].nbytes(), layout.offsets[i], tmp);
+      write_all(fd.get(), static_cast<const uint8_t*>(stored.data_ptr()), specs[i].nbytes(), layout.offsets[i], tmp);
     }
-    if (::ftruncate(fd, static_cast<off_t>(layout.size)) != 0)  // a trailing empty tensor leaves no bytes
+    if (::ftruncate(fd.get(), static_cast<off_t>(layout.size)) != 0)  // a trailing empty tensor leaves no bytes
       fail("cannot size {} to {} bytes: {}", tmp, layout.size, std::strerror(errno));
-    if (::close(fd) != 0) fail("cannot write {}: {}", tmp, std::strerror(errno));
+    if (::close(fd.release()) != 0) fail("cannot write {}: {}", tmp, std::strerror(errno));
   } catch (...) {
-    ::close(fd);
     std::filesystem::remove(tmp);
     throw;
   }
