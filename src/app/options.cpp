@@ -79,6 +79,7 @@ shard::ShardOptions shard_options(const config::Config& c, c10::Device device) {
   o.reshard_after_forward = c.parallel.reshard_after_forward;
   o.canonical_sum = c.run.deterministic && c.run.rank_invariant;
   o.prefetch = c.parallel.prefetch;
+  o.recompute = c.parallel.recompute;
   o.device = device;
   o.adamw = {c.train.betas[0], c.train.betas[1], c.train.eps, c.train.weight_decay};
   return o;

@@ -22,6 +22,24 @@ int64_t aligned(int64_t bytes) {
   return (bytes + 63) / 64 * 64;
 }
 
+at::Tensor bytes_of(const c10::Storage& storage) {
+  return at::empty({0}, at::TensorOptions().dtype(at::kByte).device(storage.device()))
+      .set_(storage, 0, {static_cast<int64_t>(storage.nbytes())}, {1});
+}
+
+// Moves `from`'s bytes into `to`'s storage (the memory itself stays where it
+// is, so views of `to` see them) and returns a byte tensor over all of it;
+// `from`'s storage is left empty.
+at::Tensor move_bytes(const at::Tensor& from, const at::Tensor& to) {
+  c10::StorageImpl* source = from.storage().unsafeGetStorageImpl();
+  c10::StorageImpl* target = to.storage().unsafeGetStorageImpl();
+  const size_t bytes = source->nbytes();
+  target->set_data_ptr_noswap(source->set_data_ptr(at::DataPtr(nullptr, source->device())));
+  target->set_nbytes(bytes);
+  source->set_nbytes(0);
+  return bytes_of(to.storage());
+}
+
 }  // namespace
 
 at::Tensor BufferPool::take(int64_t bytes) {
@@ -84,27 +102,40 @@ UnitGather::Gathered UnitGather::start_gather(size_t unit, at::Tensor buffer, bo
 
 void UnitGather::gather(size_t unit) {
   Gathered& slot = units_[unit];
-  if (slot.buffer.defined() || layout_.units[unit].groups.empty()) return;
+  if (gathered(unit) || layout_.units[unit].groups.empty()) return;
   const auto start = Clock::now();
-  if (pending_ && pending_->unit == unit) {
-    slot = std::move(pending_->gathered);  // its bytes were counted when it was started
-    pending_.reset();
-    for (dist::Pending& p : slot.pending) p.wait();
-    slot.pending.clear();
+  Gathered fresh = take_gather(unit);
+  if (slot.evicted) {
+    // Same layout, same offsets: the fresh bytes are what slot.groups view.
+    slot.buffer = move_bytes(fresh.buffer, slot.buffer);
+    slot.evicted = false;
   } else {
-    drop_prefetch();
-    slot = start_gather(unit, pool_.take(buffer_bytes(unit)), /*async=*/false);
-    track(layout_.units[unit].gathered_bytes(comm_.size()));
+    slot = std::move(fresh);
   }
   seconds_ += seconds_since(start);
   point_params(unit);
 }
 
+// The unit's gathered bytes: the matching prefetch, waited for, or a
+// synchronous gather.
+UnitGather::Gathered UnitGather::take_gather(size_t unit) {
+  if (pending_ && pending_->unit == unit) {
+    Gathered fresh = std::move(pending_->gathered);  // its bytes were counted when it was started
+    pending_.reset();
+    for (dist::Pending& p : fresh.pending) p.wait();
+    fresh.pending.clear();
+    return fresh;
+  }
+  drop_prefetch();
+  track(layout_.units[unit].gathered_bytes(comm_.size()));
+  return start_gather(unit, pool_.take(buffer_bytes(unit)), /*async=*/false);
+}
+
 // Every rank makes the same gather calls, so every rank starts and consumes
 // the same prefetches in the same order.
 void UnitGather::prefetch(size_t unit) {
-  if (!prefetch_ || unit >= layout_.root_index() || units_[unit].buffer.defined() ||
-      layout_.units[unit].groups.empty() || (pending_ && pending_->unit == unit))
+  if (!prefetch_ || unit >= layout_.root_index() || gathered(unit) || layout_.units[unit].groups.empty() ||
+      (pending_ && pending_->unit == unit))
     return;
   drop_prefetch();
   track(layout_.units[unit].gathered_bytes(comm_.size()));
@@ -136,8 +167,19 @@ void UnitGather::release(size_t unit) {
     for (const Slot& s : g.slots) s.param.set_data(placeholder(g.compute, slices_.device));
   Gathered released = std::move(slot);
   slot = Gathered{};
+  if (released.evicted) return;  // no bytes to recycle; its graph still holds the empty storage
   released.groups.clear();
   pool_.recycle(std::move(released.buffer));
+  track(-layout_.units[unit].gathered_bytes(comm_.size()));
+}
+
+void UnitGather::evict(size_t unit) {
+  Gathered& slot = units_[unit];
+  if (!gathered(unit)) return;
+  for (const FlatGroup& g : layout_.units[unit].groups)
+    for (const Slot& s : g.slots) s.param.set_data(placeholder(g.compute, slices_.device));
+  pool_.recycle(move_bytes(slot.buffer, at::empty({0}, at::TensorOptions().dtype(at::kByte).device(slices_.device))));
+  slot.evicted = true;
   track(-layout_.units[unit].gathered_bytes(comm_.size()));
 }
 

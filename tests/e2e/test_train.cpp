@@ -83,13 +83,24 @@ TEST_CASE("train: stopping after rollout 2 of 4 and resuming gives the uninterru
   CHECK(moments.exit_code == 0);
 }
 
-TEST_CASE("train: keeping units gathered across a rollout's steps changes no metric", "[e2e][rollout]") {
-  const std::string a = test::fresh_output_dir("e2e_keep_a"), b = test::fresh_output_dir("e2e_keep_b");
-  REQUIRE(test::train(kDeck, a, 2, "--max-rollouts 2").exit_code == 0);
-  const auto kept = test::train(kDeck, b, 2, "--max-rollouts 2 --set parallel.rollout_keep_gathered=true");
-  INFO(kept.output);
-  REQUIRE(kept.exit_code == 0);
-  CHECK(io::check_standard(io::make_standard(test::metrics_of(a), ""), test::metrics_of(b)).empty());
+TEST_CASE(
+    "train: keeping units gathered across a rollout's steps / or every block's graph until backward / "
+    "changes no metric",
+    "[e2e][rollout][shard]") {
+  const std::string base = test::fresh_output_dir("e2e_keep_base");
+  REQUIRE(test::train(kDeck, base, 2, "--max-rollouts 2").exit_code == 0);
+  const io::Standard expected = io::make_standard(test::metrics_of(base), "");
+  for (const std::string setting : {"parallel.rollout_keep_gathered=true", "parallel.recompute=false"}) {
+    INFO(setting);
+    const std::string out = test::fresh_output_dir("e2e_keep_variant");
+    const auto run = test::train(kDeck, out, 2, "--max-rollouts 2 --set " + setting);
+    INFO(run.output);
+    REQUIRE(run.exit_code == 0);
+    CHECK(io::check_standard(expected, test::metrics_of(out)).empty());
+    for (const char* group : {" /model", " /optimizer"})
+      CHECK(test::run_process("h5diff " + base + "/checkpoints/step-2.h5 " + out + "/checkpoints/step-2.h5" + group)
+                .exit_code == 0);
+  }
 }
 
 TEST_CASE("train: corrupted and truncated checkpoints are named / and the previous one still loads",

@@ -154,6 +154,10 @@ struct ParallelSection {
   bool reshard_after_forward = true;
   bool prefetch = true;
   bool rollout_keep_gathered = false;  // keep gathered units resident across rollout steps
+  // Rebuild each block's graph in backward (activation checkpointing); false
+  // keeps every block's activations from the forward: no second forward, at
+  // the memory of all blocks' activations.
+  bool recompute = true;
   double startup_timeout_s = 300;
   double collective_timeout_s = 100;
   // Ranks that share one sample, its tokens split across them (Ulysses); it
@@ -165,6 +169,7 @@ struct ParallelSection {
     v("reshard_after_forward", reshard_after_forward);
     v("prefetch", prefetch);
     v("rollout_keep_gathered", rollout_keep_gathered);
+    v("recompute", recompute);
     v("startup_timeout_s", startup_timeout_s, Above{0});
     v("collective_timeout_s", collective_timeout_s, Above{0});
     v("sequence_parallel", sequence_parallel, Between{1, 65536});

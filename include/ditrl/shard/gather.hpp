@@ -52,9 +52,14 @@ class UnitGather {
   // Starts gathering `unit` (a wrap unit) for a later gather().
   void prefetch(size_t unit);
   void release(size_t unit);
+  // Frees a gathered unit's bytes but keeps its buffer's storage, which views
+  // saved by autograd still reference (a unit that kept its graph, FSDP2's
+  // reshard of unsharded parameters): the next gather() of the unit puts the
+  // gathered bytes back into that same storage.
+  void evict(size_t unit);
   // Releases every unit and drops an unused prefetch.
   void release_all();
-  bool gathered(size_t unit) const { return units_[unit].buffer.defined(); }
+  bool gathered(size_t unit) const { return units_[unit].buffer.defined() && !units_[unit].evicted; }
 
   // Most bytes gathered at once so far.
   int64_t peak_bytes() const { return peak_bytes_; }
@@ -66,6 +71,7 @@ class UnitGather {
     at::Tensor buffer;  // undefined = released
     std::vector<at::Tensor> groups;
     std::vector<dist::Pending> pending;  // the gathers still in flight
+    bool evicted = false;                // buffer's storage holds no bytes (evict)
   };
   struct Prefetch {
     size_t unit = 0;
@@ -74,6 +80,7 @@ class UnitGather {
 
   int64_t buffer_bytes(size_t unit) const;
   Gathered start_gather(size_t unit, at::Tensor buffer, bool async);
+  Gathered take_gather(size_t unit);
   void drop_prefetch();
   void point_params(size_t unit);
   void track(int64_t delta);

@@ -16,7 +16,8 @@
 //
 // In backward each unit is gathered again, recomputed from its saved inputs
 // and its parameter gradients are reduce-scattered (shard/grad_reduce.hpp):
-// activation checkpointing and FSDP in one place (shard/unit_function.cpp).
+// activation checkpointing and FSDP in one place (shard/unit_function.cpp);
+// with recompute off each unit keeps its forward's graph instead.
 // All ranks must make the same calls in the same order (they are collectives).
 
 #include <ditrl/dist/communicator.hpp>
@@ -40,6 +41,7 @@ namespace ditrl::shard {
 struct ShardOptions {
   bool reshard_after_forward = true;  // false: keep units gathered from forward until their backward
   bool prefetch = true;               // gather the next unit behind the current one's compute (N > 1)
+  bool recompute = true;              // false: keep each unit's graph from forward to backward (no recompute)
   c10::Device device = c10::kCPU;     // where slices and gathered units live (the runtime's device)
   bool canonical_sum = false;         // deterministic mode: micro-batch gradients summed in the canonical tree
                                       // (shard/grad_reduce.hpp), the same at every power-of-two rank count

@@ -4,6 +4,9 @@
 // Forward: gather the unit, run it without recording, release it. Backward:
 // gather it again, recompute it with grad from the saved inputs, reduce-
 // scatter its parameter gradients, release it, return the input gradients.
+// Without recompute (ShardOptions::recompute) the forward records the unit's
+// graph and keeps it; resharding then frees only the gathered bytes, which
+// the backward gathers back into the storage the graph's saved views hold.
 
 #include <ditrl/models/unit.hpp>
 
