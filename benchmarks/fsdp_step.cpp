@@ -7,9 +7,10 @@
 //
 //   bench_fsdp_step prepare DIR [--family sd3] [--batch 4] [--tiny]
 //       writes DIR/config.json, weights.safetensors, inputs.safetensors
-//   mpiexec -n N bench_fsdp_step run DIR [--family sd3] [--steps 3]
+//   mpiexec -n N bench_fsdp_step run DIR [--family sd3] [--steps 3] [--no-recompute]
 //       one warm-up step, then `steps` timed ones; rank 0 prints one JSON
-//       line {"ranks", "params", "step_seconds", "losses"}
+//       line {"ranks", "params", "step_seconds", "losses"}; --no-recompute:
+//       every block keeps its forward's graph (parallel.recompute = false)
 //
 // Bytes moved: run under benchmarks/mpi_bytes_shim.so (LD_PRELOAD); the
 // benchmark resets its counters after the warm-up step, so the files it
@@ -53,7 +54,7 @@ void reset_shim_counters() {
   if (const auto reset = reinterpret_cast<Reset>(dlsym(RTLD_DEFAULT, "mpi_bytes_shim_reset"))) reset();
 }
 
-int run(const std::string& dir, const std::string& family_name, int steps) {
+int run(const std::string& dir, const std::string& family_name, int steps, bool recompute) {
   const auto comm = dist::make_mpi_communicator();
   at::set_num_threads(1);
   const auto family = peer::make_family(family_name, dir + "/config.json", at::kBFloat16);
@@ -62,6 +63,7 @@ int run(const std::string& dir, const std::string& family_name, int steps) {
   for (const auto& p : family->parameters()) params += p.numel();
   shard::ShardOptions options;
   options.adamw.weight_decay = kWeightDecay;
+  options.recompute = recompute;
   shard::ShardedParams sharded(*family, family->wrap_units(), peer::training_plan(*family, at::kBFloat16), *comm,
                                options);
   models::ForwardContext ctx;
@@ -110,7 +112,7 @@ int main(int argc, char** argv) {
   std::string mode, dir, family = "sd3";
   int64_t batch = 4;
   int steps = 3;
-  bool tiny = false;
+  bool tiny = false, no_recompute = false;
   CLI::App app{"ditrl ShardedParams training step on N ranks (the FSDP2 comparison's ditrl side)"};
   app.add_option("mode", mode, "prepare | run")->required()->check(CLI::IsMember({"prepare", "run"}));
   app.add_option("dir", dir, "directory of config.json, weights.safetensors, inputs.safetensors")->required();
@@ -118,9 +120,10 @@ int main(int argc, char** argv) {
   app.add_option("--batch", batch, "global batch (prepare)");
   app.add_flag("--tiny", tiny, "the family's tiny preset instead of its ~100M config (prepare)");
   app.add_option("--steps", steps, "timed steps after one warm-up step (run)");
+  app.add_flag("--no-recompute", no_recompute, "keep every block's graph instead of recomputing it (run)");
   CLI11_PARSE(app, argc, argv);
   try {
-    if (mode == "run") return run(dir, family, steps);
+    if (mode == "run") return run(dir, family, steps, !no_recompute);
     if (mpi.world().size != 1) throw std::runtime_error("prepare runs on one rank");
     peer::prepare_case(bench_case(family, tiny, batch), dir);
     return 0;

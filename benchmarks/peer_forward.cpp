@@ -11,8 +11,10 @@
 // `bf16-sharded` = ditrl's training path (shard::ShardedParams on one rank:
 // fp32 masters, fp32 or bf16 compute copies, every block recomputed in
 // backward, ditrl's AdamW) against diffusers with fp32 parameters, in fp32 or
-// under bf16 autocast. A `-ckpt` suffix turns on diffusers' gradient
-// checkpointing (the same recompute as ditrl's sharded step).
+// under bf16 autocast. `-sharded-keep` keeps every block's graph from forward
+// to backward (`parallel.recompute = false`: no recompute, like diffusers'
+// default). A `-ckpt` suffix turns on diffusers' gradient checkpointing (the
+// same recompute as ditrl's default sharded step).
 //
 // A family is a list of cases (config.json object, batch, latent grid, text
 // length) in kFamilies; everything else goes through the Family interface
@@ -67,6 +69,7 @@ struct Variant {
   std::string name;
   c10::ScalarType compute = at::kFloat;
   bool sharded = false;
+  bool recompute = true;  // sharded: rebuild each block's graph in backward
   bool peer_checkpointing = false;
 };
 
@@ -86,6 +89,7 @@ Variant parse_variant(const std::string& name) {
     v.sharded = true;
   else if (!take("eager"))
     throw std::runtime_error("variant '" + name + "': expected <precision>-eager or <precision>-sharded");
+  if (v.sharded && take("-keep")) v.recompute = false;
   if (v.compute != at::kFloat && !v.sharded)
     throw std::runtime_error("variant '" + name + "': ditrl's bf16 compute is its sharded path (bf16-sharded)");
   v.peer_checkpointing = rest == "-ckpt";
@@ -110,6 +114,7 @@ class DitrlTrainer {
     if (variant.sharded) {
       shard::ShardOptions options;
       options.adamw.weight_decay = kWeightDecay;
+      options.recompute = variant.recompute;
       sharded_ = std::make_unique<shard::ShardedParams>(*family_, family_->wrap_units(),
                                                         training_plan(*family_, variant.compute), comm, options);
       ctx_.runner = sharded_.get();
@@ -208,7 +213,8 @@ int main(int argc, char** argv) {
   CLI::App app{"ditrl vs diffusers (PyTorch eager): forward+backward+AdamW step time per model family"};
   app.add_option("--families", families, "model families to measure (default: all)")->delimiter(',');
   app.add_option("--variants", variant_names,
-                 "fp32-eager | fp32-sharded | bf16-sharded, optionally with -ckpt (diffusers' gradient checkpointing)")
+                 "fp32-eager | fp32-sharded[-keep] | bf16-sharded[-keep], optionally with -ckpt (diffusers' gradient "
+                 "checkpointing); -keep: ditrl without recompute")
       ->delimiter(',');
   o.add_to(app);
   CLI11_PARSE(app, argc, argv);
@@ -256,8 +262,10 @@ int main(int argc, char** argv) {
      << "`fp32-sharded` / `bf16-sharded` = ditrl's training path (`shard::ShardedParams` on one rank: fp32 masters\n"
      << "and AdamW on flat slices, fp32 or bf16 compute copies with the family's fp32-kept parameters, every block\n"
      << "recomputed in backward) vs diffusers with fp32 parameters, in fp32 or under `torch.autocast(\"cpu\",\n"
-     << "bfloat16)`; `-ckpt` = diffusers with `enable_gradient_checkpointing()` (the same recompute as ditrl's\n"
-     << "sharded step). `malloc` = `default` runs both processes with glibc's defaults; `tuned` sets\n"
+     << "bfloat16)`; `-sharded-keep` = the same path with `parallel.recompute = false` (every block keeps its\n"
+     << "forward's graph, no recompute: like diffusers' default); `-ckpt` = diffusers with\n"
+     << "`enable_gradient_checkpointing()` (the same recompute as ditrl's default sharded step). `malloc` = `default` "
+        "runs both processes with glibc's defaults; `tuned` sets\n"
      << "M_MMAP_THRESHOLD = 32 MiB and M_TRIM_THRESHOLD = 1 GiB on both sides. `page faults/step` is the median count\n"
      << "of minor page faults per step in each process.\n\n"
      << "| family | config | params | batch x (image + text tokens) | variant | threads | malloc | timed steps | ditrl "
