@@ -103,6 +103,11 @@ UnitGather::Gathered UnitGather::start_gather(size_t unit, at::Tensor buffer, bo
 void UnitGather::gather(size_t unit) {
   Gathered& slot = units_[unit];
   if (gathered(unit) || layout_.units[unit].groups.empty()) return;
+  if (comm_.size() == 1) {
+    slot = in_place(unit);
+    point_params(unit);
+    return;
+  }
   const auto start = Clock::now();
   Gathered fresh = take_gather(unit);
   if (slot.evicted) {
@@ -114,6 +119,14 @@ void UnitGather::gather(size_t unit) {
   }
   seconds_ += seconds_since(start);
   point_params(unit);
+}
+
+UnitGather::Gathered UnitGather::in_place(size_t unit) const {
+  Gathered gathered;
+  for (const GroupSlices& gs : slices_.units[unit]) gathered.groups.push_back(gs.compute);
+  gathered.buffer = gathered.groups.front();  // marks the unit gathered; it has nothing to recycle
+  gathered.in_place = true;
+  return gathered;
 }
 
 // The unit's gathered bytes: the matching prefetch, waited for, or a
@@ -167,7 +180,8 @@ void UnitGather::release(size_t unit) {
     for (const Slot& s : g.slots) s.param.set_data(placeholder(g.compute, slices_.device));
   Gathered released = std::move(slot);
   slot = Gathered{};
-  if (released.evicted) return;  // no bytes to recycle; its graph still holds the empty storage
+  // Evicted: no bytes to recycle (its graph still holds the empty storage); in place: none of its own.
+  if (released.evicted || released.in_place) return;
   released.groups.clear();
   pool_.recycle(std::move(released.buffer));
   track(-layout_.units[unit].gathered_bytes(comm_.size()));
@@ -175,7 +189,7 @@ void UnitGather::release(size_t unit) {
 
 void UnitGather::evict(size_t unit) {
   Gathered& slot = units_[unit];
-  if (!gathered(unit)) return;
+  if (!gathered(unit) || slot.in_place) return;  // in place there are no gathered bytes to free
   for (const FlatGroup& g : layout_.units[unit].groups)
     for (const Slot& s : g.slots) s.param.set_data(placeholder(g.compute, slices_.device));
   pool_.recycle(move_bytes(slot.buffer, at::empty({0}, at::TensorOptions().dtype(at::kByte).device(slices_.device))));

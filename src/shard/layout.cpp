@@ -63,6 +63,7 @@ MemoryReport Layout::memory(bool prefetch, bool reshard_after_forward) const {
     }
     if (u != root_index()) wrap_gathered.push_back(units[u].gathered_bytes(world_size));
   }
+  if (world_size == 1) return report;  // units run on the compute slices in place (shard/gather.hpp)
   std::sort(wrap_gathered.begin(), wrap_gathered.end(), std::greater<>());
   const size_t live = reshard_after_forward ? (prefetch && world_size > 1 ? 2 : 1) : wrap_gathered.size();
   report.peak_gathered = units[root_index()].gathered_bytes(world_size);

@@ -3,7 +3,8 @@
 // Just-in-time gathers of wrap units (design.md §3): a unit's compute slices
 // are all-gathered into one byte buffer holding every group's full tensor,
 // the module's parameters are pointed at views of it while the unit runs,
-// and the buffer goes back to a pool when the unit is released. The next
+// and the buffer goes back to a pool when the unit is released. On one rank
+// the slices are the full tensors and the parameters view them in place. The next
 // unit can be gathered ahead of use (prefetch), behind the caller's compute.
 // All ranks make the same calls in the same order (they are collectives).
 
@@ -72,6 +73,7 @@ class UnitGather {
     std::vector<at::Tensor> groups;
     std::vector<dist::Pending> pending;  // the gathers still in flight
     bool evicted = false;                // buffer's storage holds no bytes (evict)
+    bool in_place = false;               // one rank: the groups are its compute slices, nothing copied
   };
   struct Prefetch {
     size_t unit = 0;
@@ -81,6 +83,7 @@ class UnitGather {
   int64_t buffer_bytes(size_t unit) const;
   Gathered start_gather(size_t unit, at::Tensor buffer, bool async);
   Gathered take_gather(size_t unit);
+  Gathered in_place(size_t unit) const;
   void drop_prefetch();
   void point_params(size_t unit);
   void track(int64_t delta);

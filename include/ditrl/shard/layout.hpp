@@ -83,7 +83,8 @@ struct Layout {
   // Per rank, from the shapes and dtypes alone. peak_gathered is the root
   // plus the two largest wrap units (one without prefetch, which needs more
   // than one rank; all of them when units stay gathered from forward to
-  // backward): exact for equal blocks, an upper bound otherwise.
+  // backward): exact for equal blocks, an upper bound otherwise; none on one
+  // rank, whose units run on its compute slices in place.
   MemoryReport memory(bool prefetch = true, bool reshard_after_forward = true) const;
 };
 
