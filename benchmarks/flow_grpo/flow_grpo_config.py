@@ -53,7 +53,7 @@ def get_config():
     config.train.beta = s["kl_beta"]
     config.train.ema = False
 
-    config.reward_fn = {"target_pattern": 1.0}               # the driver's multi_score shim
+    config.reward_fn = {s["reward"]: 1.0}                    # the driver's multi_score shim
     config.per_prompt_stat_tracking = True
     config.eval_freq = 1          # eval() is replaced by the driver's per-iteration clock (called every epoch)
     config.save_freq = 10**9      # no checkpoints (ditrl writes one at the end, timed apart)

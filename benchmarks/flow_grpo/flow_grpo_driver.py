@@ -20,9 +20,10 @@ downloads or image-space models, each applied to the imported module at run time
    to its row id and back (flow_grpo tokenizes prompts only to group them for the stat tracker).
 2. `compute_text_embeddings` returns the precomputed embeddings of the prompt dataset (WORK/prompts.h5, the
    same file ditrl reads); "" (flow_grpo's negative prompt) returns the dataset's /negative rows (zeros).
-3. `flow_grpo.rewards.multi_score` returns the target_pattern reward: -mean((x - p)^2) over each sample's
-   latent, p = 0.5 * randn(numel) from a CPU generator seeded with target_seed (ditrl's AnalyticReward),
-   as {"target_pattern": r, "avg": r}, the layout multi_score returns.
+3. `flow_grpo.rewards.multi_score` returns ditrl's analytic reward of the settings (ditrl's AnalyticReward,
+   src/rollout/reward.cpp) on each sample's final latent x: brightness = mean(x), or target_pattern =
+   -mean((x - p)^2) with p = 0.5 * randn(numel) from a CPU generator seeded with target_seed; as
+   {name: r, "avg": r}, the layout multi_score returns.
 4. `eval` (flow_grpo's evaluation, which train_sd3 calls at the top of an epoch when epoch % eval_freq == 0;
    eval_freq = 1 here) is replaced by the iteration clock: it stamps time.perf_counter() at the start of
    every epoch and ends the run after the requested number of iterations. flow_grpo's eval at epoch 0
@@ -181,17 +182,22 @@ def main():
     reward_calls = []
 
     def multi_score(device, score_dict):
-        assert list(score_dict) == ["target_pattern"], score_dict
+        assert list(score_dict) == [s["reward"]], score_dict
 
         def _fn(images, prompts, metadata, only_strict=True):
             x = images.float().flatten(1).cpu()
-            if x.shape[1] not in targets:
-                g = torch.Generator().manual_seed(s["target_seed"])
-                targets[x.shape[1]] = torch.randn(x.shape[1], generator=g) * 0.5
-            r = -(x - targets[x.shape[1]]).pow(2).mean(1)
+            if s["reward"] == "brightness":
+                r = x.mean(1)
+            elif s["reward"] == "target_pattern":
+                if x.shape[1] not in targets:
+                    g = torch.Generator().manual_seed(s["target_seed"])
+                    targets[x.shape[1]] = torch.randn(x.shape[1], generator=g) * 0.5
+                r = -(x - targets[x.shape[1]]).pow(2).mean(1)
+            else:
+                raise ValueError(f"flow_grpo_driver: no shim for reward {s['reward']!r}")
             reward_calls.append(r.clone())
             scores = r.numpy()
-            return {"target_pattern": scores, "avg": scores}, {}
+            return {s["reward"]: scores, "avg": scores}, {}
 
         return _fn
 
