@@ -42,7 +42,7 @@ export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 flow_commit=${FLOW_GRPO_COMMIT:-$(git -C "$FLOW_GRPO" rev-parse HEAD 2>/dev/null || echo unknown)}
 {
   echo "date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
-  echo "host: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(free -g | awk '/Mem:/{print $2}') GiB"
+  echo "host: $(getconf _NPROCESSORS_ONLN) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(free -g | awk '/Mem:/{print $2}') GiB"
   echo "ditrl: $DITRL, source $(git -C "$HERE" rev-parse --short HEAD 2>/dev/null || echo unknown)"
   echo "ditrl version: $("$DITRL" --version 2>/dev/null | head -1)"
   echo "flow_grpo: $FLOW_GRPO @ $flow_commit"
@@ -56,12 +56,14 @@ stamp() { date +%s.%N; }
 load() { cut -d' ' -f1-3 /proc/loadavg; }
 
 run_ditrl() {  # round ranks
-  local name="ditrl-np$2-r$1" t0 t1 l
+  local name="ditrl-np$2-r$1" t0 t1 l micro
+  # Each rank samples and trains its share: 16 / ranks samples, the micro-batch its whole local batch.
+  micro=$(( $(grep -m1 '^global_batch' "$OUT/work/ditrl.toml" | tr -dc 0-9) / $2 ))
   rm -rf "${OUT:?}/$name"
   l=$(load)
   t0=$(stamp)
   "$MPIRUN" --allow-run-as-root --oversubscribe -np "$2" "$DITRL" train "$OUT/work/ditrl.toml" \
-    --set "run.out_dir=\"$OUT/$name\"" > "$OUT/$name.log" 2>&1 || { echo "run.sh: $name failed, see $OUT/$name.log" >&2; tail -20 "$OUT/$name.log" >&2; exit 1; }
+    --set "run.out_dir=\"$OUT/$name\"" --set "train.micro_batch=$micro" > "$OUT/$name.log" 2>&1 || { echo "run.sh: $name failed, see $OUT/$name.log" >&2; tail -20 "$OUT/$name.log" >&2; exit 1; }
   t1=$(stamp)
   printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "ditrl-np$2" "$t0" "$t1" "$(echo "$t1 - $t0" | bc)" "$l" >> "$OUT/timeline.tsv"
   echo "round $1: $name $(echo "$t1 - $t0" | bc) s wall (load before: $l)"
