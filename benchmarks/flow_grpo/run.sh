@@ -43,7 +43,7 @@ flow_commit=${FLOW_GRPO_COMMIT:-$(git -C "$FLOW_GRPO" rev-parse HEAD 2>/dev/null
 {
   echo "date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
   echo "host: $(getconf _NPROCESSORS_ONLN) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(free -g | awk '/Mem:/{print $2}') GiB"
-  echo "ditrl: $DITRL, source $(git -C "$HERE" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  echo "ditrl: $DITRL; benchmark scripts at $(git -C "$HERE" rev-parse --short HEAD 2>/dev/null || echo unknown)"
   echo "ditrl version: $("$DITRL" --version 2>/dev/null | head -1)"
   echo "flow_grpo: $FLOW_GRPO @ $flow_commit"
   echo "python: $("$PYTHON" -c 'import sys, torch, diffusers, accelerate; print(sys.version.split()[0], "torch", torch.__version__, "diffusers", diffusers.__version__, "accelerate", accelerate.__version__)')"

@@ -105,6 +105,17 @@ def main():
         lines.append(f"- flow_grpo s/iteration / {side} s/iteration, per round: "
                      f"{', '.join(f'{v:.2f}x' for v in values)}; median {statistics.median(values):.2f}x")
         summary[f"ratio_{side}"] = {"per_round": values, "median": statistics.median(values)}
+        # The same ratio for each phase (medians over iterations 2..N) and for the whole run's wall time.
+        for label, key in (("rollout+reward", "rollout_reward_seconds"), ("train", "train_seconds")):
+            phase = [med(runs[(r, "flow_grpo")][key]) / med(runs[(r, side)][key]) for r in rounds]
+            lines.append(f"  - {label} phase, flow_grpo / {side}, per round: "
+                         f"{', '.join(f'{v:.2f}x' for v in phase)}; median {statistics.median(phase):.2f}x")
+            summary[f"ratio_{side}_{key}"] = {"per_round": phase, "median": statistics.median(phase)}
+        whole = [wall[(r, "flow_grpo")] / wall[(r, side)] for r in rounds]
+        lines.append(f"  - whole-run wall time (start-up, {settings['iterations']} iterations, ditrl's final "
+                     f"checkpoint), flow_grpo / {side}, per round: {', '.join(f'{v:.2f}x' for v in whole)}; "
+                     f"median {statistics.median(whole):.2f}x")
+        summary[f"ratio_{side}_wall"] = {"per_round": whole, "median": statistics.median(whole)}
     for side in sides:
         first = [np.mean(runs[(r, side)]["reward_mean"][:3]) for r in rounds]
         last = [np.mean(runs[(r, side)]["reward_mean"][-3:]) for r in rounds]
@@ -132,14 +143,17 @@ def main():
         hi = max(max(np.array(runs[(r, s)]["reward_mean"]) + np.array(runs[(r, s)]["reward_std"]))
                  for r in rounds for s in curves)
         for ax, side in zip(axes[:2], curves):
-            for r in rounds:
+            # Fixed seeds: a side's curve is usually the same in every round; then it is drawn once.
+            same = all(runs[(r, side)]["reward_mean"] == runs[(rounds[0], side)]["reward_mean"] for r in rounds)
+            for r in rounds[:1] if same else rounds:
                 y = np.array(runs[(r, side)]["reward_mean"])
                 sd = np.array(runs[(r, side)]["reward_std"])
                 x = np.arange(1, len(y) + 1)
-                ax.plot(x, y, color=colors[side], alpha=0.35 + 0.65 / len(rounds) * (r == rounds[0]),
-                        marker=".", label=f"round {r}")
+                label = f"reward mean, all {len(rounds)} rounds (identical)" if same else f"round {r}"
+                ax.plot(x, y, color=colors[side], alpha=1.0 if r == rounds[0] else 0.4, marker=".", label=label)
                 if r == rounds[0]:
-                    ax.fill_between(x, y - sd, y + sd, color=colors[side], alpha=0.12, label="round 1 +- std")
+                    ax.fill_between(x, y - sd, y + sd, color=colors[side], alpha=0.12,
+                                    label="+- std over the 16 samples" + ("" if same else " (round 1)"))
             ax.set_title(titles[side])
             ax.set_xlabel("GRPO iteration")
             ax.set_ylabel(f"reward mean ({settings['reward']})")
