@@ -1,6 +1,6 @@
 """Writes the shared inputs of the ditrl vs flow_grpo loop benchmark (benchmarks/flow_grpo/run.sh).
 
-    python benchmarks/flow_grpo/prepare.py WORK_DIR --iterations 15 [--lr 1e-3]
+    python benchmarks/flow_grpo/prepare.py WORK_DIR --iterations 30 [--lr 1e-3]
 
 Everything both sides read comes from here, from one table of settings (SETTINGS), so they cannot drift:
 
@@ -138,7 +138,7 @@ keep = 1
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("work")
-    parser.add_argument("--iterations", type=int, default=15)
+    parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--lr", type=float, default=None)
     args = parser.parse_args()
 

@@ -6,8 +6,8 @@
 #   DITRL       the ditrl binary (e.g. build/ditrl)
 #   FLOW_GRPO   a checkout of github.com/yifan123/flow_grpo (brought in at benchmark time, never committed)
 #   OUT         output folder (work inputs, every run's logs and metrics, summary.md, summary.json, PNG)
-#   ROUNDS      rounds of (ditrl, flow_grpo), the order alternating per round (default 3)
-#   ITERATIONS  GRPO iterations per run (default 15)
+#   ROUNDS      rounds of (ditrl, flow_grpo), the order alternating per round (default 5)
+#   ITERATIONS  GRPO iterations per run (default 30; ~12 min in all with 5 rounds on the 2-core VM)
 #
 # Environment: PYTHON (default ~/.cache/ditrl/venv/bin/python: torch, diffusers, accelerate, h5py, matplotlib
 # and benchmarks/flow_grpo/requirements.txt), MPIRUN (default mpirun), DITRL_2RANKS=0 to skip the extra
@@ -24,8 +24,8 @@ DITRL=$(realpath "$1")
 FLOW_GRPO=$(realpath "$2")
 mkdir -p "$3"
 OUT=$(realpath "$3")
-ROUNDS=${4:-3}
-ITERATIONS=${5:-15}
+ROUNDS=${4:-5}
+ITERATIONS=${5:-30}
 PYTHON=${PYTHON:-$HOME/.cache/ditrl/venv/bin/python}
 MPIRUN=${MPIRUN:-mpirun}
 DITRL_2RANKS=${DITRL_2RANKS:-1}
