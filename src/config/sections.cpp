@@ -31,9 +31,10 @@ void PrecisionSection::validate(const Checker& c) const {
     if (overrides[i].pattern.empty()) c.error(fmt::format("override[{}].pattern", i), "must not be empty");
   if (master != "fp32" && master != forward)
     c.error("master", "below fp32 must equal the forward dtype (masters are what the optimizer updates)");
-  if (attention != "math" && !kCudaBuild)
+  if ((attention == "efficient" || attention == "cudnn") && !kCudaBuild)
     c.error("attention",
-            fmt::format("= \"{}\" runs on CUDA only and this build of ditrl is CPU-only; use \"math\"", attention));
+            fmt::format("= \"{}\" runs on CUDA only and this build of ditrl is CPU-only; use \"math\" or \"flash\"",
+                        attention));
 }
 
 void RolloutSection::validate(const Checker& c) const {

@@ -8,9 +8,7 @@
 #include <cmath>
 #include <limits>
 
-#ifdef DITRL_CUDA
-#include "cuda/fused_attention.hpp"
-#endif
+#include "fused_attention.hpp"
 
 namespace ditrl::models {
 
@@ -38,22 +36,19 @@ at::Tensor math_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
 
 AttentionBackend parse_attention_backend(const std::string& name) {
   if (name == "math") return AttentionBackend::Math;
-  if (name != "flash" && name != "efficient" && name != "cudnn")
+  if (name == "flash") return AttentionBackend::Flash;
+  if (name != "efficient" && name != "cudnn")
     fail("unknown attention backend '{}': expected math, flash, efficient or cudnn", name);
   if (!kCudaBuild)
-    fail("attention backend '{}' runs on CUDA only and this build of ditrl is CPU-only; use \"math\"", name);
-  if (name == "flash") return AttentionBackend::Flash;
+    fail("attention backend '{}' runs on CUDA only and this build of ditrl is CPU-only; use \"math\" or \"flash\"",
+         name);
   return name == "efficient" ? AttentionBackend::Efficient : AttentionBackend::Cudnn;
 }
 
 at::Tensor scaled_dot_product_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                         const at::Tensor& mask, AttentionBackend backend) {
   if (backend == AttentionBackend::Math) return math_attention(q, k, v, mask);
-#ifdef DITRL_CUDA
   return fused_attention(q, k, v, mask, backend);
-#else
-  fail("attention backends other than math are not in this CPU build");
-#endif
 }
 
 Attention::Attention(const AttentionConfig& config, const at::TensorOptions& options) : config_(config) {

@@ -56,9 +56,11 @@ void check_same_run(const std::string& reference, const std::string& other) {
 // One rollout suffices: a different grouping of the gradient sums shows in
 // the checkpoint's weights and moments, a metric's in its first row (the
 // resume test below runs three).
-void check_rank_counts(const std::string& name, const std::string& deck, int rollouts) {
+// Returns the 1-rank run's output directory.
+std::string check_rank_counts(const std::string& name, const std::string& deck, int rollouts,
+                              const std::string& extra = "") {
   const std::string path = std::string(DITRL_SOURCE_DIR) + "/" + deck;
-  const std::string args = "--set train.num_rollouts=" + std::to_string(rollouts);
+  const std::string args = "--set train.num_rollouts=" + std::to_string(rollouts) + " " + extra;
   std::string reference;
   for (int ranks : {1, 2, 4}) {
     const std::string out = test::fresh_output_dir("ranks_" + name + "_" + std::to_string(ranks));
@@ -70,6 +72,7 @@ void check_rank_counts(const std::string& name, const std::string& deck, int rol
     else
       check_same_run(reference, out);
   }
+  return reference;
 }
 
 }  // namespace
@@ -100,6 +103,21 @@ TEST_CASE("ranks: proxy_wan22_sft at 1 2 4 ranks is bitwise equal", "[e2e][ranks
 
 TEST_CASE("ranks: proxy_ltx23_grpo at 1 2 4 ranks is bitwise equal", "[e2e][ranks]") {
   check_rank_counts("ltx23_grpo", "tests/standards/proxy_ltx23_grpo.toml", 1);
+}
+
+TEST_CASE(
+    "ranks: proxy_sd3_grpo on the CPU flash attention kernel at 1 2 4 ranks is bitwise equal / with "
+    "rollout-train parity",
+    "[e2e][ranks][parity]") {
+  const std::string out =
+      check_rank_counts("sd3_grpo_flash", "tests/standards/proxy_sd3_grpo.toml", 2, "--set precision.attention=flash");
+  const io::MetricsTable m = test::metrics_of(out);
+  const std::vector<double>& step = m.series.at("rollout/step");
+  for (size_t row = 0; row < step.size(); ++row)
+    if (row == 0 || step[row] != step[row - 1]) {  // a rollout's first optimizer step, before any update
+      CHECK(m.series.at("train/log_prob_mean_abs_diff")[row] == 0.0);
+      CHECK(m.series.at("train/model_output_max_abs_diff")[row] == 0.0);
+    }
 }
 
 TEST_CASE("ranks: a run stopped at 4 ranks and resumed at 2 continues the 1-rank run bitwise", "[e2e][ranks][resume]") {

@@ -195,7 +195,7 @@ TEST_CASE("config: section rules report the offending key", "[config]") {
   CHECK_THAT(deck_error(std::string(kMinimal) + "[reward]\nkind = \"torchscript\"\n"),
              Contains("'reward.module' is required"));
   if (!ditrl::kCudaBuild) {
-    CHECK_THAT(deck_error(std::string(kMinimal) + "[precision]\nattention = \"flash\"\n"),
+    CHECK_THAT(deck_error(std::string(kMinimal) + "[precision]\nattention = \"efficient\"\n"),
                Contains("runs on CUDA only"));
     CHECK_THAT(deck_error(std::string(kMinimal) + "[run]\ndevice = \"cuda\"\n"),
                Contains("'run.device' = \"cuda\" needs a CUDA build of ditrl"));

@@ -9,6 +9,7 @@
 #include <ditrl/models/weights.hpp>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <torch/csrc/autograd/grad_mode.h>
 #include <catch2/catch.hpp>
 
@@ -188,8 +189,9 @@ TEST_CASE("layers: math attention / masks and joint attention orders", "[models]
       scaled_dot_product_attention(qb.to(at::kFloat), kb.to(at::kFloat), vb.to(at::kFloat), {}, AttentionBackend::Math)
           .to(at::kBFloat16)));
   CHECK(parse_attention_backend("math") == AttentionBackend::Math);
+  CHECK(parse_attention_backend("flash") == AttentionBackend::Flash);
   if (!ditrl::kCudaBuild)
-    for (const char* fused : {"flash", "efficient", "cudnn"})
+    for (const char* fused : {"efficient", "cudnn"})
       CHECK_THROWS_WITH(parse_attention_backend(fused), Contains("runs on CUDA only"));
   CHECK_THROWS_WITH(parse_attention_backend("sdpa"), Contains("unknown attention backend 'sdpa'"));
 
@@ -227,6 +229,46 @@ TEST_CASE("layers: math attention / masks and joint attention orders", "[models]
   };
   image_first->joint_attention(x, c, {}, probe);
   CHECK(calls == 1);
+}
+
+TEST_CASE(
+    "layers: flash attention on the CPU / agrees with the exact softmax with and without masks / the same "
+    "bits at any thread count",
+    "[models][layers]") {
+  at::manual_seed(3);
+  const at::Tensor q = at::randn({2, 3, 70, 16}), k = at::randn({2, 3, 90, 16}), v = at::randn({2, 3, 90, 16});
+  const auto exact = [&](const at::Tensor& bias) {
+    const at::Tensor s = at::matmul(q.to(at::kDouble), k.to(at::kDouble).transpose(-2, -1)) / 4.0 + bias;
+    return at::matmul(at::softmax(s, -1), v.to(at::kDouble));
+  };
+  const at::Tensor keep = at::arange(90).lt(60).reshape({1, 1, 1, 90});
+  const at::Tensor additive = at::where(keep, at::zeros({1}), at::full({1}, -INFINITY));
+  CHECK(max_abs_diff(scaled_dot_product_attention(q, k, v, {}, AttentionBackend::Flash),
+                     exact(at::zeros({1}, at::kDouble))) < 1e-5);
+  CHECK(max_abs_diff(scaled_dot_product_attention(q, k, v, keep, AttentionBackend::Flash),
+                     exact(additive.to(at::kDouble))) < 1e-5);
+  CHECK(max_abs_diff(scaled_dot_product_attention(q, k, v, additive, AttentionBackend::Flash),
+                     exact(additive.to(at::kDouble))) < 1e-5);
+  // bf16 in, bf16 out, within bf16 rounding of the exact value.
+  const at::Tensor qb = q.to(at::kBFloat16), kb = k.to(at::kBFloat16), vb = v.to(at::kBFloat16);
+  const at::Tensor half = scaled_dot_product_attention(qb, kb, vb, {}, AttentionBackend::Flash);
+  CHECK(half.scalar_type() == at::kBFloat16);
+  CHECK(max_abs_diff(half, exact(at::zeros({1}, at::kDouble))) < 2e-2);
+
+  // Deterministic mode and rank invariance need the same bits from any
+  // thread count, forward and backward.
+  const auto run = [&](int threads) {
+    const int before = at::get_num_threads();
+    at::set_num_threads(threads);
+    const at::Tensor qg = q.clone().requires_grad_(true), kg = k.clone().requires_grad_(true),
+                     vg = v.clone().requires_grad_(true);
+    const at::Tensor out = scaled_dot_product_attention(qg, kg, vg, keep, AttentionBackend::Flash);
+    (out * out).sum().backward();
+    at::set_num_threads(before);
+    return std::vector<at::Tensor>{out.detach(), qg.grad(), kg.grad(), vg.grad()};
+  };
+  const std::vector<at::Tensor> one = run(1), two = run(2);
+  for (size_t i = 0; i < one.size(); ++i) CHECK(at::equal(one[i], two[i]));
 }
 
 TEST_CASE("layers: parameter names follow the checkpoints", "[models][layers]") {

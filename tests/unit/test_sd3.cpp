@@ -281,7 +281,7 @@ TEST_CASE("families: registry / conditioning lookup and CFG combine", "[models][
   o.family = "flux";
   CHECK_THROWS_WITH(create_family(o), Contains("unknown model family 'flux'") && Contains("sd3"));
   o.family = "sd3";
-  o.attention = "flash";
+  o.attention = "cudnn";
   if (!ditrl::kCudaBuild) CHECK_THROWS_WITH(create_family(o), Contains("runs on CUDA only"));
   o.attention = "math";
   auto family = create_family(o);

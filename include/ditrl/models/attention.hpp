@@ -21,9 +21,9 @@ namespace ditrl::models {
 
 enum class AttentionBackend {
   Math,       // portable and deterministic; half inputs computed in fp32
-  Flash,      // LibTorch's fused SDPA kernels, CUDA builds only: flash (no mask),
-  Efficient,  // memory-efficient,
-  Cudnn,      // cuDNN; exactly the chosen one is enabled (no fallback)
+  Flash,      // LibTorch's fused SDPA kernels: flash (CPU, and CUDA without a mask),
+  Efficient,  // memory-efficient (CUDA),
+  Cudnn,      // cuDNN (CUDA); exactly the chosen one is enabled (no fallback)
 };
 
 // "math" | "flash" | "efficient" | "cudnn"; a backend this build lacks is an

@@ -1,6 +1,7 @@
 #pragma once
 
-// LibTorch's fused SDPA kernels on CUDA tensors (CUDA build only).
+// LibTorch's fused SDPA kernels: flash on CPU tensors (its CPU kernel: tiled,
+// deterministic, the same bits at any thread count), all three on CUDA ones.
 
 #include <ditrl/models/attention.hpp>
 

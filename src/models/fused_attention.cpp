@@ -63,8 +63,10 @@ std::string describe(const at::Tensor& t) {
 at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
                            AttentionBackend backend) {
   const char* name = backend_name(backend);
-  if (!q.is_cuda()) fail("attention backend \"{}\" runs on CUDA tensors only (q is on {})", name, q.device().str());
-  if (backend == AttentionBackend::Flash && mask.defined())
+  if (!q.is_cuda() && backend != AttentionBackend::Flash)
+    fail("attention backend \"{}\" runs on CUDA tensors only (q is on {}); on the CPU use \"flash\" or \"math\"", name,
+         q.device().str());
+  if (q.is_cuda() && backend == AttentionBackend::Flash && mask.defined())
     fail(
         "attention backend \"flash\" takes no mask (this model's attention is masked); use \"efficient\", \"cudnn\" "
         "or \"math\"");
