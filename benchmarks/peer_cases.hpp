@@ -139,10 +139,12 @@ inline const std::map<std::string, FamilyBench> kFamilies = {
 };
 
 inline std::shared_ptr<models::Family> make_family(const std::string& family, const std::string& config,
-                                                   c10::ScalarType compute = at::kFloat) {
+                                                   c10::ScalarType compute = at::kFloat,
+                                                   const std::string& attention = "math") {
   models::FamilyOptions options;
   options.family = family;
   options.config_json = config;
+  options.attention = attention;
   options.init_seed = 1234;
   // The deck's defaults: latents and conditioning cast to the compute dtype, the timestep passed through.
   options.inputs = precision::InputPolicy::resolve("default", "default", "passthrough", compute);

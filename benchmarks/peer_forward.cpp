@@ -107,8 +107,9 @@ constexpr double kWeightDecay = 0.01;  // torch.optim.AdamW's default, on both s
 class DitrlTrainer {
  public:
   DitrlTrainer(const std::string& family, const std::string& config, const std::string& weights,
-               const std::string& inputs, const Variant& variant, dist::Communicator& comm) {
-    family_ = make_family(family, config, variant.compute);
+               const std::string& inputs, const Variant& variant, const std::string& attention,
+               dist::Communicator& comm) {
+    family_ = make_family(family, config, variant.compute, attention);
     models::load_weights(*family_, io::Checkpoint(weights));
     for (const auto& p : family_->parameters()) params += p.numel();
     if (variant.sharded) {
@@ -165,12 +166,12 @@ struct Row {
   peer::Summary s;
 };
 
-Row measure(const Case& c, const std::string& dir, const Variant& variant, int threads, bool tuned,
-            const std::string& python, const std::string& script, dist::Communicator& comm) {
+Row measure(const Case& c, const std::string& dir, const Variant& variant, const std::string& attention, int threads,
+            bool tuned, const std::string& python, const std::string& script, dist::Communicator& comm) {
   at::set_num_threads(threads);
   const std::string config = dir + "/config.json", weights = dir + "/weights.safetensors",
                     inputs = dir + "/inputs.safetensors";
-  DitrlTrainer ours(c.family, config, weights, inputs, variant, comm);
+  DitrlTrainer ours(c.family, config, weights, inputs, variant, attention, comm);
   std::vector<std::string> argv = {python,        script,
                                    "--family",    c.family,
                                    "--config",    config,
@@ -210,12 +211,15 @@ int main(int argc, char** argv) {
   for (const auto& [name, bench] : kFamilies) known.push_back(name);
   std::vector<std::string> families = known;
   std::vector<std::string> variant_names = {"fp32-eager", "fp32-sharded", "bf16-sharded"};
+  std::string attention = "math";
   CLI::App app{"ditrl vs diffusers (PyTorch eager): forward+backward+AdamW step time per model family"};
   app.add_option("--families", families, "model families to measure (default: all)")->delimiter(',');
   app.add_option("--variants", variant_names,
                  "fp32-eager | fp32-sharded[-keep] | bf16-sharded[-keep], optionally with -ckpt (diffusers' gradient "
                  "checkpointing); -keep: ditrl without recompute")
       ->delimiter(',');
+  app.add_option("--attention", attention, "ditrl's attention backend: math | flash")
+      ->check(CLI::IsMember({"math", "flash"}));
   o.add_to(app);
   CLI11_PARSE(app, argc, argv);
   o.sort_threads();
@@ -243,7 +247,7 @@ int main(int argc, char** argv) {
       if (!tuned) prepare_case(cases[i], dir);
       for (const Variant& variant : variants)
         for (int threads : o.thread_counts)
-          rows.push_back(measure(cases[i], dir, variant, threads, tuned, o.python, script, *comm));
+          rows.push_back(measure(cases[i], dir, variant, attention, threads, tuned, o.python, script, *comm));
     }
   });
 
@@ -280,7 +284,9 @@ int main(int argc, char** argv) {
      << "- Machine: " << peer::cpu_model() << ", " << std::thread::hardware_concurrency()
      << " hardware threads; 1-minute load average " << load_at_start << " at the start, " << peer::load_average()
      << " at the end (anything above the benchmark's own 1 is other work sharing the cores)\n"
-     << "- ditrl: LibTorch " << TORCH_VERSION << " (C++), `math` attention (matmul, softmax, matmul)\n"
+     << "- ditrl: LibTorch " << TORCH_VERSION << " (C++), `" << attention << "` attention ("
+     << (attention == "math" ? "matmul, softmax, matmul" : "LibTorch's CPU flash kernel, as the peer's SDPA picks")
+     << ")\n"
      << "- diffusers peer: " << o.python << ", torch " << peer::python_torch_version(o.python) << ", diffusers "
      << peer::python_module_version(o.python, "diffusers")
      << " (the torch wheel whose LibTorch ditrl links), benchmarks/peer_diffusers.py: "
