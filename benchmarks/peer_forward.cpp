@@ -69,7 +69,8 @@ struct Variant {
   std::string name;
   c10::ScalarType compute = at::kFloat;
   bool sharded = false;
-  bool recompute = true;  // sharded: rebuild each block's graph in backward
+  bool recompute = true;     // sharded: rebuild each block's graph in backward
+  bool fused_adamw = false;  // sharded: LibTorch's fused AdamW kernel (--fused-adamw)
   bool peer_checkpointing = false;
 };
 
@@ -116,6 +117,7 @@ class DitrlTrainer {
       shard::ShardOptions options;
       options.adamw.weight_decay = kWeightDecay;
       options.recompute = variant.recompute;
+      options.adamw.fused = variant.fused_adamw;
       sharded_ = std::make_unique<shard::ShardedParams>(*family_, family_->wrap_units(),
                                                         training_plan(*family_, variant.compute), comm, options);
       ctx_.runner = sharded_.get();
@@ -212,6 +214,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> families = known;
   std::vector<std::string> variant_names = {"fp32-eager", "fp32-sharded", "bf16-sharded"};
   std::string attention = "math";
+  bool fused_adamw = false;
   CLI::App app{"ditrl vs diffusers (PyTorch eager): forward+backward+AdamW step time per model family"};
   app.add_option("--families", families, "model families to measure (default: all)")->delimiter(',');
   app.add_option("--variants", variant_names,
@@ -220,11 +223,15 @@ int main(int argc, char** argv) {
       ->delimiter(',');
   app.add_option("--attention", attention, "ditrl's attention backend: math | flash")
       ->check(CLI::IsMember({"math", "flash"}));
+  app.add_flag("--fused-adamw", fused_adamw, "ditrl's sharded variants use LibTorch's fused AdamW kernel");
   o.add_to(app);
   CLI11_PARSE(app, argc, argv);
   o.sort_threads();
   std::vector<Variant> variants;
-  for (const std::string& name : variant_names) variants.push_back(parse_variant(name));
+  for (const std::string& name : variant_names) {
+    variants.push_back(parse_variant(name));
+    variants.back().fused_adamw = fused_adamw;
+  }
 
   std::vector<Case> cases;
   for (const std::string& family : families) {
@@ -286,7 +293,9 @@ int main(int argc, char** argv) {
      << " at the end (anything above the benchmark's own 1 is other work sharing the cores)\n"
      << "- ditrl: LibTorch " << TORCH_VERSION << " (C++), `" << attention << "` attention ("
      << (attention == "math" ? "matmul, softmax, matmul" : "LibTorch's CPU flash kernel, as the peer's SDPA picks")
-     << ")\n"
+     << "), sharded variants' AdamW: "
+     << (fused_adamw ? "LibTorch's fused kernel (`train.fused_adamw`)" : "ditrl's chunked passes over the flat slices")
+     << "\n"
      << "- diffusers peer: " << o.python << ", torch " << peer::python_torch_version(o.python) << ", diffusers "
      << peer::python_module_version(o.python, "diffusers")
      << " (the torch wheel whose LibTorch ditrl links), benchmarks/peer_diffusers.py: "

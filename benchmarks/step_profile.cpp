@@ -14,7 +14,8 @@
 // single-thread at::mm shapes in the step's dtype, timed here in the same
 // process right after the steps.
 //
-//   bench_step_profile [--family sd3] [--compute fp32|bf16] [--steps 2] [--out FILE.md]
+//   bench_step_profile [--family sd3] [--compute fp32|bf16] [--attention math|flash] [--no-recompute] [--fused-adamw]
+//                      [--steps 2] [--out FILE.md]
 
 #include <ditrl/dist/communicator.hpp>
 #include <ditrl/dist/runtime.hpp>
@@ -159,10 +160,15 @@ double gemm_ceiling_gflops(c10::ScalarType dtype, std::string& shapes) {
 int main(int argc, char** argv) {
   dist::MpiRuntime mpi(&argc, &argv);
   std::string family_name = "sd3", compute_name = "fp32", out, work = "/tmp/ditrl_step_profile";
+  std::string attention = "math";
   int steps = 2, warmup = 2;
+  bool no_recompute = false, fused_adamw = false;
   CLI::App app{"ditrl's training step per op family, against the measured GEMM ceiling"};
   app.add_option("--family", family_name, "sd3 | wan | qwen_image (its ~100M peer_forward config)");
   app.add_option("--compute", compute_name, "fp32 | bf16")->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--attention", attention, "math | flash")->check(CLI::IsMember({"math", "flash"}));
+  app.add_flag("--no-recompute", no_recompute, "every block keeps its forward's graph (parallel.recompute = false)");
+  app.add_flag("--fused-adamw", fused_adamw, "LibTorch's fused AdamW kernel (train.fused_adamw = true)");
   app.add_option("--steps", steps, "profiled steps");
   app.add_option("--warmup", warmup, "steps before profiling");
   app.add_option("--work", work, "directory for the weights / inputs files");
@@ -180,11 +186,14 @@ int main(int argc, char** argv) {
   const peer::Case c = it->second.cases(1, 1).back();
   const std::string dir = work + "/" + family_name;
   peer::prepare_case(c, dir);
-  const auto family = peer::make_family(family_name, dir + "/config.json", compute);
+  const auto family = peer::make_family(family_name, dir + "/config.json", compute, attention);
   models::load_weights(*family, io::Checkpoint(dir + "/weights.safetensors"));
   int64_t params = 0;
   for (const auto& p : family->parameters()) params += p.numel();
-  shard::ShardedParams sharded(*family, family->wrap_units(), peer::training_plan(*family, compute), *comm);
+  shard::ShardOptions options;
+  options.recompute = !no_recompute;
+  options.adamw.fused = fused_adamw;
+  shard::ShardedParams sharded(*family, family->wrap_units(), peer::training_plan(*family, compute), *comm, options);
   models::ForwardContext ctx;
   ctx.runner = &sharded;
   const io::SafetensorsFile file(dir + "/inputs.safetensors");
@@ -230,12 +239,15 @@ int main(int argc, char** argv) {
   std::string md = fmt::format(
       "## {} {}, {:.1f} M parameters, {} compute, batch {} x ({} + {} tokens), 1 thread\n\n"
       "- Command: `{}`\n- Date: {}; machine: {}, 1-minute load average {} at the end\n"
-      "- LibTorch {}, ShardedParams on one rank; {} profiled steps after {} warm-up steps: {:.2f} s per step "
+      "- LibTorch {}, ShardedParams on one rank ({} attention, {}, {} AdamW); {} profiled steps after {} warm-up "
+      "steps: "
+      "{:.2f} s per step "
       "(the profiler adds its own per-op cost)\n\n"
       "| op family | s per step | share of the step |\n|---|---|---|\n",
       family_name, c.name, params / 1e6, compute_name, c.batch, c.image_tokens, c.text_tokens,
-      peer::command_line(argc, argv), peer::utc_now(), peer::cpu_model(), peer::load_average(), TORCH_VERSION, steps,
-      warmup, per_step);
+      peer::command_line(argc, argv), peer::utc_now(), peer::cpu_model(), peer::load_average(), TORCH_VERSION,
+      attention, no_recompute ? "no recompute" : "blocks recomputed in backward", fused_adamw ? "fused" : "chunked",
+      steps, warmup, per_step);
   for (const auto& [name, s] : families)
     md += fmt::format("| {} | {:.3f} | {:.1f}% |\n", name, s / steps, 100 * s / seconds);
   md += "\nTop ops by self time (s per step): ";

@@ -81,7 +81,7 @@ shard::ShardOptions shard_options(const config::Config& c, c10::Device device) {
   o.prefetch = c.parallel.prefetch;
   o.recompute = c.parallel.recompute;
   o.device = device;
-  o.adamw = {c.train.betas[0], c.train.betas[1], c.train.eps, c.train.weight_decay};
+  o.adamw = {c.train.betas[0], c.train.betas[1], c.train.eps, c.train.weight_decay, c.train.fused_adamw};
   return o;
 }
 

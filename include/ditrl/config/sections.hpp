@@ -250,6 +250,9 @@ struct TrainSection {
   std::vector<double> betas{0.9, 0.999};
   double eps = 1e-8;
   double weight_decay = 0.0;
+  // LibTorch's fused AdamW kernel (one pass over the moments and masters):
+  // faster, the same update up to rounding, so it changes a run's bits.
+  bool fused_adamw = false;
   double clip_grad = 1.0;  // 0 = no clipping
   double clip_range = 1e-4;
   double adv_clip_max = 5.0;
@@ -276,6 +279,7 @@ struct TrainSection {
     v("betas", betas, Between{0, 1});
     v("eps", eps, Above{0});
     v("weight_decay", weight_decay, Between{0, 10});
+    v("fused_adamw", fused_adamw);
     v("clip_grad", clip_grad, Between{0, 1e9});
     v("clip_range", clip_range, Above{0});
     v("adv_clip_max", adv_clip_max, Above{0});

@@ -18,6 +18,7 @@ struct AdamWOptions {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.0;  // decoupled: p -= lr * weight_decay * p
+  bool fused = false;         // LibTorch's fused kernel: the same update up to rounding
 };
 
 // Scales the gradients to norm max_norm when above it (coefficient
@@ -34,9 +35,11 @@ class AdamW {
   void set_steps(int64_t steps) { steps_ = steps; }
 
  private:
+  void fused_step(Slices& slices, double lr);
+
   AdamWOptions options_;
   int64_t steps_ = 0;
-  at::Tensor denom_;  // scratch bytes
+  at::Tensor denom_;  // one chunk of scratch
 };
 
 }  // namespace ditrl::shard
