@@ -7,7 +7,8 @@
 //
 //   bench_fsdp_step prepare DIR [--family sd3] [--batch 4] [--tiny]
 //       writes DIR/config.json, weights.safetensors, inputs.safetensors
-//   mpiexec -n N bench_fsdp_step run DIR [--family sd3] [--steps 3] [--no-recompute]
+//   mpiexec -n N bench_fsdp_step run DIR [--family sd3] [--steps 3] [--no-recompute] [--fused-adamw]
+//                                        [--attention math|flash]
 //       one warm-up step, then `steps` timed ones; rank 0 prints one JSON
 //       line {"ranks", "params", "step_seconds", "losses"}; --no-recompute:
 //       every block keeps its forward's graph (parallel.recompute = false)
@@ -54,16 +55,18 @@ void reset_shim_counters() {
   if (const auto reset = reinterpret_cast<Reset>(dlsym(RTLD_DEFAULT, "mpi_bytes_shim_reset"))) reset();
 }
 
-int run(const std::string& dir, const std::string& family_name, int steps, bool recompute) {
+int run(const std::string& dir, const std::string& family_name, int steps, bool recompute, bool fused_adamw,
+        const std::string& attention) {
   const auto comm = dist::make_mpi_communicator();
   at::set_num_threads(1);
-  const auto family = peer::make_family(family_name, dir + "/config.json", at::kBFloat16);
+  const auto family = peer::make_family(family_name, dir + "/config.json", at::kBFloat16, attention);
   models::load_weights(*family, io::Checkpoint(dir + "/weights.safetensors"));
   int64_t params = 0;
   for (const auto& p : family->parameters()) params += p.numel();
   shard::ShardOptions options;
   options.adamw.weight_decay = kWeightDecay;
   options.recompute = recompute;
+  options.adamw.fused = fused_adamw;
   shard::ShardedParams sharded(*family, family->wrap_units(), peer::training_plan(*family, at::kBFloat16), *comm,
                                options);
   models::ForwardContext ctx;
@@ -112,7 +115,8 @@ int main(int argc, char** argv) {
   std::string mode, dir, family = "sd3";
   int64_t batch = 4;
   int steps = 3;
-  bool tiny = false, no_recompute = false;
+  bool tiny = false, no_recompute = false, fused_adamw = false;
+  std::string attention = "math";
   CLI::App app{"ditrl ShardedParams training step on N ranks (the FSDP2 comparison's ditrl side)"};
   app.add_option("mode", mode, "prepare | run")->required()->check(CLI::IsMember({"prepare", "run"}));
   app.add_option("dir", dir, "directory of config.json, weights.safetensors, inputs.safetensors")->required();
@@ -121,9 +125,11 @@ int main(int argc, char** argv) {
   app.add_flag("--tiny", tiny, "the family's tiny preset instead of its ~100M config (prepare)");
   app.add_option("--steps", steps, "timed steps after one warm-up step (run)");
   app.add_flag("--no-recompute", no_recompute, "keep every block's graph instead of recomputing it (run)");
+  app.add_flag("--fused-adamw", fused_adamw, "LibTorch's fused AdamW kernel (run)");
+  app.add_option("--attention", attention, "math | flash (run)")->check(CLI::IsMember({"math", "flash"}));
   CLI11_PARSE(app, argc, argv);
   try {
-    if (mode == "run") return run(dir, family, steps, !no_recompute);
+    if (mode == "run") return run(dir, family, steps, !no_recompute, fused_adamw, attention);
     if (mpi.world().size != 1) throw std::runtime_error("prepare runs on one rank");
     peer::prepare_case(bench_case(family, tiny, batch), dir);
     return 0;

@@ -88,6 +88,9 @@ def main():
                         help="FSDP2 with diffusers' gradient checkpointing (ditrl recomputes blocks in backward too)")
     parser.add_argument("--ditrl-no-recompute", action="store_true",
                         help="ditrl keeps every block's graph (parallel.recompute = false), as FSDP2 without checkpointing")
+    parser.add_argument("--ditrl-fast", action="store_true",
+                        help="ditrl with flash attention and its fused AdamW too (with --ditrl-no-recompute: "
+                             "its fastest configuration)")
     parser.add_argument("--ranks", default="2,4")
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--steps", type=int, default=2, help="timed steps per run, after one warm-up step")
@@ -114,7 +117,8 @@ def main():
             load = load_average()
             out = last_json(run(MPI + ["-n", str(n), "-x", f"LD_PRELOAD={shim}", "-x", "DITRL_MPI_BYTES_DIR", bench,
                                        "run", data, "--family", args.family, "--steps", str(args.steps)] +
-                                (["--no-recompute"] if args.ditrl_no_recompute else []), env),
+                                (["--no-recompute"] if args.ditrl_no_recompute else []) +
+                                (["--fused-adamw", "--attention", "flash"] if args.ditrl_fast else []), env),
                             "bench_fsdp_step")
             counted = shim_bytes(shim_dir)
             out["bytes_per_step"] = {op: v[1] / args.steps for op, v in counted.items()}
@@ -192,7 +196,8 @@ def write_report(args, ranks, results, started, load_start, argv):
         "split contiguously over the ranks",
         "- ditrl: `bench_fsdp_step run` (benchmarks/fsdp_step.cpp): ShardedParams with its defaults (each block a "
         "wrap unit, prefetch of the next block, reshard after forward, "
-        f"{'no recompute: every block keeps its graph, --no-recompute' if args.ditrl_no_recompute else 'blocks recomputed in backward'}), "
+        f"{'no recompute: every block keeps its graph, --no-recompute' if args.ditrl_no_recompute else 'blocks recomputed in backward'}"
+        f"{', flash attention, fused AdamW (--ditrl-fast)' if args.ditrl_fast else ', math attention, chunked AdamW'}), "
         "the family's fp32-kept parameters, Open MPI vader",
         f"- FSDP2: benchmarks/peer_fsdp2.py, torch {results[('fsdp2', ranks[0])][0]['torch']}, diffusers' class, "
         "`fully_shard` per transformer block then the root, MixedPrecisionPolicy(param_dtype=bf16, "

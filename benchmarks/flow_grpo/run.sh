@@ -12,7 +12,8 @@
 # Environment: PYTHON (default ~/.cache/ditrl/venv/bin/python: torch, diffusers, accelerate, h5py, matplotlib
 # and benchmarks/flow_grpo/requirements.txt), MPIRUN (default mpirun), DITRL_2RANKS=0 to skip the extra
 # 2-rank ditrl run of each round, FLOW_GRPO_COMMIT (recorded when FLOW_GRPO is not a git checkout),
-# PNG (default OUT/flow_grpo_loop.png).
+# PNG (default OUT/flow_grpo_loop.png), DITRL_SET: extra deck settings for ditrl's runs, blank-separated
+# (e.g. "parallel.recompute=false precision.attention=flash train.fused_adamw=true").
 set -euo pipefail
 
 if [ $# -lt 3 ]; then
@@ -29,6 +30,8 @@ ITERATIONS=${5:-30}
 PYTHON=${PYTHON:-$HOME/.cache/ditrl/venv/bin/python}
 MPIRUN=${MPIRUN:-mpirun}
 DITRL_2RANKS=${DITRL_2RANKS:-1}
+DITRL_EXTRA=()
+for setting in ${DITRL_SET:-}; do DITRL_EXTRA+=(--set "$setting"); done
 PNG=${PNG:-$OUT/flow_grpo_loop.png}
 
 [ -x "$DITRL" ] || { echo "run.sh: $DITRL is not an executable" >&2; exit 2; }
@@ -48,6 +51,7 @@ flow_commit=${FLOW_GRPO_COMMIT:-$(git -C "$FLOW_GRPO" rev-parse HEAD 2>/dev/null
   echo "flow_grpo: $FLOW_GRPO @ $flow_commit"
   echo "python: $("$PYTHON" -c 'import sys, torch, diffusers, accelerate; print(sys.version.split()[0], "torch", torch.__version__, "diffusers", diffusers.__version__, "accelerate", accelerate.__version__)')"
   echo "rounds: $ROUNDS, iterations: $ITERATIONS, threads: 1, ditrl 2-rank runs: $DITRL_2RANKS"
+  echo "ditrl extra settings: ${DITRL_SET:-none}"
 } > "$OUT/machine.txt"
 cat "$OUT/machine.txt"
 : > "$OUT/timeline.tsv"   # round, side, start, end, wall seconds, load averages before
@@ -63,7 +67,7 @@ run_ditrl() {  # round ranks
   l=$(load)
   t0=$(stamp)
   "$MPIRUN" --allow-run-as-root --oversubscribe -np "$2" "$DITRL" train "$OUT/work/ditrl.toml" \
-    --set "run.out_dir=\"$OUT/$name\"" --set "train.micro_batch=$micro" > "$OUT/$name.log" 2>&1 || { echo "run.sh: $name failed, see $OUT/$name.log" >&2; tail -20 "$OUT/$name.log" >&2; exit 1; }
+    --set "run.out_dir=\"$OUT/$name\"" --set "train.micro_batch=$micro" ${DITRL_EXTRA[@]+"${DITRL_EXTRA[@]}"} > "$OUT/$name.log" 2>&1 || { echo "run.sh: $name failed, see $OUT/$name.log" >&2; tail -20 "$OUT/$name.log" >&2; exit 1; }
   t1=$(stamp)
   printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "ditrl-np$2" "$t0" "$t1" "$(echo "$t1 - $t0" | bc)" "$l" >> "$OUT/timeline.tsv"
   echo "round $1: $name $(echo "$t1 - $t0" | bc) s wall (load before: $l)"
