@@ -151,7 +151,8 @@ Run open_run(const config::Config& config, dist::Runtime& runtime, const std::st
   check_run_inputs(c, world);
 
   const auto load_start = std::chrono::steady_clock::now();
-  SlicedModel model = sliced_deck_model(c, runtime.device());
+  // The run's forwards are all at the deck's grid: SD3's pos_embed holds its crop only.
+  SlicedModel model = sliced_deck_model(c, runtime.device(), GridTables::DeckCrop);
   run.family = std::move(model.family);
   check_sequence_parallel(c, *run.family);
   const dist::SequenceGroups& sequence = runtime.sequence();

@@ -1,4 +1,5 @@
 #include <ditrl/error.hpp>
+#include <ditrl/models/embeddings.hpp>
 #include <ditrl/models/parameter_source.hpp>
 #include <ditrl/models/weights.hpp>
 #include <ditrl/precision/names.hpp>
@@ -59,6 +60,17 @@ class SeededSource final : public ParameterSource {
   at::Tensor current_;  // the last drawn parameter, flattened
 };
 
+// The windowed patch embeddings of `module` (sliced training's cropped
+// pos_embed) by the name of the buffer they hold a window of.
+std::map<std::string, PatchEmbed*> windowed_buffers(torch::nn::Module& module) {
+  std::map<std::string, PatchEmbed*> out;
+  for (const auto& m : module.named_modules()) {
+    auto* embed = dynamic_cast<PatchEmbed*>(m.value().get());
+    if (embed && embed->windowed()) out[m.key().empty() ? "pos_embed" : m.key() + ".pos_embed"] = embed;
+  }
+  return out;
+}
+
 class CheckpointSource final : public ParameterSource {
  public:
   CheckpointSource(torch::nn::Module& model, const std::vector<CheckpointPart>& parts) {
@@ -75,7 +87,19 @@ class CheckpointSource final : public ParameterSource {
       std::map<std::string, at::Tensor> tensors;
       for (const auto& p : parts[i].module->named_parameters()) tensors[p.key()] = p.value();
       for (const auto& b : parts[i].module->named_buffers()) tensors[b.key()] = b.value();
+      const std::map<std::string, PatchEmbed*> windows = windowed_buffers(*parts[i].module);
       for (const auto& [canonical, stored] : stored_names(*parts[i].module, *checkpoints_[i])) {
+        if (const auto w = windows.find(canonical); w != windows.end()) {
+          // Only the window's rows of the table are read (a bf16 file's
+          // values, not the computed ones it was built with).
+          const io::Checkpoint& file = *checkpoints_[i];
+          w->second->fill_window([&](int64_t begin, int64_t end) {
+            const at::Tensor rows = file.read_range(stored, begin, end);
+            bytes_read_ += rows.nbytes();
+            return rows;
+          });
+          continue;
+        }
         at::Tensor& target = tensors.at(canonical);
         if (!target.is_meta()) {
           target.copy_(checkpoints_[i]->view(stored));

@@ -54,8 +54,9 @@ struct CheckpointPart {
 // first (validate_checkpoint: missing, unexpected, wrongly-shaped and
 // wrongly-typed tensors in one error naming the file), before any value is
 // read; materialised tensors a checkpoint carries (SD3's pos_embed buffer,
-// LoRA factors) are copied in whole, as load_weights does. `model` is the
-// family whose parameter names order() lists.
+// LoRA factors) are copied in whole, as load_weights does, except a windowed
+// pos_embed (FamilyOptions::crop_to_grid), of which only the window's rows
+// are read, here. `model` is the family whose parameter names order() lists.
 std::unique_ptr<ParameterSource> checkpoint_source(torch::nn::Module& model, const std::vector<CheckpointPart>& parts);
 
 }  // namespace ditrl::models
