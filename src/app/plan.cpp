@@ -7,6 +7,7 @@
 #include <ditrl/shard/plan_report.hpp>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <iostream>
 #include <set>
@@ -71,6 +72,10 @@ void add_plan_command(CLI::App& app, Command& selected) {
       std::cout << "# plan of " << options->deck << " (" << family->family_name() << ", " << config.model.preset
                 << ") over " << options->ranks << " ranks\n"
                 << report.table() << activation_table(config, *family);
+      // Buffers a checkpoint carries, named as in the file (benchmarks/real_size/write_weights.py reads these).
+      for (const auto& b : family->named_buffers())
+        std::cout << fmt::format("# checkpoint buffer: {} [{}] {}\n", b.key(), fmt::join(b.value().sizes(), ", "),
+                                 precision::dtype_name(b.value().scalar_type()));
       return 0;
     };
   });

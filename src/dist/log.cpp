@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <vector>
 
 namespace ditrl::dist {
@@ -80,6 +81,16 @@ void log_placement(const WorldInfo& world, int threads, const std::string& devic
   std::vector<std::string> hosts;
   for (int r = 0; r < world.size; ++r) hosts.emplace_back(all.data() + static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME);
   spdlog::info("layout: {}", layout_text(hosts));
+}
+
+std::string memory_text() {
+  double rss = 0, peak = 0;
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmRSS:", 0) == 0) rss = std::stod(line.substr(6)) * 1024.0;  // "VmRSS:  1234 kB"
+    if (line.rfind("VmHWM:", 0) == 0) peak = std::stod(line.substr(6)) * 1024.0;
+  }
+  return fmt::format("RSS {:.3f} GB, peak {:.3f} GB", rss / 1e9, peak / 1e9);
 }
 
 }  // namespace ditrl::dist

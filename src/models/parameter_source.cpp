@@ -8,10 +8,30 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <chrono>
 #include <map>
 #include <unordered_map>
 
 namespace ditrl::models {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+}  // namespace
+
+void ParameterSource::read_into(const std::string& name, int64_t begin, int64_t end, const at::Tensor& out) {
+  const auto start = Clock::now();
+  const at::Tensor values = read(name, begin, end);
+  stats.read_s += seconds_since(start);
+  const auto cast = Clock::now();
+  out.copy_(values);
+  stats.cast_s += seconds_since(cast);
+}
 
 namespace {
 
@@ -95,7 +115,7 @@ class CheckpointSource final : public ParameterSource {
           const io::Checkpoint& file = *checkpoints_[i];
           w->second->fill_window([&](int64_t begin, int64_t end) {
             const at::Tensor rows = file.read_range(stored, begin, end);
-            bytes_read_ += rows.nbytes();
+            stats.bytes += rows.nbytes();
             return rows;
           });
           continue;
@@ -117,23 +137,54 @@ class CheckpointSource final : public ParameterSource {
   const std::vector<std::string>& order() const override { return order_; }
 
   at::Tensor read(const std::string& name, int64_t begin, int64_t end) override {
-    const auto it = where_.find(name);
-    if (it == where_.end()) fail("no checkpoint holds parameter '{}'", name);
-    const at::Tensor stored = checkpoints_[it->second.first]->read_range(it->second.second, begin, end);
-    bytes_read_ += stored.nbytes();
+    const auto& [file, stored_name] = where(name);
+    const at::Tensor stored = file.read_range(stored_name, begin, end);
+    stats.bytes += stored.nbytes();
     // fp64 would round twice on the unsliced path (file -> fp32 parameter ->
     // slice), so it goes through fp32 here too; bf16, fp16 and fp32 convert
     // to fp32 exactly and are cast once, by the caller, into the slice.
     return stored.scalar_type() == at::kDouble ? stored.to(at::kFloat) : stored;
   }
 
-  uint64_t bytes_read() const override { return bytes_read_; }
+  void read_into(const std::string& name, int64_t begin, int64_t end, const at::Tensor& out) override {
+    const auto& [file, stored_name] = where(name);
+    const c10::ScalarType dtype = io::safetensors_scalar_type(file.info(stored_name).dtype, stored_name);
+    const auto start = Clock::now();
+    if (out.device().is_cpu() && out.is_contiguous() && out.scalar_type() == dtype) {
+      // The file's bytes are the slice's: read straight into it.
+      file.read_range_into(stored_name, begin, end, out);
+      stats.read_s += seconds_since(start);
+      stats.bytes += out.nbytes();
+      return;
+    }
+    // Read into one reused staging buffer (a fresh one per tensor would
+    // fault in every page again), then cast into the slice.
+    const at::Tensor staged = staging(dtype, end - begin);
+    file.read_range_into(stored_name, begin, end, staged);
+    stats.read_s += seconds_since(start);
+    stats.bytes += staged.nbytes();
+    const auto cast = Clock::now();
+    out.copy_(dtype == at::kDouble ? staged.to(at::kFloat) : staged);  // fp64: through fp32, as read() does
+    stats.cast_s += seconds_since(cast);
+  }
 
  private:
+  std::pair<const io::Checkpoint&, const std::string&> where(const std::string& name) const {
+    const auto it = where_.find(name);
+    if (it == where_.end()) fail("no checkpoint holds parameter '{}'", name);
+    return {*checkpoints_[it->second.first], it->second.second};
+  }
+
+  at::Tensor staging(c10::ScalarType dtype, int64_t numel) {
+    const int64_t bytes = numel * static_cast<int64_t>(c10::elementSize(dtype));
+    if (!staging_.defined() || staging_.numel() < bytes) staging_ = at::empty({bytes}, at::kByte);
+    return staging_.narrow(0, 0, bytes).view(dtype);
+  }
+
   std::vector<std::unique_ptr<io::Checkpoint>> checkpoints_;
   std::map<std::string, std::pair<size_t, std::string>> where_;  // parameter -> (checkpoint, stored name)
   std::vector<std::string> order_;
-  uint64_t bytes_read_ = 0;
+  at::Tensor staging_;  // kByte, the largest staged read so far
 };
 
 }  // namespace

@@ -20,6 +20,16 @@
 
 namespace ditrl::models {
 
+// What loading this rank's slices cost, by phase (the rank log's [load]
+// line): the source counts its reads and casts, shard::take_slices the rest.
+struct LoadStats {
+  double allocate_s = 0;  // slices allocated, their padding zeroed, materialised parameters copied in
+  double read_s = 0;      // bytes read from the files (pread), or values drawn (seeded init)
+  double cast_s = 0;      // read values converted into the slices' dtype (when not read straight in)
+  double state_s = 0;     // AdamW moments and gradient accumulators zeroed, compute copies of trainable masters
+  uint64_t bytes = 0;     // read from files (the seeded init reads none)
+};
+
 class ParameterSource {
  public:
   virtual ~ParameterSource() = default;
@@ -30,8 +40,12 @@ class ParameterSource {
   // checkpoint's own), so that one cast into the slice's dtype rounds as the
   // fp32 parameter's cast would.
   virtual at::Tensor read(const std::string& name, int64_t begin, int64_t end) = 0;
-  // Bytes read from files so far (the seeded init reads none).
-  virtual uint64_t bytes_read() const { return 0; }
+  // The same elements written into `out` (end - begin elements, any dtype
+  // and device), cast as out.copy_(read(...)) would; a source may read
+  // straight into `out` where no cast is needed. Counts into `stats`.
+  virtual void read_into(const std::string& name, int64_t begin, int64_t end, const at::Tensor& out);
+
+  LoadStats stats;
 };
 
 // init_parameters(model, seed) one parameter at a time: every value depends
