@@ -66,7 +66,7 @@ for case in $CASES; do
   prepare "$model"
   out=$WORK/$model-np$ranks
   rm -rf "$out"
-  "$DITRL" plan "$deck" --ranks "$ranks" | tail -n 9 >"$out.plan"
+  "$DITRL" plan "$deck" --ranks "$ranks" | grep -v "^[a-z].*  \[[0-9]" >"$out.plan"  # all but the parameter rows
   echo "== $model $ranks ranks $(date -u +%H:%M:%S) load $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$out.load"
   "${MPI[@]}" -n "$ranks" sh -c '/usr/bin/time -f "rank $OMPI_COMM_WORLD_RANK peak_rss_kb %M wall_s %e" \
       -o "$0.time.$OMPI_COMM_WORLD_RANK" "$@"' "$out" "$DITRL" train "$deck" --set "model.weights=$(weights_of "$model")" \
@@ -91,7 +91,7 @@ done
 for preset in sd3:sd3.5-large wan:wan2.2-t2v-a14b qwen_image:qwen-image ltx:ltx-2.3; do
   for ranks in 8 32; do
     "$DITRL" plan benchmarks/real_size/sd3.5-medium.toml --set "model.family=${preset%%:*}" \
-      --set "model.preset=${preset#*:}" --ranks "$ranks" | tail -n 9 >"$WORK/plan-${preset#*:}-np$ranks"
+      --set "model.preset=${preset#*:}" --ranks "$ranks" | grep -v "^[a-z].*  \[[0-9]" >"$WORK/plan-${preset#*:}-np$ranks"
   done
 done
 echo "done: $WORK"

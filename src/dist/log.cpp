@@ -84,13 +84,19 @@ void log_placement(const WorldInfo& world, int threads, const std::string& devic
 }
 
 std::string memory_text() {
-  double rss = 0, peak = 0;
+  double rss = 0, peak = 0, anon = 0, file = 0;
   std::ifstream status("/proc/self/status");
   for (std::string line; std::getline(status, line);) {
-    if (line.rfind("VmRSS:", 0) == 0) rss = std::stod(line.substr(6)) * 1024.0;  // "VmRSS:  1234 kB"
-    if (line.rfind("VmHWM:", 0) == 0) peak = std::stod(line.substr(6)) * 1024.0;
+    const auto kb = [&](const char* key, double& out) {
+      if (line.rfind(key, 0) == 0) out = std::stod(line.substr(std::strlen(key))) * 1024.0;  // "VmRSS:  1234 kB"
+    };
+    kb("VmRSS:", rss);
+    kb("VmHWM:", peak);
+    kb("RssAnon:", anon);
+    kb("RssFile:", file);
   }
-  return fmt::format("RSS {:.3f} GB, peak {:.3f} GB", rss / 1e9, peak / 1e9);
+  return fmt::format("RSS {:.3f} GB (anonymous {:.3f}, files {:.3f}), peak {:.3f} GB", rss / 1e9, anon / 1e9,
+                     file / 1e9, peak / 1e9);
 }
 
 }  // namespace ditrl::dist
