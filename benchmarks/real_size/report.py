@@ -55,7 +55,7 @@ for model in ("sd3.5-medium", "wan2.1-t2v-1.3b"):
             rss.append(int(re.search(r"peak_rss_kb (\d+)", open(f"{out}.time.{r}").read()).group(1)) * 1024)
             log = open(os.path.join(out, "logs", f"rank-{r}.log")).read()
             split.append("{:.2f}, {:.2f}".format(*phases(log)))
-            m = re.search(r"\[load\] .*?([\d.]+) GB, in ([\d.]+) s \(([\d.]+) GB/s; pread ([\d.]+) GB/s\) \((.*?)\);", log)
+            m = re.search(r"\[load\] .*?([\d.]+) GB, in ([\d.]+) s \(([\d.]+) GB/s; reads ([\d.]+) GB/s\) \((.*?)\);", log)
             if m:
                 load_lines.append((float(m.group(1)), float(m.group(2)), float(m.group(4)), m.group(5)))
         loads.append((model, ranks, load_lines))
@@ -64,7 +64,7 @@ for model in ("sd3.5-medium", "wan2.1-t2v-1.3b"):
               f"{', '.join(f'{x / predicted:.2f}' for x in rss)} | {', '.join(f'{x / state:.2f}' for x in rss)} | "
               f"{'; '.join(split)} | {rollout.group(1) if rollout else 'not finished'} |")
 print()
-print("| model | ranks | load per rank (GB in s; pread GB/s) | aggregate GB/s | plain read: reused buffer, fresh memory "
+print("| model | ranks | load per rank (GB in s; reads GB/s) | aggregate GB/s | plain read: reused buffer, fresh memory "
       "(GB/s) | aggregate / plain (reused, fresh) | phases (rank 0) |")
 print("|---|---|---|---|---|---|---|")
 for model, ranks, lines in loads:

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <map>
+#include <mutex>
 #include <unordered_map>
 
 namespace ditrl::models {
@@ -25,9 +26,7 @@ double seconds_since(Clock::time_point start) {
 }  // namespace
 
 void ParameterSource::read_into(const std::string& name, int64_t begin, int64_t end, const at::Tensor& out) {
-  const auto start = Clock::now();
   const at::Tensor values = read(name, begin, end);
-  stats.read_s += seconds_since(start);
   const auto cast = Clock::now();
   out.copy_(values);
   stats.cast_s += seconds_since(cast);
@@ -139,7 +138,7 @@ class CheckpointSource final : public ParameterSource {
   at::Tensor read(const std::string& name, int64_t begin, int64_t end) override {
     const auto& [file, stored_name] = where(name);
     const at::Tensor stored = file.read_range(stored_name, begin, end);
-    stats.bytes += stored.nbytes();
+    count(stored.nbytes(), 0);
     // fp64 would round twice on the unsliced path (file -> fp32 parameter ->
     // slice), so it goes through fp32 here too; bf16, fp16 and fp32 convert
     // to fp32 exactly and are cast once, by the caller, into the slice.
@@ -149,24 +148,21 @@ class CheckpointSource final : public ParameterSource {
   void read_into(const std::string& name, int64_t begin, int64_t end, const at::Tensor& out) override {
     const auto& [file, stored_name] = where(name);
     const c10::ScalarType dtype = io::safetensors_scalar_type(file.info(stored_name).dtype, stored_name);
-    const auto start = Clock::now();
     if (out.device().is_cpu() && out.is_contiguous() && out.scalar_type() == dtype) {
       // The file's bytes are the slice's: read straight into it.
       file.read_range_into(stored_name, begin, end, out);
-      stats.read_s += seconds_since(start);
-      stats.bytes += out.nbytes();
+      count(out.nbytes(), 0);
       return;
     }
-    // Read into one reused staging buffer (a fresh one per tensor would
-    // fault in every page again), then cast into the slice.
-    const at::Tensor staged = staging(dtype, end - begin);
+    const at::Tensor staged = at::empty({end - begin}, at::TensorOptions().dtype(dtype));
     file.read_range_into(stored_name, begin, end, staged);
-    stats.read_s += seconds_since(start);
-    stats.bytes += staged.nbytes();
     const auto cast = Clock::now();
     out.copy_(dtype == at::kDouble ? staged.to(at::kFloat) : staged);  // fp64: through fp32, as read() does
-    stats.cast_s += seconds_since(cast);
+    count(staged.nbytes(), seconds_since(cast));
   }
+
+  // preads at explicit offsets of files opened once: any thread, any order.
+  bool concurrent_reads() const override { return true; }
 
  private:
   std::pair<const io::Checkpoint&, const std::string&> where(const std::string& name) const {
@@ -175,16 +171,16 @@ class CheckpointSource final : public ParameterSource {
     return {*checkpoints_[it->second.first], it->second.second};
   }
 
-  at::Tensor staging(c10::ScalarType dtype, int64_t numel) {
-    const int64_t bytes = numel * static_cast<int64_t>(c10::elementSize(dtype));
-    if (!staging_.defined() || staging_.numel() < bytes) staging_ = at::empty({bytes}, at::kByte);
-    return staging_.narrow(0, 0, bytes).view(dtype);
+  void count(size_t bytes, double cast_s) {
+    const std::lock_guard<std::mutex> lock(stats_mutex_);
+    stats.bytes += bytes;
+    stats.cast_s += cast_s;
   }
 
   std::vector<std::unique_ptr<io::Checkpoint>> checkpoints_;
   std::map<std::string, std::pair<size_t, std::string>> where_;  // parameter -> (checkpoint, stored name)
   std::vector<std::string> order_;
-  at::Tensor staging_;  // kByte, the largest staged read so far
+  std::mutex stats_mutex_;  // read_into runs on several threads
 };
 
 }  // namespace

@@ -5,12 +5,17 @@
 #include <ditrl/shard/slices.hpp>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <exception>
+#include <mutex>
 #include <set>
+#include <thread>
 
 namespace ditrl::shard {
 
@@ -31,8 +36,17 @@ namespace {
 
 // Fills this rank's part of every meta slot from `source`, in the source's
 // order (a seeded source draws in registration order, which is not the
-// layout's: the root unit comes last).
+// layout's: the root unit comes last). A source whose reads are independent
+// (a checkpoint's preads) is read by the intra-op threads at once: filling
+// fresh slices is bound by the kernel faulting their pages in, one core's
+// worth per thread, so a rank with idle cores loads that much faster.
 void read_slices(const Layout& layout, Slices& slices, int rank, models::ParameterSource& source) {
+  struct Read {
+    const std::string* name;
+    std::pair<int64_t, int64_t> range;
+    at::Tensor out;
+  };
+  std::vector<Read> reads;
   for (const std::string& name : source.order()) {
     const SlotRef ref = layout.find(name);
     const FlatGroup& g = layout.units[ref.unit].groups[ref.group];
@@ -41,9 +55,30 @@ void read_slices(const Layout& layout, Slices& slices, int rank, models::Paramet
     const auto range = g.owned_range(slot, rank);
     if (range.first == range.second) continue;
     GroupSlices& gs = slices.units[ref.unit][ref.group];
-    source.read_into(name, range.first, range.second,
-                     slot_part(g.trainable ? gs.master : gs.compute, g, slot, rank, range));
+    reads.push_back({&name, range, slot_part(g.trainable ? gs.master : gs.compute, g, slot, rank, range)});
   }
+  const size_t threads =
+      source.concurrent_reads() ? std::max<size_t>(1, std::min<size_t>(at::get_num_threads(), reads.size())) : 1;
+  source.stats.threads = static_cast<int>(threads);
+  std::atomic<size_t> next{0};
+  std::mutex failed;
+  std::exception_ptr error;
+  const auto work = [&] {
+    for (size_t i = next++; i < reads.size(); i = next++) {
+      try {
+        source.read_into(*reads[i].name, reads[i].range.first, reads[i].range.second, reads[i].out);
+      } catch (...) {
+        const std::lock_guard<std::mutex> lock(failed);
+        if (!error) error = std::current_exception();
+        next = reads.size();  // the other threads stop after their current read
+      }
+    }
+  };
+  std::vector<std::thread> helpers;
+  for (size_t t = 1; t < threads; ++t) helpers.emplace_back(work);
+  work();
+  for (std::thread& t : helpers) t.join();
+  if (error) std::rethrow_exception(error);
 }
 
 // Zeros that cost nothing until used: a large CPU tensor is fresh anonymous
@@ -121,7 +156,9 @@ Slices take_slices(const Layout& layout, int rank, c10::Device device, models::P
   }
   if (source) {
     source->stats.allocate_s += seconds_since(start);
+    const auto read = Clock::now();
     read_slices(layout, slices, rank, *source);
+    source->stats.read_s += seconds_since(read);
   }
   const auto state = Clock::now();
   for (size_t u = 0; u < layout.units.size(); ++u)

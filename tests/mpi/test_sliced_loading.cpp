@@ -21,6 +21,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -149,9 +150,17 @@ TEST_CASE("sliced loading: a sharded checkpoint with its index equals the full p
     REQUIRE(written.size() > 3);  // several shards and the index
   }
   comm->barrier();
+  const config::Config sharded = deck("family = \"wan\"\npreset = \"tiny\"\nweights = \"" + dir +
+                                      "/diffusion_pytorch_model.safetensors.index.json\"");
+  check_same_slices(sharded, *comm);
+  // Read by three threads at once (shard::take_slices reads a checkpoint with the intra-op threads).
+  const int threads = at::get_num_threads();
+  at::set_num_threads(3);
+  check_same_slices(sharded, *comm);
   check_same_slices(deck("family = \"wan\"\npreset = \"tiny\"\nweights = \"" + dir +
-                         "/diffusion_pytorch_model.safetensors.index.json\""),
+                         "/diffusion_pytorch_model.safetensors.index.json\"\n[model.lora]\nenabled = true\nrank = 2\n"),
                     *comm);
+  at::set_num_threads(threads);
 }
 
 TEST_CASE("sliced loading: Wan2.2 A14B's two expert checkpoints equal the full path bitwise", "[sliced]") {

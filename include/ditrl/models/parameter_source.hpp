@@ -24,10 +24,11 @@ namespace ditrl::models {
 // line): the source counts its reads and casts, shard::take_slices the rest.
 struct LoadStats {
   double allocate_s = 0;  // slices allocated, their padding zeroed, materialised parameters copied in
-  double read_s = 0;      // bytes read from the files (pread), or values drawn (seeded init)
-  double cast_s = 0;      // read values converted into the slices' dtype (when not read straight in)
+  double read_s = 0;      // wall time of the reads into the slices (pread, or the seeded draws), casts included
+  double cast_s = 0;      // of which converting values into the slices' dtype (summed over reading threads)
   double state_s = 0;     // AdamW moments and gradient accumulators zeroed, compute copies of trainable masters
   uint64_t bytes = 0;     // read from files (the seeded init reads none)
+  int threads = 1;        // threads that read
 };
 
 class ParameterSource {
@@ -44,6 +45,9 @@ class ParameterSource {
   // and device), cast as out.copy_(read(...)) would; a source may read
   // straight into `out` where no cast is needed. Counts into `stats`.
   virtual void read_into(const std::string& name, int64_t begin, int64_t end, const at::Tensor& out);
+  // Whether read_into may run on several threads at once, in any order
+  // (a checkpoint's preads; not the seeded init, whose draws are sequential).
+  virtual bool concurrent_reads() const { return false; }
 
   LoadStats stats;
 };
