@@ -38,8 +38,8 @@ def phases(log):
 
 print(open(os.path.join(work, "machine")).read().strip())
 print()
-print("| model | ranks | parameter state / rank (GB) | predicted peak / rank (GB) | peak RSS per rank (GB) "
-      "| RSS / predicted | RSS / parameter state | peak after load, after sampling (GB) | s/rollout |")
+print("| model | ranks | plan: parameters (state + gathered) / rank (GB) | predicted peak / rank (GB) | peak RSS per rank (GB) "
+      "| RSS / predicted | RSS / parameters | peak after load, after sampling (GB) | s/rollout |")
 print("|---|---|---|---|---|---|---|---|---|")
 loads = []
 for model in ("sd3.5-medium", "wan2.1-t2v-1.3b"):
@@ -95,7 +95,7 @@ for model in ("sd3.5-medium", "wan2.1-t2v-1.3b"):
         said = re.search(r"resumed from .*|exported .*", text)
         print(f"| {model} | {kind} | {gb(rss)} | {wall:.1f} | {said.group(0) if said else 'see ' + log} |")
 print()
-print("| preset | ranks | masters | moments | grads | compute shard | peak gathered | parameter state / rank (GB) "
+print("| preset | ranks | masters | moments | grads | compute shard | peak gathered | parameters (state + gathered) / rank (GB) "
       "| predicted peak / rank (GB) |")
 print("|---|---|---|---|---|---|---|---|---|")
 for path in sorted(glob.glob(os.path.join(work, "plan-*-np*"))):

@@ -200,7 +200,7 @@ void check_pos_embed_window(const config::Config& c, dist::Communicator& comm) {
   for (size_t i = 0; i < a.size(); ++i) CHECK(same_bits(a[i].compute, b[i].compute));
 }
 
-TEST_CASE("sliced loading: training holds only SD3's pos_embed crop, bitwise the whole table's", "[sliced]") {
+TEST_CASE("sliced loading: training holds only SD3's pos_embed crop - bitwise the whole table's", "[sliced]") {
   auto comm = dist::make_mpi_communicator();
   // Seeded: the window is computed.
   check_pos_embed_window(deck("family = \"sd3\"\npreset = \"tiny\"\ninit_seed = 5"), *comm);
