@@ -1,7 +1,8 @@
 """Seeded random weights for a ditrl model in the diffusers layout.
 
 Reads the parameter names and shapes from `ditrl plan` output (a deck without
-LoRA, so the names are the checkpoint's), draws each tensor from its own seeded
+LoRA, so the names are the checkpoint's) and the persistent buffers it lists
+(SD3's pos_embed table, which diffusers checkpoints carry), draws each tensor from its own seeded
 generator (N(0, 0.02), stored in --dtype) and writes sharded safetensors
 (`diffusion_pytorch_model-0000i-of-0000N.safetensors`) plus
 `diffusion_pytorch_model.safetensors.index.json`, as diffusers'
@@ -24,6 +25,12 @@ def read_plan(path):
     shapes = []
     with open(path) as f:
         lines = f.read().splitlines()
+    # Persistent buffers a diffusers checkpoint carries (SD3's pos_embed table),
+    # listed by `ditrl plan` as "# checkpoint buffer: NAME [shape] dtype".
+    for line in lines:
+        if line.startswith("# checkpoint buffer: "):
+            name, shape = re.match(r"# checkpoint buffer: (\S+) \[([\d, ]*)\]", line).groups()
+            shapes.append((name, [int(d) for d in shape.split(",") if d.strip()]))
     for line in lines[2:]:  # title, header
         if not line.strip():
             break

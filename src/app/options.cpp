@@ -190,9 +190,10 @@ std::shared_ptr<models::Family> deck_model(const config::Config& c, c10::Device 
   return family;
 }
 
-SlicedModel sliced_deck_model(const config::Config& c, c10::Device device) {
+SlicedModel sliced_deck_model(const config::Config& c, c10::Device device, GridTables tables) {
   models::FamilyOptions options = family_options(c, device);
   options.sliced = true;
+  options.crop_to_grid = tables == GridTables::DeckCrop;
   SlicedModel out;
   out.family = models::create_family(options);
   const std::vector<models::CheckpointPart> parts = weight_parts(out.family, c);

@@ -87,15 +87,23 @@ std::unique_ptr<rl::ParityDump> open_parity_dump(const config::Config& c, const 
 }
 
 // Every rank's own figure (its log): what it read of the weights, how fast.
-void log_load(const config::Config& c, const models::ParameterSource& source, double seconds) {
-  if (source.bytes_read() == 0) {
-    spdlog::info("[load] seeded init (model.init_seed = {}): this rank's slices in {:.2f} s", c.model.init_seed,
-                 seconds);
+// The load's wall time split by phase: the sliced family built and its
+// weights validated, then the slices (shard::take_slices, models::LoadStats).
+void log_load(const config::Config& c, const models::ParameterSource& source, double build_s, double seconds) {
+  const models::LoadStats& s = source.stats;
+  const std::string phases = fmt::format(
+      "family + validation {:.2f} s, slices: allocate {:.2f} s, read {:.2f} s ({} thread{}; cast {:.2f} s), moments "
+      "{:.2f} s",
+      build_s, s.allocate_s, s.read_s, s.threads, s.threads == 1 ? "" : "s", s.cast_s, s.state_s);
+  if (s.bytes == 0) {
+    spdlog::info("[load] seeded init (model.init_seed = {}): this rank's slices in {:.2f} s ({}); {}",
+                 c.model.init_seed, seconds, phases, dist::memory_text());
     return;
   }
-  spdlog::info("[load] {}: read this rank's slices, {:.3f} GB, in {:.2f} s ({:.2f} GB/s)", c.model.weights,
-               static_cast<double>(source.bytes_read()) / 1e9, seconds,
-               static_cast<double>(source.bytes_read()) / 1e9 / seconds);
+  const double gb = static_cast<double>(s.bytes) / 1e9;
+  spdlog::info("[load] {}: read this rank's slices, {:.3f} GB, in {:.2f} s ({:.2f} GB/s; reads {:.2f} GB/s) ({}); {}",
+               c.model.weights, gb, seconds, gb / seconds, s.read_s > 0 ? gb / s.read_s : 0.0, phases,
+               dist::memory_text());
 }
 
 }  // namespace
@@ -151,7 +159,9 @@ Run open_run(const config::Config& config, dist::Runtime& runtime, const std::st
   check_run_inputs(c, world);
 
   const auto load_start = std::chrono::steady_clock::now();
-  SlicedModel model = sliced_deck_model(c, runtime.device());
+  // The run's forwards are all at the deck's grid: SD3's pos_embed holds its crop only.
+  SlicedModel model = sliced_deck_model(c, runtime.device(), GridTables::DeckCrop);
+  const double build_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
   run.family = std::move(model.family);
   check_sequence_parallel(c, *run.family);
   const dist::SequenceGroups& sequence = runtime.sequence();
@@ -182,7 +192,8 @@ Run open_run(const config::Config& config, dist::Runtime& runtime, const std::st
   run.params =
       std::make_unique<shard::ShardedParams>(*run.family, run.family->wrap_units(), compiled_plan(c, *run.family),
                                              runtime.data(), shard_options(c, runtime.device()), model.source.get());
-  log_load(c, *model.source, std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count());
+  log_load(c, *model.source, build_s,
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count());
   model.source.reset();  // the checkpoint files are not needed after loading
   collect.sampler.device = runtime.device();
   if (c.debug.dump) {

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <vector>
 
 namespace ditrl::dist {
@@ -80,6 +81,22 @@ void log_placement(const WorldInfo& world, int threads, const std::string& devic
   std::vector<std::string> hosts;
   for (int r = 0; r < world.size; ++r) hosts.emplace_back(all.data() + static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME);
   spdlog::info("layout: {}", layout_text(hosts));
+}
+
+std::string memory_text() {
+  double rss = 0, peak = 0, anon = 0, file = 0;
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    const auto kb = [&](const char* key, double& out) {
+      if (line.rfind(key, 0) == 0) out = std::stod(line.substr(std::strlen(key))) * 1024.0;  // "VmRSS:  1234 kB"
+    };
+    kb("VmRSS:", rss);
+    kb("VmHWM:", peak);
+    kb("RssAnon:", anon);
+    kb("RssFile:", file);
+  }
+  return fmt::format("RSS {:.3f} GB (anonymous {:.3f}, files {:.3f}), peak {:.3f} GB", rss / 1e9, anon / 1e9,
+                     file / 1e9, peak / 1e9);
 }
 
 }  // namespace ditrl::dist

@@ -316,11 +316,24 @@ at::Tensor SafetensorsFile::read_range(const std::string& name, int64_t begin, i
   if (begin < 0 || end < begin || end > t.numel())
     fail("{}: elements [{}, {}) are outside tensor '{}' of {} elements", path_, begin, end, name, t.numel());
   at::Tensor out = at::empty({end - begin}, at::TensorOptions().dtype(dtype));
+  read_range_into(name, begin, end, out);
+  return out;
+}
+
+void SafetensorsFile::read_range_into(const std::string& name, int64_t begin, int64_t end,
+                                      const at::Tensor& out) const {
+  const TensorInfo& t = info(name);
+  const c10::ScalarType dtype = safetensors_scalar_type(t.dtype, fmt::format("tensor '{}' of {}", name, path_));
+  if (begin < 0 || end < begin || end > t.numel())
+    fail("{}: elements [{}, {}) are outside tensor '{}' of {} elements", path_, begin, end, name, t.numel());
+  if (!out.device().is_cpu() || !out.is_contiguous() || out.scalar_type() != dtype || out.numel() != end - begin)
+    fail("{}: tensor '{}' ({}) elements [{}, {}) need a contiguous CPU {} tensor of {} elements, got {} {} of {}",
+         path_, name, t.dtype, begin, end, c10::toString(dtype), end - begin, out.device().str(),
+         c10::toString(out.scalar_type()), out.numel());
   const size_t element = c10::elementSize(dtype);
   if (end > begin)
     bytes_->copy_out(data_start_ + t.begin + static_cast<size_t>(begin) * element,
                      static_cast<size_t>(end - begin) * element, static_cast<uint8_t*>(out.data_ptr()), path_);
-  return out;
 }
 
 Checkpoint::Checkpoint(const std::string& path) : path_(path) {
@@ -392,6 +405,9 @@ at::Tensor Checkpoint::view(const std::string& name) const {
 }
 at::Tensor Checkpoint::read_range(const std::string& name, int64_t begin, int64_t end) const {
   return shard(name).read_range(name, begin, end);
+}
+void Checkpoint::read_range_into(const std::string& name, int64_t begin, int64_t end, const at::Tensor& out) const {
+  shard(name).read_range_into(name, begin, end, out);
 }
 const std::string& Checkpoint::file_of(const std::string& name) const {
   return shard(name).path();

@@ -1,47 +1,170 @@
 #include <ditrl/models/activation_memory.hpp>
 #include <ditrl/models/ltx.hpp>
+#include <ditrl/models/qwen_image.hpp>
+#include <ditrl/models/sd3.hpp>
 #include <ditrl/models/wan.hpp>
+
+#include <algorithm>
 
 namespace ditrl::models {
 
+namespace {
+
+// Per-token widths, in units of D elements of the forward dtype, counted
+// from the blocks (SD3's JointTransformerBlock, Qwen-Image's dual-stream
+// block, Wan's and LTX's self + cross-attention blocks) and rounded up to
+// what measured runs showed (benchmarks/results/real_size.md).
+//
+// Rollout forward, at the attention: the block's inputs, the norm and its
+// modulated copy, q/k/v, their joint concatenation (or rotated copies), the
+// attention output: ~10 D.
+constexpr int64_t kForwardAttentionWidth = 10;
+// Rollout forward, at the FFN: the residual stream, the norm, its modulated
+// copy and the FFN output (~4 D), plus the hidden layer before and after its
+// activation (2 F, counted apart).
+constexpr int64_t kForwardFfnWidth = 4;
+// A recomputed block's autograd graph plus the gradients in flight during
+// its backward: every intermediate above is saved (norms before and after
+// modulation, q/k/v before and after their norms and rotation, the
+// concatenations, the attention output before and after the output
+// projection, the residual sums), and backward adds the gradients of the
+// stream and of q/k/v: ~24 D, plus the FFN's 2 F.
+constexpr int64_t kGraphWidth = 24;
+// Score-sized fp32 tensors (B x H x T x T). Forward: the product and its
+// scaled copy, then the softmax beside the scaled scores (2 at once; a mask
+// adds its masked copy). Training: the saved probabilities, and in backward
+// their gradient and the softmax's gradient (3).
+constexpr int64_t kForwardScoreCopies = 2;
+constexpr int64_t kTrainingScoreCopies = 3;
+// Cross-attention (Wan, LTX): per text token, k and v, and in training
+// also before their norm, with the gradients of backward: 2 D forward, 4 D
+// in the graph (plus the math backend's fp32 copies of k and v).
+constexpr int64_t kForwardTextWidth = 2;
+constexpr int64_t kGraphTextWidth = 4;
+
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+// Bytes of the fp32 copies the math backend makes of half-precision q, k, v
+// and of its fp32 output, per token and D.
+int64_t upcast_bytes(const ActivationOptions& o) {
+  return o.math_attention && o.element_bytes < 4 ? 4 * 4 : 0;
+}
+
+// The same for k and v of the text in a cross-attention.
+int64_t text_upcast_bytes(const ActivationOptions& o) {
+  return o.math_attention && o.element_bytes < 4 ? 2 * 4 : 0;
+}
+
+// Score bytes of one attention over `queries` x `keys` for H/N heads.
+int64_t scores(const ActivationOptions& o, int64_t heads, int64_t queries, int64_t keys) {
+  if (!o.math_attention) return 4 * o.batch * heads * queries * 2;  // fused kernels: log-sum-exp rows
+  return 4 * o.batch * heads * queries * keys;
+}
+
+}  // namespace
+
 std::optional<ActivationGeometry> activation_geometry(const Family& family, const LatentGrid& grid) {
+  if (const auto* sd3 = dynamic_cast<const SD3*>(&family)) {
+    const SD3Config& c = sd3->config();
+    ActivationGeometry g;
+    g.tokens = (grid.height / c.patch_size) * (grid.width / c.patch_size);
+    g.text_tokens = c.text_tokens;
+    g.dim = c.inner_dim();
+    g.heads = c.num_attention_heads;
+    g.ffn_dim = 4 * c.inner_dim();
+    g.blocks = c.num_layers;
+    g.joint = true;
+    g.image_only_attention = !c.dual_attention_layers.empty();
+    return g;
+  }
+  if (const auto* qwen = dynamic_cast<const QwenImage*>(&family)) {
+    const QwenImageConfig& c = qwen->config();
+    ActivationGeometry g;
+    g.tokens = (grid.height / c.patch_size) * (grid.width / c.patch_size);
+    g.text_tokens = c.text_tokens;
+    g.dim = c.inner_dim();
+    g.heads = c.num_attention_heads;
+    g.ffn_dim = 4 * c.inner_dim();
+    g.blocks = c.num_layers;
+    g.joint = true;
+    g.masked = true;
+    return g;
+  }
   if (const auto* wan = dynamic_cast<const Wan*>(&family)) {
     const WanConfig& c = wan->config();
-    const int64_t tokens =
-        grid.frames / c.patch_size[0] * (grid.height / c.patch_size[1]) * (grid.width / c.patch_size[2]);
-    // One expert runs per forward.
-    return ActivationGeometry{tokens, c.text_tokens, c.inner_dim(), c.num_attention_heads, c.ffn_dim, c.num_layers};
+    ActivationGeometry g;  // one expert runs per forward
+    g.tokens = grid.frames / c.patch_size[0] * (grid.height / c.patch_size[1]) * (grid.width / c.patch_size[2]);
+    g.text_tokens = c.text_tokens;
+    g.dim = c.inner_dim();
+    g.heads = c.num_attention_heads;
+    g.ffn_dim = c.ffn_dim;
+    g.blocks = c.num_layers;
+    return g;
   }
   if (const auto* ltx = dynamic_cast<const LTX*>(&family)) {
     const LtxConfig& c = ltx->config();
-    return ActivationGeometry{grid.frames * grid.height * grid.width,
-                              c.text_tokens,
-                              c.inner_dim(),
-                              c.num_attention_heads,
-                              4 * c.inner_dim(),
-                              c.num_layers};
+    ActivationGeometry g;  // the video stream (the trainer runs no audio)
+    g.tokens = grid.frames * grid.height * grid.width;
+    g.text_tokens = c.text_tokens;
+    g.dim = c.inner_dim();
+    g.heads = c.num_attention_heads;
+    g.ffn_dim = 4 * c.inner_dim();
+    g.blocks = c.num_layers;
+    return g;
   }
   return std::nullopt;
 }
 
-ActivationEstimate estimate_activations(const ActivationGeometry& g, int64_t batch, int64_t sequence_parallel,
-                                        int64_t element_bytes, bool math_attention) {
-  const int64_t local = g.tokens / sequence_parallel;
-  const int64_t token_row = batch * local * element_bytes;  // one (B, T/N) row of width 1
+ActivationEstimate estimate_forward(const ActivationGeometry& g, const ActivationOptions& o) {
+  const int64_t n = o.sequence_parallel;
+  const int64_t local = ceil_div(g.stream_tokens(), n);  // tokens of this rank through the block
+  const int64_t heads = g.heads / n;
+  const int64_t row = o.batch * local;                 // token rows of this rank
+  const int64_t attention_tokens = g.stream_tokens();  // joint: image and text
+  const int64_t copies = kForwardScoreCopies + (g.masked ? 1 : 0);
+  int64_t at_attention_block = row * g.dim * (kForwardAttentionWidth * o.element_bytes + upcast_bytes(o));
+  int64_t at_attention_scores = copies * scores(o, heads, attention_tokens, attention_tokens);
+  if (!g.joint) {
+    // The cross-attention's moment, when larger: besides the stream, the
+    // text's k and v and the scores of the local queries over every text
+    // token for all heads.
+    const int64_t text = o.batch * g.text_tokens * g.dim * (kForwardTextWidth * o.element_bytes + text_upcast_bytes(o));
+    const int64_t cross = copies * scores(o, g.heads, local, g.text_tokens);
+    if (text + cross > at_attention_scores) {
+      at_attention_block += text;
+      at_attention_scores = cross;
+    }
+  }
+  const int64_t at_ffn = row * (kForwardFfnWidth * g.dim + 2 * g.ffn_dim) * o.element_bytes;
   ActivationEstimate e;
-  e.saved_inputs = g.blocks * token_row * g.dim;
-  // What a recomputed block's graph holds per local token, counted from the
-  // Wan/LTX block: two norms and their modulated copies, q/k/v, rotated q/k,
-  // their all-to-all copies, the attention output and its copy back, the
-  // cross-attention query and output, the residuals (~16 x D), and the FFN's
-  // hidden layer before and after its activation (2 x F).
-  e.block_graph = token_row * (16 * g.dim + 2 * g.ffn_dim);
-  // Scores and probabilities of H/N heads over all T queries and keys, fp32;
-  // cross-attention's over the text tokens for the local queries.
-  const int64_t heads = g.heads / sequence_parallel;
-  e.attention = math_attention
-                    ? 2 * 4 * batch * heads * g.tokens * g.tokens + 2 * 4 * batch * g.heads * local * g.text_tokens
-                    : 4 * batch * heads * g.tokens * 2;  // log-sum-exp rows
+  if (at_attention_block + at_attention_scores >= at_ffn) {
+    e.block = at_attention_block;
+    e.attention = at_attention_scores;
+  } else {
+    e.block = at_ffn;
+  }
+  return e;
+}
+
+ActivationEstimate estimate_training(const ActivationGeometry& g, const ActivationOptions& o) {
+  const int64_t n = o.sequence_parallel;
+  const int64_t local = ceil_div(g.stream_tokens(), n);
+  const int64_t heads = g.heads / n;
+  const int64_t row = o.batch * local;
+  ActivationEstimate e;
+  // Every block's input stream (joint: image and text), plus the text
+  // states the cross-attention blocks all read (one tensor).
+  e.saved_inputs = g.blocks * row * g.dim * o.element_bytes;
+  if (!g.joint) e.saved_inputs += o.batch * g.text_tokens * g.dim * o.element_bytes;
+  // One recomputed block: its graph and the gradients of its backward.
+  e.block = row * (g.dim * (kGraphWidth * o.element_bytes + upcast_bytes(o)) + 2 * g.ffn_dim * o.element_bytes);
+  if (!g.joint) e.block += o.batch * g.text_tokens * g.dim * (kGraphTextWidth * o.element_bytes + text_upcast_bytes(o));
+  const int64_t copies = kTrainingScoreCopies + (g.masked ? 1 : 0);
+  e.attention = copies * scores(o, heads, g.stream_tokens(), g.stream_tokens());
+  if (g.image_only_attention) e.attention += scores(o, heads, g.tokens, g.tokens);  // its saved probabilities
+  if (!g.joint) e.attention += copies * scores(o, g.heads, ceil_div(g.tokens, n), g.text_tokens);  // cross
   return e;
 }
 

@@ -1,4 +1,5 @@
 #include <ditrl/error.hpp>
+#include <ditrl/models/embeddings.hpp>
 #include <ditrl/models/parameter_source.hpp>
 #include <ditrl/models/weights.hpp>
 #include <ditrl/precision/names.hpp>
@@ -7,10 +8,29 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <chrono>
 #include <map>
+#include <mutex>
 #include <unordered_map>
 
 namespace ditrl::models {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+}  // namespace
+
+void ParameterSource::read_into(const std::string& name, int64_t begin, int64_t end, const at::Tensor& out) {
+  const at::Tensor values = read(name, begin, end);
+  const auto cast = Clock::now();
+  out.copy_(values);
+  stats.cast_s += seconds_since(cast);
+}
 
 namespace {
 
@@ -59,6 +79,17 @@ class SeededSource final : public ParameterSource {
   at::Tensor current_;  // the last drawn parameter, flattened
 };
 
+// The windowed patch embeddings of `module` (sliced training's cropped
+// pos_embed) by the name of the buffer they hold a window of.
+std::map<std::string, PatchEmbed*> windowed_buffers(torch::nn::Module& module) {
+  std::map<std::string, PatchEmbed*> out;
+  for (const auto& m : module.named_modules()) {
+    auto* embed = dynamic_cast<PatchEmbed*>(m.value().get());
+    if (embed && embed->windowed()) out[m.key().empty() ? "pos_embed" : m.key() + ".pos_embed"] = embed;
+  }
+  return out;
+}
+
 class CheckpointSource final : public ParameterSource {
  public:
   CheckpointSource(torch::nn::Module& model, const std::vector<CheckpointPart>& parts) {
@@ -75,7 +106,19 @@ class CheckpointSource final : public ParameterSource {
       std::map<std::string, at::Tensor> tensors;
       for (const auto& p : parts[i].module->named_parameters()) tensors[p.key()] = p.value();
       for (const auto& b : parts[i].module->named_buffers()) tensors[b.key()] = b.value();
+      const std::map<std::string, PatchEmbed*> windows = windowed_buffers(*parts[i].module);
       for (const auto& [canonical, stored] : stored_names(*parts[i].module, *checkpoints_[i])) {
+        if (const auto w = windows.find(canonical); w != windows.end()) {
+          // Only the window's rows of the table are read (a bf16 file's
+          // values, not the computed ones it was built with).
+          const io::Checkpoint& file = *checkpoints_[i];
+          w->second->fill_window([&](int64_t begin, int64_t end) {
+            const at::Tensor rows = file.read_range(stored, begin, end);
+            stats.bytes += rows.nbytes();
+            return rows;
+          });
+          continue;
+        }
         at::Tensor& target = tensors.at(canonical);
         if (!target.is_meta()) {
           target.copy_(checkpoints_[i]->view(stored));
@@ -93,23 +136,51 @@ class CheckpointSource final : public ParameterSource {
   const std::vector<std::string>& order() const override { return order_; }
 
   at::Tensor read(const std::string& name, int64_t begin, int64_t end) override {
-    const auto it = where_.find(name);
-    if (it == where_.end()) fail("no checkpoint holds parameter '{}'", name);
-    const at::Tensor stored = checkpoints_[it->second.first]->read_range(it->second.second, begin, end);
-    bytes_read_ += stored.nbytes();
+    const auto& [file, stored_name] = where(name);
+    const at::Tensor stored = file.read_range(stored_name, begin, end);
+    count(stored.nbytes(), 0);
     // fp64 would round twice on the unsliced path (file -> fp32 parameter ->
     // slice), so it goes through fp32 here too; bf16, fp16 and fp32 convert
     // to fp32 exactly and are cast once, by the caller, into the slice.
     return stored.scalar_type() == at::kDouble ? stored.to(at::kFloat) : stored;
   }
 
-  uint64_t bytes_read() const override { return bytes_read_; }
+  void read_into(const std::string& name, int64_t begin, int64_t end, const at::Tensor& out) override {
+    const auto& [file, stored_name] = where(name);
+    const c10::ScalarType dtype = io::safetensors_scalar_type(file.info(stored_name).dtype, stored_name);
+    if (out.device().is_cpu() && out.is_contiguous() && out.scalar_type() == dtype) {
+      // The file's bytes are the slice's: read straight into it.
+      file.read_range_into(stored_name, begin, end, out);
+      count(out.nbytes(), 0);
+      return;
+    }
+    const at::Tensor staged = at::empty({end - begin}, at::TensorOptions().dtype(dtype));
+    file.read_range_into(stored_name, begin, end, staged);
+    const auto cast = Clock::now();
+    out.copy_(dtype == at::kDouble ? staged.to(at::kFloat) : staged);  // fp64: through fp32, as read() does
+    count(staged.nbytes(), seconds_since(cast));
+  }
+
+  // preads at explicit offsets of files opened once: any thread, any order.
+  bool concurrent_reads() const override { return true; }
 
  private:
+  std::pair<const io::Checkpoint&, const std::string&> where(const std::string& name) const {
+    const auto it = where_.find(name);
+    if (it == where_.end()) fail("no checkpoint holds parameter '{}'", name);
+    return {*checkpoints_[it->second.first], it->second.second};
+  }
+
+  void count(size_t bytes, double cast_s) {
+    const std::lock_guard<std::mutex> lock(stats_mutex_);
+    stats.bytes += bytes;
+    stats.cast_s += cast_s;
+  }
+
   std::vector<std::unique_ptr<io::Checkpoint>> checkpoints_;
   std::map<std::string, std::pair<size_t, std::string>> where_;  // parameter -> (checkpoint, stored name)
   std::vector<std::string> order_;
-  uint64_t bytes_read_ = 0;
+  std::mutex stats_mutex_;  // read_into runs on several threads
 };
 
 }  // namespace

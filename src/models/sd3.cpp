@@ -203,10 +203,13 @@ SD3::SD3(const SD3Config& config, const FamilyOptions& options) : config_(config
   const AttentionBackend backend = parse_attention_backend(options.attention);
   const at::TensorOptions opts = options.parameter_options();
   const int64_t dim = config_.inner_dim();
-  pos_embed = register_module(
-      "pos_embed", std::make_shared<PatchEmbed>(
-                       config_.in_channels, dim, config_.patch_size, config_.pos_embed_max_size,
-                       static_cast<double>(config_.sample_size / config_.patch_size), opts, options.buffer_options()));
+  std::optional<std::pair<int64_t, int64_t>> window;
+  if (options.sliced && options.crop_to_grid)
+    window = {options.latent_grid.height / config_.patch_size, options.latent_grid.width / config_.patch_size};
+  pos_embed = register_module("pos_embed", std::make_shared<PatchEmbed>(
+                                               config_.in_channels, dim, config_.patch_size, config_.pos_embed_max_size,
+                                               static_cast<double>(config_.sample_size / config_.patch_size), opts,
+                                               options.buffer_options(), window));
   auto time_text = register_module("time_text_embed", std::make_shared<Container>());
   timestep_embedder = time_text->register_module("timestep_embedder",
                                                  std::make_shared<MLPEmbedding>(256, dim, dim, Activation::SiLU, opts));

@@ -1,5 +1,6 @@
 // Collector: a rank's share of a rollout sampled or read, scored, turned into advantages.
 
+#include <ditrl/dist/log.hpp>
 #include <ditrl/error.hpp>
 #include <ditrl/models/ulysses.hpp>
 #include <ditrl/rl/metrics.hpp>
@@ -8,6 +9,7 @@
 #include <ditrl/rollout/trajectory_file.hpp>
 
 #include <ATen/ATen.h>
+#include <spdlog/spdlog.h>
 
 #include <chrono>
 
@@ -62,6 +64,10 @@ RolloutBatch Collector::collect(int64_t rollout_id) {
         sample(*parts_.family, {parts_.params, nullptr, parts_.ulysses}, schedule_, steps, batch, options_.sampler);
   }
   out.seconds_sampling = seconds_since(start);
+  // Once per process: the peak so far is the load's or this rollout's
+  // (`ditrl plan` predicts both; the run's whole peak is perf/peak_rss_bytes).
+  if (!memory_logged_) spdlog::info("[memory] after sampling rollout {}: {}", rollout_id, dist::memory_text());
+  memory_logged_ = true;
 
   out.cond = std::move(batch.cond);
   score_and_normalise(out);

@@ -4,6 +4,7 @@
 // --checkpoint` keeps) exports, and the safetensors package reads them.
 #include <ditrl/app/checkpoint_model.hpp>
 #include <ditrl/io/safetensors.hpp>
+#include <ditrl/models/embeddings.hpp>
 #include <ditrl/models/lora.hpp>
 #include <ditrl/models/weights.hpp>
 
@@ -105,6 +106,12 @@ TEST_CASE("export: streamed shards equal the whole model's export / full fine-tu
     REQUIRE(r.exit_code == 0);
     const app::CheckpointModel m = app::load_checkpoint_model(ckpt);
     check_folder(out + "/export/merged", whole(models::merged_state(*m.family), at::kBFloat16), out);
+    // Training held only the deck grid's crop of SD3's pos_embed; the export
+    // writes the whole (pos_embed_max_size^2, D) table, as computed.
+    const io::Checkpoint merged(out + "/export/merged/diffusion_pytorch_model.safetensors.index.json");
+    CHECK(merged.info("pos_embed.pos_embed").shape == std::vector<int64_t>{1, 144, 64});
+    CHECK(at::equal(merged.get("pos_embed.pos_embed"),
+                    models::sincos_pos_embed_2d(64, 12, 8.0, 1.0).unsqueeze(0).to(at::kBFloat16)));
   }
   SECTION("Wan2.2 A14B merged: each expert's folder, the base drawn expert by expert") {
     const std::string out = test::fresh_output_dir("e2e_export_streamed_a14b");

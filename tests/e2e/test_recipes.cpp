@@ -55,6 +55,8 @@ TEST_CASE("recipes: every deck in inputs/ passes check --without-files and plan 
     INFO(plan.output);
     CHECK(plan.exit_code == 0);
     CHECK_THAT(plan.output, Contains("over 8 ranks"));
+    CHECK_THAT(plan.output, Contains("# predicted peak per rank: "));  // every family has an activation model
+    CHECK_THAT(plan.output, !Contains("no activation model"));
     if (stem == "quickstart") continue;
     // Without --without-files, check names the weights train would not find.
     const auto staged = test::ditrl("check " + deck.string());

@@ -14,11 +14,14 @@
 #include <ditrl/error.hpp>
 #include <ditrl/io/safetensors.hpp>
 #include <ditrl/io/safetensors_shards.hpp>
+#include <ditrl/models/sd3.hpp>
 #include <ditrl/models/weights.hpp>
 #include <ditrl/precision/names.hpp>
 #include <ditrl/shard/sharded_params.hpp>
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -147,9 +150,17 @@ TEST_CASE("sliced loading: a sharded checkpoint with its index equals the full p
     REQUIRE(written.size() > 3);  // several shards and the index
   }
   comm->barrier();
+  const config::Config sharded = deck("family = \"wan\"\npreset = \"tiny\"\nweights = \"" + dir +
+                                      "/diffusion_pytorch_model.safetensors.index.json\"");
+  check_same_slices(sharded, *comm);
+  // Read by three threads at once (shard::take_slices reads a checkpoint with the intra-op threads).
+  const int threads = at::get_num_threads();
+  at::set_num_threads(3);
+  check_same_slices(sharded, *comm);
   check_same_slices(deck("family = \"wan\"\npreset = \"tiny\"\nweights = \"" + dir +
-                         "/diffusion_pytorch_model.safetensors.index.json\""),
+                         "/diffusion_pytorch_model.safetensors.index.json\"\n[model.lora]\nenabled = true\nrank = 2\n"),
                     *comm);
+  at::set_num_threads(threads);
 }
 
 TEST_CASE("sliced loading: Wan2.2 A14B's two expert checkpoints equal the full path bitwise", "[sliced]") {
@@ -165,6 +176,54 @@ TEST_CASE("sliced loading: Wan2.2 A14B's two expert checkpoints equal the full p
   check_same_slices(deck("family = \"wan\"\npreset = \"tiny-a14b\"\nweights = \"" + dir +
                          "/high.safetensors\"\nweights_2 = \"" + dir + "/low.safetensors\""),
                     *comm);
+}
+
+// The training model's pos_embed window (GridTables::DeckCrop) against the
+// whole model's crop at the deck's grid, and the sliced parameters over it.
+void check_pos_embed_window(const config::Config& c, dist::Communicator& comm) {
+  std::shared_ptr<models::Family> full = app::deck_model(c, c10::kCPU);
+  app::SlicedModel sliced = app::sliced_deck_model(c, c10::kCPU, app::GridTables::DeckCrop);
+  const models::PatchEmbed& held = *dynamic_cast<models::SD3&>(*sliced.family).pos_embed;
+  const models::PatchEmbed& whole = *dynamic_cast<models::SD3&>(*full).pos_embed;
+  REQUIRE(held.windowed());
+  CHECK(held.pos_embed.is_meta());  // nothing of the whole table is held
+  CHECK(held.pos_embed.sizes() == whole.pos_embed.sizes());
+  const int64_t h = c.rollout.height / 2, w = c.rollout.width / 2;  // patch 2
+  CHECK(held.window_values().numel() == h * w * whole.pos_embed.size(-1));
+  CHECK(same_bits(held.cropped_pos_embed(h, w), whole.cropped_pos_embed(h, w)));
+  CHECK_THROWS_WITH(held.cropped_pos_embed(h + 2, w), Contains("holds only the centre crop"));
+  // The parameters are sliced over it as over the whole table.
+  auto params = shard_model(c, *sliced.family, comm, sliced.source.get());
+  auto reference = shard_model(c, *full, comm, nullptr);
+  const std::vector<shard::ShardPiece> a = reference->pieces(), b = params->pieces();
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) CHECK(same_bits(a[i].compute, b[i].compute));
+}
+
+TEST_CASE("sliced loading: training holds only SD3's pos_embed crop - bitwise the whole table's", "[sliced]") {
+  auto comm = dist::make_mpi_communicator();
+  // Seeded: the window is computed.
+  check_pos_embed_window(deck("family = \"sd3\"\npreset = \"tiny\"\ninit_seed = 5"), *comm);
+  // A bf16 weights file whose table is not the formula: the window is read from it.
+  const std::string dir = shared_dir(*comm, "pos-embed");
+  const std::string path = dir + "/bf16.safetensors";
+  if (comm->rank() == 0) {
+    io::NamedTensors tensors = seeded_state(deck("family = \"sd3\"\npreset = \"tiny\"\ninit_seed = 4"), at::kBFloat16);
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(17);
+    for (auto& [name, t] : tensors)
+      if (name == "pos_embed.pos_embed") t = at::randn(t.sizes(), gen, at::TensorOptions()).to(at::kBFloat16);
+    io::write_safetensors(path, tensors);
+  }
+  comm->barrier();
+  const std::string weights = "family = \"sd3\"\npreset = \"tiny\"\nweights = \"" + path + "\"";
+  check_pos_embed_window(deck(weights), *comm);
+  check_pos_embed_window(deck(weights, "[model.lora]\nenabled = true\nrank = 4\n"), *comm);
+  // Another grid: 12x8 latents, a 6x4-patch window.
+  check_pos_embed_window(config::parse_deck("[model]\n" + weights +
+                                                "\n[rollout]\nbatch = 4\nsamples_per_prompt = 4\nheight = 12\n"
+                                                "width = 8\n[train]\nglobal_batch = 16\nmicro_batch = 4\n",
+                                            "pos-embed deck"),
+                         *comm);
 }
 
 TEST_CASE("sliced loading: wrong or partial weights fail on every rank naming the tensor", "[sliced]") {

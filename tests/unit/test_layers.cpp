@@ -119,6 +119,62 @@ TEST_CASE("layers: patch embedding crops the table at the centre", "[models][lay
   CHECK(max_abs_diff(tokens[0][1 * 6 + 4], expected) < 1e-5);
 }
 
+TEST_CASE("layers: the sin-cos table's window equals the whole table's rows bit for bit", "[models][layers]") {
+  // SD3.5 widths; odd and even windows, at the edges and in the middle.
+  const int64_t dim = 1536, grid = 48;
+  const at::Tensor whole = sincos_pos_embed_2d(dim, grid, 32.0, 1.0).view({grid, grid, dim});
+  for (const GridWindow w : {GridWindow{0, 0, 1, 1}, GridWindow{20, 17, 8, 13}, GridWindow{47, 0, 1, 48},
+                             GridWindow::centre(grid, 7, 10), GridWindow{0, 0, grid, grid}}) {
+    INFO(w.top << " " << w.left << " " << w.height << " " << w.width);
+    const at::Tensor expected =
+        whole.slice(0, w.top, w.top + w.height).slice(1, w.left, w.left + w.width).reshape({-1, dim});
+    CHECK(at::equal(sincos_pos_embed_window(dim, grid, 32.0, 1.0, w), expected));
+  }
+  CHECK_THROWS_WITH(sincos_pos_embed_window(dim, grid, 32.0, 1.0, {45, 0, 4, 4}), Contains("outside the 48x48 grid"));
+}
+
+TEST_CASE("layers: a windowed patch embedding forwards bit for bit as the whole table does", "[models][layers]") {
+  // Window of an 8x6-patch latent in a 16x16 table: rows [4, 12), columns [5, 11).
+  PatchEmbed whole(4, 64, 2, 16, 8.0, kCpu, kCpu);
+  PatchEmbed windowed(4, 64, 2, 16, 8.0, kCpu, kCpu, std::pair<int64_t, int64_t>{8, 6});
+  REQUIRE(windowed.windowed());
+  CHECK(windowed.pos_embed.is_meta());  // the registered buffer keeps its full shape, holding nothing
+  CHECK(windowed.pos_embed.sizes() == at::IntArrayRef{1, 256, 64});
+  CHECK(windowed.window_values().sizes() == at::IntArrayRef{1, 48, 64});
+  init_parameters(whole, 3);
+  init_parameters(windowed, 3);
+  // The window's own grid and smaller grids whose centre crop lies inside it.
+  for (const auto& [h, w] : {std::pair<int64_t, int64_t>{8, 6}, {6, 6}, {2, 4}}) {
+    INFO(h << "x" << w);
+    CHECK(at::equal(windowed.cropped_pos_embed(h, w), whole.cropped_pos_embed(h, w)));
+    const at::Tensor latent = at::randn({2, 4, 2 * h, 2 * w}).to(at::kBFloat16);
+    CHECK(at::equal(windowed.forward(latent.to(at::kFloat)), whole.forward(latent.to(at::kFloat))));
+  }
+  // A grid that reads outside the window is an error naming both grids.
+  CHECK_THROWS_WITH(windowed.cropped_pos_embed(10, 6),
+                    Contains("holds only the centre crop of a 8x6-patch latent grid") && Contains("a 10x6-patch grid"));
+  CHECK_THROWS_WITH(windowed.forward(at::zeros({1, 4, 16, 14})), Contains("outside it"));
+  CHECK_THROWS_WITH(whole.fill_window([](int64_t, int64_t) { return at::Tensor(); }), Contains("whole table"));
+}
+
+TEST_CASE("layers: a windowed patch embedding reads only its rows of a table that is not the formula",
+          "[models][layers]") {
+  // A checkpoint's table (bf16 here) is what the window must hold, not the computed one.
+  const at::Tensor table = at::randn({1, 16 * 16, 64}).to(at::kBFloat16);
+  PatchEmbed windowed(4, 64, 2, 16, 8.0, kCpu, kCpu, std::pair<int64_t, int64_t>{3, 5});
+  int64_t elements = 0;
+  windowed.fill_window([&](int64_t begin, int64_t end) {
+    elements += end - begin;
+    return table.reshape(-1).slice(0, begin, end).clone();
+  });
+  CHECK(elements == 3 * 5 * 64);  // only the window's rows are read
+  PatchEmbed whole(4, 64, 2, 16, 8.0, kCpu, kCpu);
+  whole.pos_embed.copy_(table);  // load_weights' copy: bf16 -> fp32
+  CHECK(at::equal(windowed.cropped_pos_embed(3, 5), whole.cropped_pos_embed(3, 5)));
+  CHECK_FALSE(
+      at::equal(whole.cropped_pos_embed(3, 5), PatchEmbed(4, 64, 2, 16, 8.0, kCpu, kCpu).cropped_pos_embed(3, 5)));
+}
+
 TEST_CASE("layers: unpatchify puts feature (py px c) of token (r w) at pixel (r p + py / w p + px)",
           "[models][layers]") {
   const int64_t h = 3, w = 4, p = 2, channels = 5;

@@ -1,10 +1,14 @@
+#include <ditrl/app/memory_plan.hpp>
 #include <ditrl/app/options.hpp>
 #include <ditrl/config/deck.hpp>
+#include <ditrl/models/activation_memory.hpp>
 #include <ditrl/precision/plan.hpp>
 #include <ditrl/shard/plan_report.hpp>
 #include <ditrl/shard/sharded_params.hpp>
 
 #include <catch2/catch.hpp>
+
+#include <algorithm>
 
 #include "block_stack.hpp"
 
@@ -137,4 +141,93 @@ weight_decay = 0.01
   CHECK(options.adamw.eps == 1e-6);
   CHECK(options.adamw.weight_decay == 0.01);
   CHECK(options.device == at::Device(at::kCPU));
+}
+
+TEST_CASE("activation memory: the forward and training estimates are their closed forms", "[plan][memory]") {
+  // Joint attention (SD3-like): T = 64 image + 16 text tokens through every block.
+  models::ActivationGeometry g;
+  g.tokens = 64;
+  g.text_tokens = 16;
+  g.dim = 32;
+  g.heads = 4;
+  g.ffn_dim = 128;
+  g.blocks = 3;
+  g.joint = true;
+  models::ActivationOptions o;
+  o.batch = 2;
+  o.element_bytes = 2;  // bf16: the math backend adds fp32 copies of q, k, v and of its output (4 x 4 B per D)
+  const int64_t t = 80, rows = o.batch * t;
+  const models::ActivationEstimate f = models::estimate_forward(g, o);
+  CHECK(f.saved_inputs == 0);
+  CHECK(f.block == rows * g.dim * (10 * 2 + 16));           // the attention moment, ~10 D + upcasts
+  CHECK(f.attention == 2 * 4 * o.batch * g.heads * t * t);  // two fp32 score copies
+  const models::ActivationEstimate s = models::estimate_training(g, o);
+  CHECK(s.saved_inputs == g.blocks * rows * g.dim * 2);                  // every block's input stream
+  CHECK(s.block == rows * (g.dim * (24 * 2 + 16) + 2 * g.ffn_dim * 2));  // graph ~24 D, upcasts, FFN 2 F
+  CHECK(s.attention == 3 * 4 * o.batch * g.heads * t * t);               // probabilities + 2 gradients
+  CHECK(s.total() == s.saved_inputs + s.block + s.attention);
+
+  // Cross-attention (Wan-like), fp32 (no upcasts), Ulysses over 2 ranks: image tokens only through the blocks.
+  g.joint = false;
+  g.text_tokens = 10;
+  o.element_bytes = 4;
+  o.sequence_parallel = 2;
+  const int64_t local = 32, heads = 2;
+  const models::ActivationEstimate c = models::estimate_training(g, o);
+  CHECK(c.saved_inputs == g.blocks * o.batch * local * g.dim * 4 + o.batch * g.text_tokens * g.dim * 4);
+  // The stream's graph, and the text's k and v (before and after their norm, with gradients: 4 D).
+  CHECK(c.block == o.batch * local * (g.dim * 24 * 4 + 2 * g.ffn_dim * 4) + o.batch * g.text_tokens * g.dim * 4 * 4);
+  CHECK(c.attention == 3 * 4 * o.batch * heads * 64 * 64 + 3 * 4 * o.batch * g.heads * local * g.text_tokens);
+  // The FFN moment is the forward's larger one when the scores are small.
+  g.ffn_dim = 4096;
+  const models::ActivationEstimate ffn = models::estimate_forward(g, o);
+  CHECK(ffn.attention == 0);
+  CHECK(ffn.block == o.batch * local * (4 * g.dim + 2 * g.ffn_dim) * 4);
+}
+
+TEST_CASE("memory plan: the deck's predicted peak is the largest phase over its closed-form terms", "[plan][memory]") {
+  const config::Config c = config::parse_deck(R"(
+[model]
+family = "sd3"
+preset = "tiny"
+[model.lora]
+enabled = true
+rank = 4
+[precision]
+forward = "bf16"
+[rollout]
+batch = 2
+samples_per_prompt = 4
+steps = 4
+sde_steps = 1
+window = [1, 2]
+height = 8
+width = 8
+[train]
+global_batch = 8
+micro_batch = 2
+)",
+                                              "memory plan deck");
+  const std::shared_ptr<models::Family> family = app::plan_family(c);
+  const shard::Layout layout =
+      shard::build_layout(*family, family->wrap_units(), app::compiled_plan(c, *family), /*world_size=*/2);
+  const app::MemoryPlan m = app::memory_plan(c, *family, layout);
+  const shard::MemoryReport r = layout.memory(true, true);
+  CHECK(m.baseline == app::kProcessBaselineBytes);
+  CHECK(m.state == r.masters + r.moments + r.grads + r.compute);
+  CHECK(m.gathered == r.peak_gathered);
+  CHECK(m.buffers == 4 * 4 * 64 * 4);  // pos_embed: the 4x4-patch crop of the 12x12 table, D = 64, fp32
+  // 4 samples per rank: x_0, x_i and x_{i+1} of the SDE step, its velocity and x_T, [16, 8, 8] fp32 each,
+  // and their conditioning rows (8 x 48 text states and 32 pooled values, fp32).
+  CHECK(m.trajectories == 4 * (5 * 16 * 8 * 8 * 4 + (8 * 48 + 32) * 4));
+  CHECK(m.rollout.total() > 0);
+  CHECK(m.training.saved_inputs > 0);
+  CHECK(m.peak() == std::max({m.load_peak(), m.rollout_peak(), m.training_peak()}));
+  // Conditioning copies (no CFG): the family's cast to bf16 per forward, and training's index_select rows (fp32).
+  const int64_t cond = (8 * 48 + 32) * 4, cast = (8 * 48 + 32) * 2;
+  CHECK(m.rollout_inputs == 2 * cast);
+  CHECK(m.training_inputs == 2 * (cond + cast));
+  CHECK(m.training_peak() ==
+        m.resident() + m.gathered + m.trajectories + m.training_inputs + m.training.total() + m.unit_grads);
+  CHECK_THAT(m.text(), Contains("# predicted peak per rank: ") && Contains(std::to_string(m.peak()) + " B)"));
 }

@@ -46,7 +46,11 @@ struct SlicedModel {
   std::shared_ptr<models::Family> family;
   std::unique_ptr<models::ParameterSource> source;
 };
-SlicedModel sliced_deck_model(const config::Config& c, c10::Device device);
+// Tables indexed by the latent grid (SD3's pos_embed): whole (export writes
+// them), or only the crop the deck's rollout grid reads (training: SD3.5's
+// whole table would be 0.9 GB on every rank).
+enum class GridTables { Whole, DeckCrop };
+SlicedModel sliced_deck_model(const config::Config& c, c10::Device device, GridTables tables = GridTables::Whole);
 // [precision] with `family_rules` (a family's default fp32-kept parameters)
 // first when precision.family_overrides is on.
 precision::PrecisionPlan precision_plan(const config::Config& c, const std::vector<precision::DtypeRule>& family_rules);

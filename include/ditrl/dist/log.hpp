@@ -20,4 +20,11 @@ void setup_logging(const WorldInfo& world, const std::string& out_dir, const std
 // jobs and tests/multinode read placement from these lines.
 void log_placement(const WorldInfo& world, int threads, const std::string& device, MPI_Comm comm);
 
+// This process's resident set now and its peak so far (/proc/self/status
+// VmRSS and VmHWM; the RSS split into RssAnon, the heap, and RssFile, the
+// libraries' pages) as "RSS 1.23 GB (anonymous 1.02, files 0.21), peak
+// 2.34 GB" (10^9 bytes), for the [load] and [memory] lines that split a
+// run's peak by phase.
+std::string memory_text();
+
 }  // namespace ditrl::dist

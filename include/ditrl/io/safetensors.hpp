@@ -67,6 +67,10 @@ class SafetensorsFile {
   // of its stored dtype: only those bytes are read, and none of the file
   // stays resident (sliced loading reads a rank's part of every tensor).
   at::Tensor read_range(const std::string& name, int64_t begin, int64_t end) const;
+  // The same bytes read into `out`: a contiguous CPU tensor of the stored
+  // dtype and end - begin elements (sliced loading reads straight into a
+  // rank's slice).
+  void read_range_into(const std::string& name, int64_t begin, int64_t end, const at::Tensor& out) const;
 
  private:
   SafetensorsFile(std::shared_ptr<const MappedBytes> bytes, std::string path);
@@ -92,6 +96,7 @@ class Checkpoint {
   at::Tensor get(const std::string& name) const;
   at::Tensor view(const std::string& name) const;                                    // see SafetensorsFile::view
   at::Tensor read_range(const std::string& name, int64_t begin, int64_t end) const;  // see SafetensorsFile
+  void read_range_into(const std::string& name, int64_t begin, int64_t end, const at::Tensor& out) const;
   // The file that holds `name` (the shard for an index).
   const std::string& file_of(const std::string& name) const;
   // The single file's metadata, or the index's "metadata" values as text.

@@ -1,13 +1,19 @@
 #pragma once
 
-// A model of the activation bytes one rank holds during a training step of a
-// DiT under ditrl's per-block recompute (shard/unit_function.hpp): every
-// block keeps only its input until backward, then one block at a time
-// rebuilds its autograd graph. With Ulysses sequence parallelism over N ranks
-// (models/ulysses.hpp) a rank holds T/N tokens through the blocks and H/N
-// heads over all T tokens in attention, so every term scales as 1/N. It is a
-// model for `ditrl plan`, not a measurement (benchmarks/sequence_parallel
-// measures peak memory).
+// A model of the activation bytes one rank holds while a DiT runs, for
+// `ditrl plan`'s prediction of a run's peak memory (app/memory_plan.hpp). Two
+// phases:
+//  - the rollout's forward (no autograd graph): one block's live tensors at
+//    its largest moment, the attention scores or the FFN's hidden layer;
+//  - the training step under ditrl's per-block recompute
+//    (shard/unit_function.hpp): every block keeps only its inputs until
+//    backward, then one block at a time rebuilds its autograd graph, and its
+//    backward holds the softmax's gradient beside the probabilities.
+// With Ulysses sequence parallelism over N ranks (models/ulysses.hpp) a rank
+// holds T/N tokens through the blocks and H/N heads over all T tokens in
+// attention, so every term scales as 1/N. The per-token widths are counted
+// from the blocks' code and calibrated against measured runs
+// (benchmarks/results/real_size.md); it is a model, not a measurement.
 
 #include <ditrl/models/family.hpp>
 
@@ -16,26 +22,45 @@
 
 namespace ditrl::models {
 
-// The sizes the model reads: tokens per sample (after patchify), text
-// tokens, width, heads, FFN width and the blocks of one forward.
+// The sizes the model reads, per sample.
 struct ActivationGeometry {
-  int64_t tokens = 0, text_tokens = 0, dim = 0, heads = 0, ffn_dim = 0, blocks = 0;
+  int64_t tokens = 0;       // image or video tokens (after patchify)
+  int64_t text_tokens = 0;  // text tokens of the conditioning
+  int64_t dim = 0, heads = 0, ffn_dim = 0, blocks = 0;
+  // Text tokens run through every block beside the image tokens and join
+  // its self-attention (SD3, Qwen-Image); otherwise the image tokens
+  // cross-attend to them (Wan, LTX).
+  bool joint = false;
+  bool masked = false;                // the attention takes a mask (Qwen-Image's text mask): one more score copy
+  bool image_only_attention = false;  // SD3.5's dual blocks: a second self-attention over the image tokens
+
+  // Tokens every block carries (and attends over, when joint).
+  int64_t stream_tokens() const { return joint ? tokens + text_tokens : tokens; }
 };
 
+// One phase's activation bytes on one rank.
 struct ActivationEstimate {
-  int64_t saved_inputs = 0;  // every block's input (B, T/N, D), kept until backward
-  int64_t block_graph = 0;   // one block's per-token tensors while it is recomputed
-  int64_t attention = 0;     // its attention scores and probabilities (math backend: fp32, B x H/N x T x T)
-  int64_t total() const { return saved_inputs + block_graph + attention; }
+  int64_t saved_inputs = 0;  // training: every block's inputs, kept until backward
+  int64_t block = 0;         // one block's per-token tensors at the phase's largest moment
+  int64_t attention = 0;     // the score-sized tensors (math backend: fp32, B x H/N x T x T each)
+  int64_t total() const { return saved_inputs + block + attention; }
 };
 
-// Wan and LTX (the families with a sequence-parallel forward); nullopt for others.
+// What the estimate needs besides the geometry.
+struct ActivationOptions {
+  int64_t batch = 1;              // samples per forward (a CFG forward runs positive and negative: 2x)
+  int64_t sequence_parallel = 1;  // Ulysses group size
+  int64_t element_bytes = 2;      // the forward dtype's
+  bool math_attention = true;     // the portable math backend materialises the scores; fused kernels keep O(T)
+};
+
+// Every family's geometry at `grid`; nullopt for a family the model does not know.
 std::optional<ActivationGeometry> activation_geometry(const Family& family, const LatentGrid& grid);
 
-// `batch` samples per forward, `element_bytes` of the forward dtype;
-// math_attention: the portable math backend materialises the scores (the
-// fused CUDA kernels keep O(T) per head instead).
-ActivationEstimate estimate_activations(const ActivationGeometry& g, int64_t batch, int64_t sequence_parallel,
-                                        int64_t element_bytes, bool math_attention);
+// The rollout's no-grad forward: the larger of one block's attention moment
+// and its FFN moment.
+ActivationEstimate estimate_forward(const ActivationGeometry& g, const ActivationOptions& o);
+// A training micro-batch's forward and backward under per-block recompute.
+ActivationEstimate estimate_training(const ActivationGeometry& g, const ActivationOptions& o);
 
 }  // namespace ditrl::models

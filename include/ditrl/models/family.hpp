@@ -85,6 +85,12 @@ struct FamilyOptions {
   // are materialised on `device`; shard::ShardedParams then reads each rank's
   // slices from a models::ParameterSource (the seeded init or the weights).
   bool sliced = false;
+  // With `sliced`: tables indexed by the latent grid hold only the part that
+  // `latent_grid`'s forward reads (SD3's pos_embed: the centre crop, not all
+  // pos_embed_max_size^2 rows). For training, which runs at the deck's grid;
+  // a forward at another grid that reads outside it is an error. Export
+  // leaves it off (it writes the whole table).
+  bool crop_to_grid = false;
   int64_t experts = 0;    // expert DiTs (Wan2.2 A14B: 2); 0 = what the preset or config.json says
   int64_t init_seed = 0;  // seeded init when no weights are loaded
   std::string attention = "math";

@@ -20,6 +20,17 @@
 
 namespace ditrl::models {
 
+// What loading this rank's slices cost, by phase (the rank log's [load]
+// line): the source counts its reads and casts, shard::take_slices the rest.
+struct LoadStats {
+  double allocate_s = 0;  // slices allocated, their padding zeroed, materialised parameters copied in
+  double read_s = 0;      // wall time of the reads into the slices (pread, or the seeded draws), casts included
+  double cast_s = 0;      // of which converting values into the slices' dtype (summed over reading threads)
+  double state_s = 0;     // AdamW moments and gradient accumulators zeroed, compute copies of trainable masters
+  uint64_t bytes = 0;     // read from files (the seeded init reads none)
+  int threads = 1;        // threads that read
+};
+
 class ParameterSource {
  public:
   virtual ~ParameterSource() = default;
@@ -30,8 +41,15 @@ class ParameterSource {
   // checkpoint's own), so that one cast into the slice's dtype rounds as the
   // fp32 parameter's cast would.
   virtual at::Tensor read(const std::string& name, int64_t begin, int64_t end) = 0;
-  // Bytes read from files so far (the seeded init reads none).
-  virtual uint64_t bytes_read() const { return 0; }
+  // The same elements written into `out` (end - begin elements, any dtype
+  // and device), cast as out.copy_(read(...)) would; a source may read
+  // straight into `out` where no cast is needed. Counts into `stats`.
+  virtual void read_into(const std::string& name, int64_t begin, int64_t end, const at::Tensor& out);
+  // Whether read_into may run on several threads at once, in any order
+  // (a checkpoint's preads; not the seeded init, whose draws are sequential).
+  virtual bool concurrent_reads() const { return false; }
+
+  LoadStats stats;
 };
 
 // init_parameters(model, seed) one parameter at a time: every value depends
@@ -54,8 +72,9 @@ struct CheckpointPart {
 // first (validate_checkpoint: missing, unexpected, wrongly-shaped and
 // wrongly-typed tensors in one error naming the file), before any value is
 // read; materialised tensors a checkpoint carries (SD3's pos_embed buffer,
-// LoRA factors) are copied in whole, as load_weights does. `model` is the
-// family whose parameter names order() lists.
+// LoRA factors) are copied in whole, as load_weights does, except a windowed
+// pos_embed (FamilyOptions::crop_to_grid), of which only the window's rows
+// are read, here. `model` is the family whose parameter names order() lists.
 std::unique_ptr<ParameterSource> checkpoint_source(torch::nn::Module& model, const std::vector<CheckpointPart>& parts);
 
 }  // namespace ditrl::models

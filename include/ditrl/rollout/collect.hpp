@@ -90,6 +90,7 @@ class Collector {
   CollectParts parts_;
   diffusion::Schedule schedule_;
   std::vector<int64_t> latent_shape_;
+  bool memory_logged_ = false;
 };
 
 }  // namespace ditrl::rollout
