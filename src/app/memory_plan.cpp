@@ -165,6 +165,7 @@ MemoryPlan memory_plan(const config::Config& c, const models::Family& family, co
     o.batch = sampler_options(c).microgroup * (cfg ? 2 : 1);
     plan.rollout = models::estimate_forward(*geometry, o);
     o.batch = c.train.micro_batch * (cfg ? 2 : 1);
+    o.recompute = c.parallel.recompute;
     plan.training = models::estimate_training(*geometry, o);
   }
   return plan;

@@ -165,6 +165,10 @@ ActivationEstimate estimate_training(const ActivationGeometry& g, const Activati
   e.attention = copies * scores(o, heads, g.stream_tokens(), g.stream_tokens());
   if (g.image_only_attention) e.attention += scores(o, heads, g.tokens, g.tokens);  // its saved probabilities
   if (!g.joint) e.attention += copies * scores(o, g.heads, ceil_div(g.tokens, n), g.text_tokens);  // cross
+  if (!o.recompute) {  // parallel.recompute = false: every block's graph lives until its backward
+    e.block *= g.blocks;
+    e.attention *= g.blocks;
+  }
   return e;
 }
 

@@ -52,6 +52,7 @@ struct ActivationOptions {
   int64_t sequence_parallel = 1;  // Ulysses group size
   int64_t element_bytes = 2;      // the forward dtype's
   bool math_attention = true;     // the portable math backend materialises the scores; fused kernels keep O(T)
+  bool recompute = true;          // training: one block's graph at a time (false: every block keeps its own)
 };
 
 // Every family's geometry at `grid`; nullopt for a family the model does not know.
