@@ -165,9 +165,12 @@ ActivationEstimate estimate_training(const ActivationGeometry& g, const Activati
   e.attention = copies * scores(o, heads, g.stream_tokens(), g.stream_tokens());
   if (g.image_only_attention) e.attention += scores(o, heads, g.tokens, g.tokens);  // its saved probabilities
   if (!g.joint) e.attention += copies * scores(o, g.heads, ceil_div(g.tokens, n), g.text_tokens);  // cross
-  if (!o.recompute) {  // parallel.recompute = false: every block's graph lives until its backward
-    e.block *= g.blocks;
-    e.attention *= g.blocks;
+  if (!o.recompute) {
+    // parallel.recompute = false: every block's forward graph lives until its backward, about half of a
+    // recomputed block's peak (no gradients yet) and one copy of its scores (the probabilities); the block
+    // in backward holds the full peak.
+    e.block += (g.blocks - 1) * e.block / 2;
+    e.attention += (g.blocks - 1) * e.attention / copies;
   }
   return e;
 }
