@@ -23,30 +23,7 @@ out=$WORK/$MODEL.load_speed
 : >"$out"
 for round in $(seq 1 "$ROUNDS"); do
   echo "round $round $(date -u +%H:%M:%S) load $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out"
-  /usr/bin/python3 - "$weights" >>"$out" <<'PY'
-import mmap, os, sys, time
-files = sorted(os.path.join(sys.argv[1], f) for f in os.listdir(sys.argv[1]) if f.endswith(".safetensors"))
-buf = bytearray(64 << 20)
-start, n = time.perf_counter(), 0
-for path in files:
-    with open(path, "rb", buffering=0) as f:
-        while (k := f.readinto(buf)):
-            n += k
-s = time.perf_counter() - start
-print(f"plain read: {n / 1e9:.3f} GB in {s:.2f} s = {n / 1e9 / s:.2f} GB/s")
-kept, start, n = [], time.perf_counter(), 0
-for path in files:
-    size = os.path.getsize(path)
-    m = mmap.mmap(-1, size)
-    with open(path, "rb", buffering=0) as f:
-        view, got = memoryview(m), 0
-        while got < size:
-            got += f.readinto(view[got:])
-    n += size
-    kept.append(m)
-s = time.perf_counter() - start
-print(f"plain read into fresh memory: {n / 1e9:.3f} GB in {s:.2f} s = {n / 1e9 / s:.2f} GB/s")
-PY
+  /usr/bin/python3 benchmarks/real_size/plain_read.py "$weights" >>"$out"
   for ranks in 1 2; do
     "${MPI[@]}" -n "$ranks" "$DITRL" train "benchmarks/real_size/$MODEL.toml" \
       --set "model.weights=$weights/diffusion_pytorch_model.safetensors.index.json" --set "run.out_dir=$run" \

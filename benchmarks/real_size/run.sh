@@ -29,39 +29,8 @@ prepare() {  # $1 model: the weights once, then the plain-read baseline right be
     "$DITRL" plan "$deck" --set model.lora.enabled=false >"$WORK/$model.names"
     "$PY" benchmarks/real_size/write_weights.py "$WORK/$model.names" "$weights" --max-shard-gb 2
   fi
-  # Every shard's bytes read plainly, from the page cache (a first untimed
-  # pass puts them there, as the runs that follow find them): into one
-  # reused 64 MB buffer (the bandwidth of the copy alone), then into fresh
-  # memory kept until the end (what any loader that keeps the bytes pays:
-  # every page faulted in and cleared by the kernel, then copied).
-  /usr/bin/python3 - "$weights" >"$WORK/$model.plain" <<'PY'
-import mmap, os, sys, time
-files = sorted(os.path.join(sys.argv[1], f) for f in os.listdir(sys.argv[1]) if f.endswith(".safetensors"))
-buf = bytearray(64 << 20)
-for path in files:  # once untimed, so that both timed reads find the files in the page cache as the runs do
-    with open(path, "rb", buffering=0) as f:
-        while f.readinto(buf):
-            pass
-start, n = time.perf_counter(), 0
-for path in files:
-    with open(path, "rb", buffering=0) as f:
-        while (k := f.readinto(buf)):
-            n += k
-s = time.perf_counter() - start
-print(f"plain read: {n / 1e9:.3f} GB in {s:.2f} s = {n / 1e9 / s:.2f} GB/s")
-kept, start, n = [], time.perf_counter(), 0
-for path in files:
-    size = os.path.getsize(path)
-    m = mmap.mmap(-1, size)
-    with open(path, "rb", buffering=0) as f:
-        view, got = memoryview(m), 0
-        while got < size:
-            got += f.readinto(view[got:])
-    n += size
-    kept.append(m)
-s = time.perf_counter() - start
-print(f"plain read into fresh memory: {n / 1e9:.3f} GB in {s:.2f} s = {n / 1e9 / s:.2f} GB/s")
-PY
+  # Every shard's bytes read plainly (benchmarks/real_size/plain_read.py).
+  /usr/bin/python3 benchmarks/real_size/plain_read.py "$weights" --warm >"$WORK/$model.plain"
 }
 
 for case in $CASES; do
