@@ -1,6 +1,7 @@
 #include <ditrl/app/determinism.hpp>
 #include <ditrl/app/options.hpp>
 #include <ditrl/app/run.hpp>
+#include <ditrl/clock.hpp>
 #include <ditrl/diffusion/schedule_preset.hpp>
 #include <ditrl/dist/log.hpp>
 #include <ditrl/error.hpp>
@@ -16,7 +17,6 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include <chrono>
 #include <filesystem>
 
 namespace ditrl::app {
@@ -158,10 +158,10 @@ Run open_run(const config::Config& config, dist::Runtime& runtime, const std::st
   run.traits = rl::algorithm_traits(c.train.loss);
   check_run_inputs(c, world);
 
-  const auto load_start = std::chrono::steady_clock::now();
+  const auto load_start = Clock::now();
   // The run's forwards are all at the deck's grid: SD3's pos_embed holds its crop only.
   SlicedModel model = sliced_deck_model(c, runtime.device(), GridTables::DeckCrop);
-  const double build_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+  const double build_s = seconds_since(load_start);
   run.family = std::move(model.family);
   check_sequence_parallel(c, *run.family);
   const dist::SequenceGroups& sequence = runtime.sequence();
@@ -192,8 +192,7 @@ Run open_run(const config::Config& config, dist::Runtime& runtime, const std::st
   run.params =
       std::make_unique<shard::ShardedParams>(*run.family, run.family->wrap_units(), compiled_plan(c, *run.family),
                                              runtime.data(), shard_options(c, runtime.device()), model.source.get());
-  log_load(c, *model.source, build_s,
-           std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count());
+  log_load(c, *model.source, build_s, seconds_since(load_start));
   model.source.reset();  // the checkpoint files are not needed after loading
   collect.sampler.device = runtime.device();
   if (c.debug.dump) {

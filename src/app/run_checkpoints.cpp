@@ -1,6 +1,7 @@
 // Resuming a training run from a checkpoint and saving its state.
 
 #include <ditrl/app/run_checkpoints.hpp>
+#include <ditrl/clock.hpp>
 #include <ditrl/config/deck.hpp>
 #include <ditrl/dist/runtime.hpp>
 #include <ditrl/error.hpp>
@@ -10,7 +11,6 @@
 
 #include <spdlog/spdlog.h>
 
-#include <chrono>
 #include <filesystem>
 #include <optional>
 
@@ -127,7 +127,7 @@ void RunCheckpoints::check_same_trajectory(const std::string& stored_deck, const
 }
 
 double RunCheckpoints::save(int64_t global_step, int64_t next_rollout) {
-  const auto start = std::chrono::steady_clock::now();
+  const auto start = Clock::now();
   const config::Config& c = run_.config;
   const io::CheckpointMeta meta{global_step,
                                 next_rollout,
@@ -137,7 +137,7 @@ double RunCheckpoints::save(int64_t global_step, int64_t next_rollout) {
                                 run_.deck_text};
   const std::string path =
       io::save_checkpoint(c.run.out_dir, training_state(run_), meta, c.checkpoint.keep, run_.runtime->io_comm());
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds = seconds_since(start);
   spdlog::info("checkpoint {} ({:.2f} s)", path, seconds);
   return seconds;
 }

@@ -15,6 +15,7 @@
 #include <ditrl/app/progress.hpp>
 #include <ditrl/app/run.hpp>
 #include <ditrl/app/run_checkpoints.hpp>
+#include <ditrl/clock.hpp>
 #include <ditrl/dist/watchdog.hpp>
 #include <ditrl/error.hpp>
 #include <ditrl/io/metrics.hpp>
@@ -26,7 +27,6 @@
 
 #include <signal.h>
 #include <atomic>
-#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -36,11 +36,6 @@
 namespace ditrl::app {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 // Slurm sends SIGUSR1 (--signal=B:USR1@N) or SIGTERM before the time limit;
 // the run checkpoints at the next rollout boundary and exits 0.

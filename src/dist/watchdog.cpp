@@ -8,6 +8,7 @@
 // A peer that does not answer within reply_wait_s is not responding (a
 // stopped or dead process, or one whose MPI progress is gone).
 
+#include <ditrl/clock.hpp>
 #include <ditrl/dist/watchdog.hpp>
 #include <ditrl/error.hpp>
 
@@ -30,7 +31,6 @@ namespace ditrl::dist {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
 constexpr int kQuery = 1;
 constexpr int kReply = 2;
 
@@ -66,10 +66,6 @@ std::atomic<bool> g_running{false};
 std::atomic<bool> g_started{false};
 std::atomic<double> g_startup_timeout_s{300};
 std::atomic<double> g_collective_timeout_s{100};
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 std::string state_text() {
   Registry& r = registry();

@@ -1,3 +1,4 @@
+#include <ditrl/clock.hpp>
 #include <ditrl/error.hpp>
 #include <ditrl/models/embeddings.hpp>
 #include <ditrl/models/parameter_source.hpp>
@@ -8,22 +9,11 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
-#include <chrono>
 #include <map>
 #include <mutex>
 #include <unordered_map>
 
 namespace ditrl::models {
-
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-}  // namespace
 
 void ParameterSource::read_into(const std::string& name, int64_t begin, int64_t end, const at::Tensor& out) {
   const at::Tensor values = read(name, begin, end);

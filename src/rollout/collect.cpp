@@ -1,5 +1,6 @@
 // Collector: a rank's share of a rollout sampled or read, scored, turned into advantages.
 
+#include <ditrl/clock.hpp>
 #include <ditrl/dist/log.hpp>
 #include <ditrl/error.hpp>
 #include <ditrl/models/ulysses.hpp>
@@ -11,17 +12,7 @@
 #include <ATen/ATen.h>
 #include <spdlog/spdlog.h>
 
-#include <chrono>
-
 namespace ditrl::rollout {
-
-namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-}  // namespace
 
 Collector::Collector(const CollectOptions& options, const CollectParts& parts, diffusion::Schedule schedule,
                      std::vector<int64_t> latent_shape)
@@ -56,7 +47,7 @@ RolloutBatch Collector::collect(int64_t rollout_id) {
       options_.strategy,
       {rl::stable_hash("sde_window", options_.seed, rollout_id), rollout_id * options_.prompts_per_rollout});
 
-  const auto start = std::chrono::steady_clock::now();
+  const auto start = Clock::now();
   {
     const shard::KeepGathered keep(*parts_.params, options_.keep_gathered);
     parts_.params->begin_step();
@@ -106,7 +97,7 @@ void Collector::save(const RolloutBatch& batch, const std::string& path,
 // every rank's rewards.
 void Collector::score_and_normalise(RolloutBatch& out) {
   Trajectories& t = out.trajectories;
-  const auto start = std::chrono::steady_clock::now();
+  const auto start = Clock::now();
   if (!t.rewards.defined()) {
     std::vector<std::string> texts;
     for (int64_t i = 0; i < t.size(); ++i) texts.push_back(parts_.prompts->text(t.prompt_index[i].item<int64_t>()));

@@ -1,13 +1,12 @@
 // A unit's gradients flattened per group, reduce-scattered and accumulated into the fp32 slices.
 
+#include <ditrl/clock.hpp>
 #include <ditrl/precision/dtype.hpp>
 #include <ditrl/shard/grad_reduce.hpp>
 
 #include <ATen/ATen.h>
 
 #include <ditrl/error.hpp>
-
-#include <chrono>
 
 namespace ditrl::shard {
 
@@ -44,7 +43,7 @@ void GradReducer::reduce(size_t unit, const std::vector<at::Tensor>& grads) {
       continue;
     }
     at::Tensor mine = buffer(mine_, groups[g].shard, groups[g].reduce);
-    const auto start = std::chrono::steady_clock::now();
+    const auto start = Clock::now();
     if (overlap()) {
       drain();
       in_flight_ = {comm_.reduce_scatter_async(flat, mine, dist::ReduceOp::Avg), mine, unit, g, true};
@@ -52,7 +51,7 @@ void GradReducer::reduce(size_t unit, const std::vector<at::Tensor>& grads) {
       comm_.reduce_scatter(flat, mine, dist::ReduceOp::Avg);
       accumulate(unit, g, mine);
     }
-    seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    seconds_ += seconds_since(start);
   }
 }
 

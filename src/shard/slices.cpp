@@ -1,5 +1,6 @@
 // A rank's slices of the flat groups, taken from a module's parameters.
 
+#include <ditrl/clock.hpp>
 #include <ditrl/error.hpp>
 #include <ditrl/models/parameter_source.hpp>
 #include <ditrl/shard/slices.hpp>
@@ -11,7 +12,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <exception>
 #include <mutex>
 #include <set>
@@ -94,12 +94,6 @@ at::Tensor untouched_zeros(int64_t numel, const at::TensorOptions& options) {
   if (data == MAP_FAILED) return at::zeros({numel}, options);
   return at::from_blob(
       data, {numel}, [bytes](void* p) { ::munmap(p, bytes); }, options);
-}
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
 // Points a parameter at `data`. A meta parameter (a sliced family's) cannot
