@@ -1,21 +1,15 @@
 // Unit gathers into pooled buffers, with a prefetch of the next unit on the async lane.
 
+#include <ditrl/clock.hpp>
 #include <ditrl/shard/gather.hpp>
 
 #include <ATen/ATen.h>
 
 #include <algorithm>
-#include <chrono>
 
 namespace ditrl::shard {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 // Every group's full tensor starts on a 64-byte boundary of the buffer.
 int64_t aligned(int64_t bytes) {
@@ -173,11 +167,17 @@ void UnitGather::point_params(size_t unit) {
       slot.param.set_data(units_[unit].groups[g].narrow(0, slot.offset, slot.numel).view(slot.shape));
 }
 
+// Empty placeholders, so that a released or evicted unit's parameters never
+// view bytes it no longer holds.
+void UnitGather::unpoint_params(size_t unit) {
+  for (const FlatGroup& g : layout_.units[unit].groups)
+    for (const Slot& s : g.slots) s.param.set_data(placeholder(g.compute, slices_.device));
+}
+
 void UnitGather::release(size_t unit) {
   Gathered& slot = units_[unit];
   if (!slot.buffer.defined()) return;
-  for (const FlatGroup& g : layout_.units[unit].groups)
-    for (const Slot& s : g.slots) s.param.set_data(placeholder(g.compute, slices_.device));
+  unpoint_params(unit);
   Gathered released = std::move(slot);
   slot = Gathered{};
   // Evicted: no bytes to recycle (its graph still holds the empty storage); in place: none of its own.
@@ -190,8 +190,7 @@ void UnitGather::release(size_t unit) {
 void UnitGather::evict(size_t unit) {
   Gathered& slot = units_[unit];
   if (!gathered(unit) || slot.in_place) return;  // in place there are no gathered bytes to free
-  for (const FlatGroup& g : layout_.units[unit].groups)
-    for (const Slot& s : g.slots) s.param.set_data(placeholder(g.compute, slices_.device));
+  unpoint_params(unit);
   pool_.recycle(move_bytes(slot.buffer, at::empty({0}, at::TensorOptions().dtype(at::kByte).device(slices_.device))));
   slot.evicted = true;
   track(-layout_.units[unit].gathered_bytes(comm_.size()));

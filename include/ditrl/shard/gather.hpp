@@ -86,6 +86,7 @@ class UnitGather {
   Gathered in_place(size_t unit) const;
   void drop_prefetch();
   void point_params(size_t unit);
+  void unpoint_params(size_t unit);
   void track(int64_t delta);
 
   const Layout& layout_;
