@@ -63,32 +63,31 @@ int64_t scores(const ActivationOptions& o, int64_t heads, int64_t queries, int64
   return 4 * o.batch * heads * queries * keys;
 }
 
+// An image DiT whose blocks attend jointly over image patches and text
+// (SD3, Qwen-Image): 2-D patches, a 4 x D FFN.
+template <class Config>
+ActivationGeometry joint_image_geometry(const Config& c, const LatentGrid& grid) {
+  ActivationGeometry g;
+  g.tokens = (grid.height / c.patch_size) * (grid.width / c.patch_size);
+  g.text_tokens = c.text_tokens;
+  g.dim = c.inner_dim();
+  g.heads = c.num_attention_heads;
+  g.ffn_dim = 4 * c.inner_dim();
+  g.blocks = c.num_layers;
+  g.joint = true;
+  return g;
+}
+
 }  // namespace
 
 std::optional<ActivationGeometry> activation_geometry(const Family& family, const LatentGrid& grid) {
   if (const auto* sd3 = dynamic_cast<const SD3*>(&family)) {
-    const SD3Config& c = sd3->config();
-    ActivationGeometry g;
-    g.tokens = (grid.height / c.patch_size) * (grid.width / c.patch_size);
-    g.text_tokens = c.text_tokens;
-    g.dim = c.inner_dim();
-    g.heads = c.num_attention_heads;
-    g.ffn_dim = 4 * c.inner_dim();
-    g.blocks = c.num_layers;
-    g.joint = true;
-    g.image_only_attention = !c.dual_attention_layers.empty();
+    ActivationGeometry g = joint_image_geometry(sd3->config(), grid);
+    g.image_only_attention = !sd3->config().dual_attention_layers.empty();
     return g;
   }
   if (const auto* qwen = dynamic_cast<const QwenImage*>(&family)) {
-    const QwenImageConfig& c = qwen->config();
-    ActivationGeometry g;
-    g.tokens = (grid.height / c.patch_size) * (grid.width / c.patch_size);
-    g.text_tokens = c.text_tokens;
-    g.dim = c.inner_dim();
-    g.heads = c.num_attention_heads;
-    g.ffn_dim = 4 * c.inner_dim();
-    g.blocks = c.num_layers;
-    g.joint = true;
+    ActivationGeometry g = joint_image_geometry(qwen->config(), grid);
     g.masked = true;
     return g;
   }
