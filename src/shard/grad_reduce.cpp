@@ -12,8 +12,10 @@ namespace ditrl::shard {
 
 GradReducer::GradReducer(const Layout& layout, Slices& slices, dist::Communicator& comm, bool canonical)
     : layout_(layout), slices_(slices), comm_(comm), canonical_(canonical), reduced_(layout.units.size(), false) {
-  if (canonical_)
-    for (const UnitLayout& u : layout_.units) trees_.emplace_back(u.groups.size());
+  for (const UnitLayout& u : layout_.units) {
+    if (canonical_) trees_.emplace_back(u.groups.size());
+    stale_.emplace_back(u.groups.size(), true);
+  }
 }
 
 void GradReducer::reduce(size_t unit, const std::vector<at::Tensor>& grads) {
@@ -27,6 +29,10 @@ void GradReducer::reduce(size_t unit, const std::vector<at::Tensor>& grads) {
   const std::vector<FlatGroup>& groups = layout_.units[unit].groups;
   for (size_t g = 0; g < groups.size(); ++g) {
     if (!groups[g].trainable) continue;
+    if (comm_.size() == 1 && !canonical_ && groups[g].reduce == at::kFloat) {
+      accumulate_in_place(unit, g, grads, k);
+      continue;
+    }
     const int64_t padded = groups[g].shard * comm_.size();
     at::Tensor flat = buffer(flat_, padded, groups[g].reduce);
     for (const Slot& slot : groups[g].slots) {
@@ -56,10 +62,38 @@ void GradReducer::reduce(size_t unit, const std::vector<at::Tensor>& grads) {
 }
 
 void GradReducer::accumulate(size_t unit, size_t group, const at::Tensor& mine) {
-  if (canonical_)
+  if (canonical_) {
     trees_[unit][group].add(mine);
+    return;
+  }
+  at::Tensor& slice = slices_.units[unit][group].grad;
+  if (stale_[unit][group])
+    slice.copy_(mine);
   else
-    slices_.units[unit][group].grad.add_(mine);
+    slice.add_(mine);
+  stale_[unit][group] = false;
+}
+
+// One rank, fp32 reduce: the gradients go straight into the slice, with no
+// flat copy of the unit first (its sum over one rank is itself, and fp32
+// holds the gradient's dtype exactly, so the bits are the same).
+void GradReducer::accumulate_in_place(size_t unit, size_t group, const std::vector<at::Tensor>& grads, size_t& k) {
+  const FlatGroup& g = layout_.units[unit].groups[group];
+  at::Tensor& slice = slices_.units[unit][group].grad;
+  const bool stale = stale_[unit][group];
+  for (const Slot& slot : g.slots) {
+    const at::Tensor& grad = grads.at(k++);
+    at::Tensor part = slice.narrow(0, slot.offset, slot.numel);
+    if (!grad.defined()) {
+      if (stale) part.zero_();
+    } else if (stale) {
+      part.copy_(grad.reshape(-1));
+    } else {
+      part.add_(grad.reshape(-1));
+    }
+  }
+  if (stale) slice.narrow(0, g.numel, g.shard - g.numel).zero_();
+  stale_[unit][group] = false;
 }
 
 void GradReducer::drain() {
@@ -77,13 +111,21 @@ void GradReducer::end_micro_batch() {
 void GradReducer::settle() {
   end_micro_batch();
   for (size_t u = 0; u < trees_.size(); ++u)
-    for (size_t g = 0; g < trees_[u].size(); ++g) trees_[u][g].fold_into(slices_.units[u][g].grad);
+    for (size_t g = 0; g < trees_[u].size(); ++g)
+      if (trees_[u][g].fold_into(slices_.units[u][g].grad)) stale_[u][g] = false;
+  for (size_t u = 0; u < stale_.size(); ++u)
+    for (size_t g = 0; g < stale_[u].size(); ++g)
+      if (stale_[u][g] && slices_.units[u][g].grad.defined()) {
+        slices_.units[u][g].grad.zero_();
+        stale_[u][g] = false;
+      }
 }
 
 void GradReducer::discard() {
   end_micro_batch();
   for (std::vector<TreeSum>& unit : trees_)
     for (TreeSum& tree : unit) tree.clear();
+  for (std::vector<bool>& unit : stale_) std::fill(unit.begin(), unit.end(), true);
 }
 
 bool GradReducer::overlap() const {

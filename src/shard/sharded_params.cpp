@@ -61,9 +61,6 @@ void ShardedParams::finish_backward() {
 
 void ShardedParams::zero_grad() {
   reducer_.discard();
-  for (auto& unit : slices_.units)
-    for (GroupSlices& gs : unit)
-      if (gs.grad.defined()) gs.grad.zero_();
   for (at::Tensor& p : trainable_params(layout_.root_index())) p.mutable_grad().reset();
 }
 

@@ -39,9 +39,12 @@ class GradReducer {
   // reduced at most once in it).
   void end_micro_batch();
   // Before the slices are read: drains and, canonical, folds the trees into
-  // the gradient slices.
+  // the gradient slices; a slice nothing was added to since discard() is
+  // zeroed now.
   void settle();
-  // Drops what was accumulated but not settled (zero_grad).
+  // Zeroes the gradients (zero_grad): drops what was not settled and marks
+  // every slice stale, so the first reduce into it overwrites instead of
+  // adding (no pass that fills hundreds of MiB with zeros every step).
   void discard();
   // Wall seconds in reduce-scatters.
   double seconds() const { return seconds_; }
@@ -55,6 +58,9 @@ class GradReducer {
   };
 
   void accumulate(size_t unit, size_t group, const at::Tensor& mine);
+  // One rank: adds the unit's gradients grads[k...] of `group` to its slice
+  // without the flat copy; advances k past the group's slots.
+  void accumulate_in_place(size_t unit, size_t group, const std::vector<at::Tensor>& grads, size_t& k);
 
   bool overlap() const;
   at::Tensor buffer(at::Tensor& holder, int64_t elements, c10::ScalarType dtype) const;
@@ -67,6 +73,7 @@ class GradReducer {
   bool canonical_;
   std::vector<std::vector<TreeSum>> trees_;  // [unit][group], canonical only
   std::vector<bool> reduced_;                // [unit]: reduced in the current micro-batch
+  std::vector<std::vector<bool>> stale_;     // [unit][group]: the slice holds nothing since discard()
   at::Tensor flat_, mine_;
   InFlight in_flight_;
   double seconds_ = 0;
