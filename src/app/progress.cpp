@@ -10,13 +10,13 @@
 
 namespace ditrl::app {
 
-void StepTimes::record(std::map<std::string, double>& row, double gather, double reduce_scatter) const {
-  row["perf/forward_backward_seconds"] = forward_backward;
-  row["perf/forward_seconds"] = forward;
-  row["perf/backward_seconds"] = backward;
+void StepTimes::record(std::map<std::string, double>& row, double gather, double reduce_scatter) {
+  row["perf/forward_backward_seconds"] = forward_backward.seconds();
+  row["perf/forward_seconds"] = forward.seconds();
+  row["perf/backward_seconds"] = backward.seconds();
   row["perf/gather_seconds"] = gather;
   row["perf/reduce_scatter_seconds"] = reduce_scatter;
-  row["perf/optimizer_seconds"] = optimizer;
+  row["perf/optimizer_seconds"] = optimizer.seconds();
 }
 
 // The log-prob difference at the first step, before any update, is the

@@ -82,7 +82,7 @@ class Trainer {
     const double gather_start = run_.params->comm_seconds().gather;
     const rollout::RolloutBatch batch = collect(rollout_id);
     const double rollout_gather = run_.params->comm_seconds().gather - gather_start;
-    auto start = Clock::now();
+    const auto start = Clock::now();
     const rl::TrainingRollout rollout = training_rollout(batch);
     const rl::TrainData data = run_.algorithm->prepare(rollout);
     const double seconds_prepare = seconds_since(start);
@@ -91,23 +91,23 @@ class Trainer {
     std::vector<MetricRow> rows;
     size_t mb_index = 0;
     for (const rl::OptimizerWindow& window : data.windows) {
-      start = Clock::now();
       const shard::CommSeconds comm_start = run_.params->comm_seconds();
-      StepTimes times;
+      StepTimes times(run_.runtime->device());
       rl::MetricBuffer metrics(run_.algorithm->metric_schema(), run_.runtime->device(), window.leaves);
+      times.forward_backward.start();
       run_.params->zero_grad();
       for (const rl::MicroBatch& mb : window.micro_batches) {
         metrics.set_leaf(mb.leaf);
         micro_batch(rollout, data, mb, mb_index++, window.pairs(), metrics, times);
       }
-      times.forward_backward = seconds_since(start);
+      times.forward_backward.stop();
       const shard::CommSeconds comm_end = run_.params->comm_seconds();
 
-      start = Clock::now();
+      times.optimizer.start();
       const double lr = lr_.at(global_step_);
       const double norm = optimizer_step(rollout_id, lr);
       metrics.emit_replicated("grad_norm", norm);
-      times.optimizer = seconds_since(start);
+      times.optimizer.stop();
 
       std::map<std::string, double> row = rollout_row;
       for (const auto& [key, value] : metrics.reduce(run_.runtime->sequence().samples())) row["train/" + key] = value;
@@ -140,17 +140,17 @@ class Trainer {
 
   void micro_batch(const rl::TrainingRollout& rollout, const rl::TrainData& data, const rl::MicroBatch& mb,
                    size_t index, int64_t window_pairs, rl::MetricBuffer& metrics, StepTimes& times) {
-    const auto start = Clock::now();
+    times.forward.start();
     run_.params->begin_step();
     const rl::PreparedBatch b = rl::prepare_batch(data.slice(mb), run_.runtime->device());
     at::Tensor loss_sum = run_.algorithm->micro_batch_loss(rollout, data, b, index, metrics);
     if (nonfinite_point(run_.runtime->world().rank, global_step_)) loss_sum = loss_sum * std::nan("");
     const at::Tensor objective = rl::window_objective(loss_sum, window_pairs);
-    times.forward += seconds_since(start);
-    const auto backward_start = Clock::now();
+    times.forward.stop();
+    times.backward.start();
     objective.backward();
     run_.params->finish_backward();
-    times.backward += seconds_since(backward_start);
+    times.backward.stop();
   }
 
   // Clip and AdamW, or skip the step on every rank when some rank's loss or

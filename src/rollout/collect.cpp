@@ -1,7 +1,7 @@
 // Collector: a rank's share of a rollout sampled or read, scored, turned into advantages.
 
-#include <ditrl/clock.hpp>
 #include <ditrl/dist/log.hpp>
+#include <ditrl/dist/phase_timer.hpp>
 #include <ditrl/error.hpp>
 #include <ditrl/models/ulysses.hpp>
 #include <ditrl/rl/metrics.hpp>
@@ -47,14 +47,15 @@ RolloutBatch Collector::collect(int64_t rollout_id) {
       options_.strategy,
       {rl::stable_hash("sde_window", options_.seed, rollout_id), rollout_id * options_.prompts_per_rollout});
 
-  const auto start = Clock::now();
+  dist::PhaseTimer sampling(parts_.params->device());
   {
+    const dist::TimedScope timed(sampling);
     const shard::KeepGathered keep(*parts_.params, options_.keep_gathered);
     parts_.params->begin_step();
     out.trajectories =
         sample(*parts_.family, {parts_.params, nullptr, parts_.ulysses}, schedule_, steps, batch, options_.sampler);
   }
-  out.seconds_sampling = seconds_since(start);
+  out.seconds_sampling = sampling.seconds();
   // Once per process: the peak so far is the load's or this rollout's
   // (`ditrl plan` predicts both; the run's whole peak is perf/peak_rss_bytes).
   if (!memory_logged_) spdlog::info("[memory] after sampling rollout {}: {}", rollout_id, dist::memory_text());
@@ -97,13 +98,14 @@ void Collector::save(const RolloutBatch& batch, const std::string& path,
 // every rank's rewards.
 void Collector::score_and_normalise(RolloutBatch& out) {
   Trajectories& t = out.trajectories;
-  const auto start = Clock::now();
+  dist::PhaseTimer reward(parts_.params->device());
   if (!t.rewards.defined()) {
+    const dist::TimedScope timed(reward);
     std::vector<std::string> texts;
     for (int64_t i = 0; i < t.size(); ++i) texts.push_back(parts_.prompts->text(t.prompt_index[i].item<int64_t>()));
     t.rewards = parts_.reward->score(t.final_latents, t.prompt_index, texts).contiguous();
   }
-  out.seconds_reward = seconds_since(start);
+  out.seconds_reward = reward.seconds();
   const at::TensorOptions on_device = at::TensorOptions().dtype(at::kFloat).device(parts_.params->device());
   out.all_rewards = at::empty({samples_per_rollout()}, on_device);
   parts_.comm->all_gather(t.rewards.to(on_device).contiguous(), out.all_rewards);

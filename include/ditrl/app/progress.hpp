@@ -5,6 +5,8 @@
 // progress line rank 0 prints per rollout, the peak resident set, and the
 // OUT/status file a job script reads.
 
+#include <ditrl/dist/phase_timer.hpp>
+
 #include <cstdint>
 #include <map>
 #include <string>
@@ -16,15 +18,16 @@ struct MetricRow {
   std::map<std::string, double> values;
 };
 
-// Wall seconds of one optimizer step's parts (perf/* metrics).
+// Seconds of one optimizer step's parts (perf/* metrics): wall time on the
+// CPU, device time on a GPU (dist/phase_timer.hpp).
 struct StepTimes {
-  double forward = 0;
-  double backward = 0;
-  double forward_backward = 0;
-  double optimizer = 0;
+  explicit StepTimes(c10::Device device)
+      : forward(device), backward(device), forward_backward(device), optimizer(device) {}
+
+  dist::PhaseTimer forward, backward, forward_backward, optimizer;
 
   // perf/{forward_backward,forward,backward,optimizer,gather,reduce_scatter}_seconds.
-  void record(std::map<std::string, double>& row, double gather, double reduce_scatter) const;
+  void record(std::map<std::string, double>& row, double gather, double reduce_scatter);
 };
 
 // `first` is the rollout's first optimizer step, `last` its last (of `steps`).
