@@ -127,11 +127,17 @@ precision::CompiledPlan bf16_plan(models::Family& family) {
 int main(int argc, char** argv) {
   std::string model, size = "full", device_name = "cuda", attention, out;
   int warmup = 3, steps = 10;
+  bool recompute = false, chunked_adamw = false;
   CLI::App app{"ditrl's side of the GPU training-step benchmark (benchmarks/gpu/run.sh)"};
   app.add_option("--model", model)->required()->check(CLI::IsMember({"sd3.5-medium", "wan2.1-1.3b"}));
   app.add_option("--size", size)->check(CLI::IsMember({"full", "tiny"}));
   app.add_option("--device", device_name)->check(CLI::IsMember({"cuda", "cpu"}));
   app.add_option("--attention", attention, "SDPA backend (default: flash on cuda, math on cpu)");
+  app.add_flag("--recompute", recompute,
+               "rebuild each block's graph in backward (parallel.recompute = true; the peer keeps its activations)");
+  app.add_flag("--chunked-adamw", chunked_adamw,
+               "ditrl's chunked AdamW passes instead of the fused kernel (train.fused_adamw = false; the peer runs "
+               "torch's fused AdamW on CUDA)");
   app.add_option("--warmup", warmup);
   app.add_option("--steps", steps)->check(CLI::PositiveNumber);
   app.add_option("--out", out)->required();
@@ -159,6 +165,8 @@ int main(int argc, char** argv) {
     for (const auto& p : family->parameters()) params += p.numel();
     shard::ShardOptions so;
     so.device = device;
+    so.recompute = recompute;
+    so.adamw.fused = !chunked_adamw;
     shard::ShardedParams sharded(*family, family->wrap_units(), bf16_plan(*family), runtime->data(), so);
     models::ForwardContext ctx;
     ctx.runner = &sharded;
@@ -196,6 +204,8 @@ int main(int argc, char** argv) {
         {"text_tokens", spec.text_tokens},
         {"attention", attention},
         {"precision", "fp32 masters and AdamW moments, bf16 compute copies, fp32 gradient reduction"},
+        {"recompute", recompute},
+        {"adamw", chunked_adamw ? "chunked" : "fused"},
         {"steps", steps},
         {"step_s_median", median},
         {"step_s_min", sorted.front()},

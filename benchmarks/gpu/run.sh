@@ -46,7 +46,8 @@ for model in ("sd3.5-medium", "wan2.1-1.3b"):
               f"{tflops:.3g} | {ceiling:.3g} | {100 * tflops / ceiling:.1f}% | "
               f"{'-' if mem is None or mem < 0 else f'{mem:.1f}'} |")
 print("\nBoth sides: fp32 master weights, bf16 compute, AdamW, MSE against a fixed target, only the named SDPA "
-      "backend enabled. ditrl: ShardedParams on one rank (bf16 compute copies, fp32 gradient reduction); peer: "
-      f"bf16 autocast over fp32 parameters. {len(rounds)} alternating round(s) per side; the better round is shown.")
+      "backend enabled. ditrl: ShardedParams on one rank (bf16 compute copies, fp32 gradient reduction, "
+      "parallel.recompute = false and train.fused_adamw = true, as the peer keeps its activations and runs the fused "
+      "AdamW on CUDA); peer: bf16 autocast over fp32 parameters. {len(rounds)} alternating round(s) per side; the better round is shown.")
 PY
 cat "$out/report.md"
