@@ -78,9 +78,53 @@ const at::Tensor& Cond::at(const std::string& name) const {
        present.empty() ? std::string("none") : fmt::format("{}", fmt::join(present, ", ")));
 }
 
+const at::Tensor& Cond::on_host(const std::string& name) const {
+  const auto it = host.find(name);
+  return it != host.end() ? it->second : at(name);
+}
+
+namespace {
+
+// Masks are small ((B, L) per prompt) and decide control flow; the names are
+// the reference forwards' argument names ("encoder_hidden_states_mask",
+// "video.context_mask").
+bool is_mask(const std::string& name) {
+  const std::string suffix = "_mask";
+  return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
 Cond Cond::to(c10::Device device) const {
   Cond out;
-  for (const auto& [name, tensor] : tensors) out.tensors[name] = tensor.defined() ? tensor.to(device) : tensor;
+  for (const auto& [name, tensor] : tensors) {
+    out.tensors[name] = tensor.defined() ? tensor.to(device) : tensor;
+    // Once per rollout, where the rows enter: a copy if the source is not on the host.
+    if (tensor.defined() && is_mask(name)) out.host[name] = on_host(name).to(c10::kCPU);
+  }
+  return out;
+}
+
+Cond Cond::narrow(int64_t begin, int64_t count) const {
+  Cond out;
+  for (const auto& [name, tensor] : tensors) out.tensors[name] = tensor.narrow(0, begin, count);
+  for (const auto& [name, tensor] : host) out.host[name] = tensor.narrow(0, begin, count);
+  return out;
+}
+
+Cond Cond::index_select(const at::Tensor& index) const {
+  Cond out;
+  for (const auto& [name, tensor] : tensors) out.tensors[name] = tensor.index_select(0, index);
+  for (const auto& [name, tensor] : host) out.host[name] = tensor.index_select(0, index);
+  return out;
+}
+
+Cond Cond::cat(const Cond& first, const Cond& second) {
+  Cond out;
+  for (const auto& [name, tensor] : first.tensors) out.tensors[name] = at::cat({tensor, second.at(name)}, 0);
+  // A host copy only where both halves have one; else on_host reads the joint tensor.
+  for (const auto& [name, tensor] : first.host)
+    if (second.host.count(name)) out.host[name] = at::cat({tensor, second.host.at(name)}, 0);
   return out;
 }
 

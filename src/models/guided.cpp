@@ -16,10 +16,11 @@ at::Tensor guided_velocity(Family& family, const GuidedInputs& in, const Guidanc
   if (!in.negative)
     fail("{}: guidance scale {} > 1 needs negative-prompt conditioning", family.family_name(),
          family.guidance_scale(guidance, t));
-  Cond joint;
-  for (const auto& [name, tensor] : in.cond->tensors) joint.tensors[name] = at::cat({tensor, in.negative->at(name)}, 0);
-  const at::Tensor v = family.noise_pred(at::cat({in.latents, in.latents}, 0), at::cat({in.timesteps, in.timesteps}, 0),
-                                         at::cat({in.sigmas, in.sigmas}, 0), joint, ctx);
+  ForwardContext joint_ctx = ctx;
+  if (ctx.host_timesteps.defined()) joint_ctx.host_timesteps = at::cat({ctx.host_timesteps, ctx.host_timesteps}, 0);
+  const at::Tensor v =
+      family.noise_pred(at::cat({in.latents, in.latents}, 0), at::cat({in.timesteps, in.timesteps}, 0),
+                        at::cat({in.sigmas, in.sigmas}, 0), Cond::cat(*in.cond, *in.negative), joint_ctx);
   const int64_t b = in.latents.size(0);
   return family.cfg_combine(v.narrow(0, 0, b), v.narrow(0, b, b).detach(), guidance, t);
 }

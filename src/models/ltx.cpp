@@ -62,9 +62,20 @@ at::Tensor self_attention_bias(const at::Tensor& weights, c10::ScalarType dtype)
 // An additive bias of zeros masks nothing: it is dropped, since a mask given
 // to attention changes the kernel (flash only runs unmasked), and attention
 // is passed a mask only when it masks something.
+bool masks_nothing(const at::Tensor& bias) {
+  return bias.defined() && bias.eq(0).all().item<bool>();
+}
+
 at::Tensor unless_masks_nothing(const at::Tensor& bias) {
-  if (bias.defined() && bias.eq(0).all().item<bool>()) return {};
-  return bias;
+  return masks_nothing(bias) ? at::Tensor() : bias;
+}
+
+// The context mask's bias unless it masks nothing, decided from the mask's
+// host copy where the caller has one, so the forward does not read the device.
+at::Tensor context_mask_bias(const LtxModality& m, c10::ScalarType dtype, const std::string& name) {
+  const at::Tensor bias = context_bias(m.context_mask, dtype, name);
+  if (!m.context_mask_on_host.defined()) return unless_masks_nothing(bias);
+  return masks_nothing(context_bias(m.context_mask_on_host, dtype, name)) ? at::Tensor() : bias;
 }
 
 void require(bool ok, const std::string& name, const at::Tensor& t, const std::string& expected) {
@@ -263,7 +274,7 @@ LtxStream LTX::prepare(const LtxModality& m, const StreamModules& s, at::Tensor&
     ctx.record(s.prefix + "caption_projection", "out0", context);
   }
   out.context = context.view({b, -1, out.x.size(-1)});
-  out.context_mask = unless_masks_nothing(context_bias(m.context_mask, dtype, s.input + ".context_mask"));
+  out.context_mask = context_mask_bias(m, dtype, s.input + ".context_mask");
   RopeOptions rope;
   rope.inner_dim = s.dim;
   rope.heads = s.heads;
@@ -421,7 +432,10 @@ at::Tensor LTX::noise_pred(const at::Tensor& latents, const at::Tensor& /*timest
   video.timesteps = video.sigma.view({b, 1});
   video.positions = ltx_video_positions(b, grid_.frames, grid_.height, grid_.width, grid_.fps, latents.device());
   video.context = inputs_.cast_cond(cond.at("video.context"));
-  if (cond.has("video.context_mask")) video.context_mask = inputs_.cast_cond(cond.at("video.context_mask"));
+  if (cond.has("video.context_mask")) {
+    video.context_mask = inputs_.cast_cond(cond.at("video.context_mask"));
+    video.context_mask_on_host = inputs_.cast_cond(cond.on_host("video.context_mask"));
+  }
   const at::Tensor v = forward(video, nullptr, ctx).first;
   // to_denoised with sigma in the latent dtype, then (x - x0) / max(sigma, 1e-8), all in fp32.
   const at::Tensor x = video.latent.to(at::kFloat);

@@ -271,18 +271,18 @@ void QwenImage::check_inputs(const at::Tensor& hidden_states, const at::Tensor& 
          precision::dtype_name(hidden_states.scalar_type()), precision::dtype_name(weights));
 }
 
-at::Tensor QwenImage::joint_mask(const at::Tensor& text_mask, int64_t batch, int64_t text_len,
-                                 int64_t image_len) const {
-  if (!text_mask.defined()) return {};
+at::Tensor QwenImage::joint_mask(const at::Tensor& text_mask, const at::Tensor& text_mask_on_host, int64_t batch,
+                                 int64_t text_len, int64_t image_len) const {
+  if (!text_mask.defined() || text_mask_on_host.to(at::kBool).all().item<bool>()) return {};
   const at::Tensor valid = text_mask.to(at::kBool);
-  if (valid.all().item<bool>()) return {};
   const at::Tensor image = at::ones({batch, image_len}, valid.options());
   return at::cat({valid, image}, 1).view({batch, 1, 1, text_len + image_len});
 }
 
 at::Tensor QwenImage::forward(const at::Tensor& hidden_states, const at::Tensor& encoder_hidden_states,
-                              const at::Tensor& encoder_hidden_states_mask, const at::Tensor& timestep,
-                              const std::array<int64_t, 3>& img_shape, const ForwardContext& ctx) {
+                              const at::Tensor& encoder_hidden_states_mask, const at::Tensor& mask_on_host,
+                              const at::Tensor& timestep, const std::array<int64_t, 3>& img_shape,
+                              const ForwardContext& ctx) {
   check_inputs(hidden_states, encoder_hidden_states, encoder_hidden_states_mask, timestep, img_shape);
   const int64_t batch = hidden_states.size(0), text_len = encoder_hidden_states.size(1);
   at::Tensor x = img_in->forward(hidden_states);
@@ -299,7 +299,7 @@ at::Tensor QwenImage::forward(const at::Tensor& hidden_states, const at::Tensor&
   const at::Tensor temb = timestep_embedder->forward(timestep_sinusoid(t, sinusoid).to(x.scalar_type()));
   ctx.record("time_text_embed", "out0", temb);
   const auto [img_freqs, txt_freqs] = rope_.freqs(img_shape[0], img_shape[1], img_shape[2], text_len, x.device());
-  const at::Tensor mask = joint_mask(encoder_hidden_states_mask, batch, text_len, x.size(1));
+  const at::Tensor mask = joint_mask(encoder_hidden_states_mask, mask_on_host, batch, text_len, x.size(1));
 
   for (size_t i = 0; i < blocks.size(); ++i) {
     QwenImageBlock* block = blocks[i].get();
@@ -331,9 +331,11 @@ at::Tensor QwenImage::noise_pred(const at::Tensor& latents, const at::Tensor& /*
   if (latents.size(2) % p != 0 || latents.size(3) % p != 0)
     fail("qwen_image: latent height and width {}x{} must be multiples of patch_size {}", latents.size(2),
          latents.size(3), p);
-  const at::Tensor mask = cond.has("encoder_hidden_states_mask") ? cond.at("encoder_hidden_states_mask") : at::Tensor();
+  const char* mask_name = "encoder_hidden_states_mask";
+  const bool masked = cond.has(mask_name);
   const at::Tensor out =
-      forward(pack_latents(inputs_.cast_latents(latents), p), inputs_.cast_cond(cond.at("encoder_hidden_states")), mask,
+      forward(pack_latents(inputs_.cast_latents(latents), p), inputs_.cast_cond(cond.at("encoder_hidden_states")),
+              masked ? cond.at(mask_name) : at::Tensor(), masked ? cond.on_host(mask_name) : at::Tensor(),
               inputs_.cast_timestep(sigmas), {1, latents.size(2) / p, latents.size(3) / p}, ctx);
   return unpack_latents(out, latents.size(2), latents.size(3), p);
 }
@@ -367,7 +369,9 @@ std::map<std::string, at::Tensor> QwenImage::reference_forward(const std::map<st
     fail("qwen_image: the img_shapes tensor and the extra img_shapes disagree");
   const at::Tensor mask =
       inputs.count("encoder_hidden_states_mask") ? inputs.at("encoder_hidden_states_mask") : at::Tensor();
-  return {{"output", forward(inputs.at("hidden_states"), inputs.at("encoder_hidden_states"), mask,
+  // The inputs of `ditrl forward` and the fixtures: the mask is its own host
+  // copy (read back from a GPU once per call, outside training and rollouts).
+  return {{"output", forward(inputs.at("hidden_states"), inputs.at("encoder_hidden_states"), mask, mask,
                              inputs.at("timestep"), from_tensor ? *from_tensor : *from_json, ctx)}};
 }
 

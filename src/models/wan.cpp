@@ -342,8 +342,8 @@ size_t Wan::route(const at::Tensor& timestep) const {
 at::Tensor Wan::noise_pred(const at::Tensor& latents, const at::Tensor& timesteps, const at::Tensor& /*sigmas*/,
                            const Cond& cond, const ForwardContext& ctx) {
   // Wan embeds the trajectory timesteps t in [0, 1000]; the sigma array is
-  // never read.
-  const size_t e = route(timesteps);
+  // never read. The expert is picked from the host copy where the caller has one.
+  const size_t e = route(ctx.host_timesteps.defined() ? ctx.host_timesteps : timesteps);
   return experts_[e]->forward(inputs_.cast_latents(latents), inputs_.cast_timestep(timesteps),
                               inputs_.cast_cond(cond.at("encoder_hidden_states")), rope_, ctx,
                               e * static_cast<size_t>(config_.num_layers), prefix(e));

@@ -9,12 +9,6 @@ namespace ditrl::rl {
 
 namespace {
 
-models::Cond rows_of(const models::Cond& cond, const at::Tensor& rows) {
-  models::Cond out;
-  for (const auto& [name, tensor] : cond.tensors) out.tensors[name] = tensor.index_select(0, rows);
-  return out;
-}
-
 std::vector<int64_t> values(const at::Tensor& t) {
   const at::Tensor longs = t.to(at::kLong).contiguous();
   return std::vector<int64_t>(longs.data_ptr<int64_t>(), longs.data_ptr<int64_t>() + longs.numel());
@@ -24,12 +18,14 @@ std::vector<int64_t> values(const at::Tensor& t) {
 
 at::Tensor Policy::velocity(const TrainingRollout& rollout, const PreparedBatch& b, const at::Tensor& latents,
                             bool guided, const models::ForwardContext& ctx) const {
-  const models::Cond cond = rows_of(rollout.cond, b.prompt_indices);
-  if (!guided) return family->noise_pred(latents, b.timesteps, b.sigmas, cond, ctx);
-  const models::Cond negative = needs_negative ? rows_of(rollout.negative, b.prompt_indices) : models::Cond{};
+  const models::Cond cond = rollout.cond.index_select(b.prompt_indices);
+  models::ForwardContext batch_ctx = ctx;
+  batch_ctx.host_timesteps = b.host_timesteps;
+  if (!guided) return family->noise_pred(latents, b.timesteps, b.sigmas, cond, batch_ctx);
+  const models::Cond negative = needs_negative ? rollout.negative.index_select(b.prompt_indices) : models::Cond{};
   return models::guided_velocity(
       *family, {latents, b.timesteps, b.sigmas, &cond, needs_negative ? &negative : nullptr, b.step_timestep}, guidance,
-      ctx);
+      batch_ctx);
 }
 
 std::unique_ptr<models::Tap> Policy::train_tap(int64_t rollout_id, const PreparedBatch& b) const {

@@ -23,12 +23,6 @@ bool contains(const std::vector<int64_t>& values, int64_t value) {
   return std::find(values.begin(), values.end(), value) != values.end();
 }
 
-models::Cond rows(const models::Cond& cond, int64_t begin, int64_t count) {
-  models::Cond out;
-  for (const auto& [name, tensor] : cond.tensors) out.tensors[name] = tensor.narrow(0, begin, count);
-  return out;
-}
-
 // One micro-group through every denoising step.
 struct GroupResult {
   std::vector<at::Tensor> kept;                // x_i for i in return_latents, each [m, ...]
@@ -64,6 +58,7 @@ GroupResult denoise(models::Family& family, const models::ForwardContext& ctx, c
     const std::unique_ptr<models::Tap> tap = step_tap(i, sde);
     models::ForwardContext step_ctx = ctx;
     if (tap) step_ctx.tap = tap.get();
+    step_ctx.host_timesteps = schedule.timesteps.narrow(0, i, 1).expand({m});
     const at::Tensor v = models::guided_velocity(
         family, {x, t, sigma, &cond, negative, static_cast<double>(schedule.timesteps[i].item<float>())},
         options.guidance, step_ctx);
@@ -121,8 +116,8 @@ Trajectories sample(models::Family& family, const models::ForwardContext& ctx, c
     std::vector<at::Generator> generators;
     for (int64_t s = begin; s < begin + options.microgroup; ++s)
       generators.push_back(at::detail::createCPUGenerator(batch.seeds[static_cast<size_t>(s)]));
-    const models::Cond cond = rows(batch.cond, begin, options.microgroup);
-    const models::Cond negative = batch.negative ? rows(*batch.negative, begin, options.microgroup) : models::Cond{};
+    const models::Cond cond = batch.cond.narrow(begin, options.microgroup);
+    const models::Cond negative = batch.negative ? batch.negative->narrow(begin, options.microgroup) : models::Cond{};
     std::vector<int64_t> sample_ids;
     if (options.dump) {
       const at::Tensor ids = batch.sample_index.narrow(0, begin, options.microgroup).to(at::kLong).contiguous();

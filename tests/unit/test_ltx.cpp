@@ -490,6 +490,11 @@ TEST_CASE("ltx: noise_pred reads sigma / builds positions from the grid / round-
   CHECK(at::equal(v, family->noise_pred(x, sigma, sigma, masked, {})));
   masked.tensors["video.context_mask"] = at::zeros({1, 1, 1, 5});
   CHECK(at::equal(v, family->noise_pred(x, sigma, sigma, masked, {})));
+  // Decided from the mask's host copy (what Cond::to keeps), not the device tensor.
+  masked.tensors["video.context_mask"] = at::tensor({1, 1, 1, 0, 0}, at::kLong).view({1, 5});
+  masked.host["video.context_mask"] = at::ones({1, 5}, at::kLong);
+  CHECK(at::equal(v, family->noise_pred(x, sigma, sigma, masked, {})));
+  masked.host.clear();
   masked.tensors["video.context_mask"] = at::ones({1, 5}, at::kBool);
   CHECK_THROWS_WITH(family->noise_pred(x, sigma, sigma, masked, {}), Contains("bool mask"));
 

@@ -79,6 +79,27 @@ TEST_CASE("prompts: synthetic prompts are seeded per prompt / independent of bat
   CHECK(a->text(4) == "synthetic prompt 4");
 }
 
+TEST_CASE("prompts: conditioning keeps host copies of its masks through the row selections", "[prompts]") {
+  // A family decides from a mask's host copy whether the mask masks anything,
+  // so its forward reads no device value for it.
+  const std::string mask = "encoder_hidden_states_mask";
+  models::Cond cond;
+  cond.tensors["encoder_hidden_states"] = at::randn({3, 2, 4});
+  cond.tensors[mask] = at::tensor({1, 1, 1, 0, 1, 1}, at::kLong).view({3, 2});
+  CHECK(at::equal(cond.on_host(mask), cond.at(mask)));  // no copy: the tensor itself
+  const models::Cond moved = cond.to(c10::kCPU);
+  REQUIRE(moved.host.size() == 1);
+  CHECK(moved.on_host(mask).device().is_cpu());
+  CHECK(at::equal(moved.on_host(mask), cond.at(mask)));
+  const models::Cond rows = moved.index_select(at::tensor({2, 1}, at::kLong)).narrow(1, 1);
+  CHECK(at::equal(rows.on_host(mask), at::tensor({1, 0}, at::kLong).view({1, 2})));
+  CHECK(at::equal(rows.at("encoder_hidden_states"), cond.at("encoder_hidden_states").narrow(0, 1, 1)));
+  const models::Cond joint = models::Cond::cat(rows, moved.narrow(0, 1));
+  CHECK(at::equal(joint.on_host(mask), at::tensor({1, 0, 1, 1}, at::kLong).view({2, 2})));
+  CHECK(models::Cond::cat(rows, cond.narrow(0, 1)).host.empty());  // one half without a copy: none
+  CHECK_THROWS_WITH(models::Cond::cat(cond, models::Cond{}), Contains("'encoder_hidden_states' is missing"));
+}
+
 TEST_CASE("prompts: rollout order walks seeded per-epoch permutations", "[prompts]") {
   const int64_t n = 7, batch = 3;
   std::vector<int64_t> seen;

@@ -202,6 +202,22 @@ TEST_CASE("qwen_image: an all-true text mask never reaches attention - padding d
       CHECK(at::equal(out, family->reference_forward(without, rc.extra_json, {}).at("output")));
     }
   }
+  // noise_pred decides from the mask's host copy (what Cond::to keeps), not the device tensor.
+  const ReferenceCase rc = load_reference_case(fixture_path("qwen_image/case_1.safetensors"));  // padded
+  const at::Tensor x = unpack_latents(rc.inputs.at("hidden_states"), 12, 8, 2);
+  const at::Tensor sigma = rc.inputs.at("timestep");
+  const at::Tensor& padding = rc.inputs.at("encoder_hidden_states_mask");
+  REQUIRE_FALSE(padding.to(at::kBool).all().item<bool>());
+  Cond cond = qwen_cond(rc);
+  for (const bool padded_on_host : {true, false}) {
+    cond.host["encoder_hidden_states_mask"] = padded_on_host ? padding : at::ones_like(padding);
+    test::RecordingRunner runner;
+    ForwardContext ctx;
+    ctx.runner = &runner;
+    family->noise_pred(x, sigma * 1000, sigma, cond, ctx);
+    REQUIRE(runner.inputs.size() == 2);
+    CHECK(runner.inputs[0].at(5).defined() == padded_on_host);
+  }
 }
 
 TEST_CASE("qwen_image: true CFG rescales to the positive norm over each token's packed channels",

@@ -144,6 +144,8 @@ TEST_CASE("prepared batch: stacks pairs / carries both domains and the condition
   CHECK(at::equal(b.sample_indices, at::tensor({10, 11, 12}, at::kLong)));
   CHECK(b.step_timestep == snap->timesteps[9].item<float>());  // the guidance decision, read on the host
   CHECK(b.prompt_indices.device().is_cpu());
+  CHECK(at::equal(b.host_timesteps, b.timesteps));  // Wan2.2's expert, read on the host
+  CHECK(b.host_timesteps.device().is_cpu());
   CHECK(b.log_prob_old[2].item<float>() == -3.0f);
   const auto ss = b.step_sigmas();
   CHECK(ss.sigma_after_one == snap->sigma(1));

@@ -274,9 +274,20 @@ TEST_CASE("wan: two experts route by t >= 875 and take their own guidance scale"
   CHECK(taps.count("intermediate.transformer_2.blocks.1.out0"));
   CHECK_FALSE(taps.count("intermediate.transformer.blocks.1.out0"));
   // One expert per forward.
+  const Cond pair = wan_cond(at::cat({cond.at("encoder_hidden_states"), cond.at("encoder_hidden_states")}));
   CHECK_THROWS_WITH(
-      family->noise_pred(at::cat({x, x}), at::tensor({900.0f, 700.0f}), at::tensor({0.9f, 0.7f}),
-                         wan_cond(at::cat({cond.at("encoder_hidden_states"), cond.at("encoder_hidden_states")})), {}),
+      family->noise_pred(at::cat({x, x}), at::tensor({900.0f, 700.0f}), at::tensor({0.9f, 0.7f}), pair, {}),
+      Contains("both sides of the expert boundary t = 875"));
+  // The caller's host copy of the timesteps routes (the forward reads no device value for it).
+  ForwardContext on_host = ctx;
+  on_host.host_timesteps = high;
+  runner.order.clear();
+  CHECK(at::equal(family->noise_pred(x, low, low / 1000, cond, on_host),
+                  wan.expert(0).forward(x, low, cond.at("encoder_hidden_states"), WanRope(32, 1024), {}, 0, "")));
+  CHECK(runner.order == std::vector<size_t>{0, 1});
+  on_host.host_timesteps = at::tensor({900.0f, 700.0f});
+  CHECK_THROWS_WITH(
+      family->noise_pred(at::cat({x, x}), at::tensor({900.0f, 900.0f}), at::tensor({0.9f, 0.9f}), pair, on_host),
       Contains("both sides of the expert boundary t = 875"));
 
   GuidanceOptions g;

@@ -31,12 +31,28 @@ enum class TimestepDomain { Timestep, Sigma };
 // "encoder_hidden_states_mask").
 struct Cond {
   std::map<std::string, at::Tensor> tensors;
+  // Host copies of the masks (the tensors named "*_mask"), kept by `to` and
+  // carried by the row selections: a family decides from them whether a mask
+  // masks anything (attention given a mask runs another kernel) without
+  // reading the device inside the forward. (= {}: a Cond brace-initialised
+  // with its tensors only is complete.)
+  std::map<std::string, at::Tensor> host = {};
 
   bool has(const std::string& name) const { return tensors.count(name) > 0 && tensors.at(name).defined(); }
   // Throws naming the missing tensor and the ones present.
   const at::Tensor& at(const std::string& name) const;
-  // Every tensor on `device`.
+  // The host copy of tensor `name`, else the tensor itself (a Cond built on
+  // its device, as tests do: reading that one waits for the device).
+  const at::Tensor& on_host(const std::string& name) const;
+  // Every tensor on `device`; the masks keep a host copy.
   Cond to(c10::Device device) const;
+  // Rows [begin, begin + count) of every tensor.
+  Cond narrow(int64_t begin, int64_t count) const;
+  // The rows `index` (a host int64 tensor) of every tensor.
+  Cond index_select(const at::Tensor& index) const;
+  // [first; second] along the batch, for each tensor of `first` (throws when
+  // `second` lacks one).
+  static Cond cat(const Cond& first, const Cond& second);
 };
 
 // One conditioning tensor per prompt, for synthetic prompts and for

@@ -176,6 +176,9 @@ struct LtxModality {
   at::Tensor context;         // (B, L, context width)
   at::Tensor context_mask;    // optional: integer 0/1 (B, L) or an additive float mask
   at::Tensor attention_mask;  // optional: (B, T, T) self-attention weights in [0, 1]
+  // optional: context_mask's host copy, which decides whether it masks
+  // anything without reading the device (undefined: context_mask is read)
+  at::Tensor context_mask_on_host;
 };
 
 class LTX : public Family {

@@ -95,11 +95,12 @@ class QwenImage : public Family {
 
   // The diffusers forward: packed hidden_states (B, F*h*w, in_channels),
   // encoder_hidden_states (B, Lt, joint_dim), encoder_hidden_states_mask
-  // (B, Lt) or undefined, timestep sigma (B,), img_shape (F, h, w) ->
-  // (B, F*h*w, p*p*out_channels).
+  // (B, Lt) or undefined with `mask_on_host` its host copy (which decides
+  // whether it masks anything, without reading the device), timestep sigma
+  // (B,), img_shape (F, h, w) -> (B, F*h*w, p*p*out_channels).
   at::Tensor forward(const at::Tensor& hidden_states, const at::Tensor& encoder_hidden_states,
-                     const at::Tensor& encoder_hidden_states_mask, const at::Tensor& timestep,
-                     const std::array<int64_t, 3>& img_shape, const ForwardContext& ctx);
+                     const at::Tensor& encoder_hidden_states_mask, const at::Tensor& mask_on_host,
+                     const at::Tensor& timestep, const std::array<int64_t, 3>& img_shape, const ForwardContext& ctx);
 
   std::shared_ptr<MLPEmbedding> timestep_embedder;  // time_text_embed.timestep_embedder
   std::shared_ptr<RMSNorm> txt_norm;
@@ -110,9 +111,11 @@ class QwenImage : public Family {
 
  private:
   // The joint [text | image] attention mask, or undefined when every text
-  // token is valid: an all-true mask is dropped as the pipeline does, since
-  // its presence changes the fused kernel (families.md §7.2).
-  at::Tensor joint_mask(const at::Tensor& text_mask, int64_t batch, int64_t text_len, int64_t image_len) const;
+  // token is valid (read from the mask's host copy): an all-true mask is
+  // dropped as the pipeline does, since its presence changes the fused kernel
+  // (families.md §7.2).
+  at::Tensor joint_mask(const at::Tensor& text_mask, const at::Tensor& text_mask_on_host, int64_t batch,
+                        int64_t text_len, int64_t image_len) const;
   void check_inputs(const at::Tensor& hidden_states, const at::Tensor& encoder_hidden_states,
                     const at::Tensor& encoder_hidden_states_mask, const at::Tensor& timestep,
                     const std::array<int64_t, 3>& img_shape) const;

@@ -66,6 +66,11 @@ struct ForwardContext {
   UnitRunner* runner = nullptr;      // nullptr: run units directly
   Tap* tap = nullptr;                // nullptr: record nothing
   const Ulysses* ulysses = nullptr;  // nullptr: this rank holds the whole sequence
+  // The batch's timesteps (B,) on the host, as the sampler and the trainer
+  // have them: a family decides per batch from these (Wan2.2's expert)
+  // without reading the device. Undefined: it reads the timesteps it is
+  // given (free on the CPU; on a GPU, a wait for the device).
+  at::Tensor host_timesteps = {};
 
   Tensors run_unit(size_t index, const Tensors& inputs, const UnitFn& fn) const {
     return runner ? runner->run(index, inputs, fn) : fn(inputs);

@@ -40,6 +40,7 @@ struct PreparedBatch {
   at::Tensor step_indices;                              // (B,) int64 index into the snapshot
   at::Tensor sample_indices;                            // (B,) int64
   at::Tensor prompt_indices;                            // (B,) int64 rows of the cond store
+  at::Tensor host_timesteps;                            // (B,) fp32 timesteps, for the forward's per-batch decisions
   float step_timestep = 0;                              // timesteps[0], which decides the guidance
   std::shared_ptr<const diffusion::Schedule> snapshot;  // shared by every pair
 
