@@ -114,8 +114,9 @@ Cond Cond::narrow(int64_t begin, int64_t count) const {
 
 Cond Cond::index_select(const at::Tensor& index) const {
   Cond out;
-  for (const auto& [name, tensor] : tensors) out.tensors[name] = tensor.index_select(0, index);
-  for (const auto& [name, tensor] : host) out.host[name] = tensor.index_select(0, index);
+  // index_select takes its index on the tensor's device (a GPU tensor refuses a host index).
+  for (const auto& [name, tensor] : tensors) out.tensors[name] = tensor.index_select(0, index.to(tensor.device()));
+  for (const auto& [name, tensor] : host) out.host[name] = tensor.index_select(0, index.to(at::kCPU));
   return out;
 }
 
