@@ -8,6 +8,8 @@
 // margin. A run whose optimizer step is skipped fails the standard.
 #include <catch2/catch.hpp>
 
+#include <ditrl/io/standard.hpp>
+
 #include "e2e.hpp"
 
 #include <numeric>
@@ -53,7 +55,11 @@ void check_learning(const Learning& l) {
   const auto check = test::ditrl("standard check " + out + " " + kStandards + l.name + ".json");
   INFO(check.output);
   CHECK(check.exit_code == 0);
-  CHECK_THAT(check.output, Contains("standard met") && Contains("(0 with a tolerance"));
+  CHECK_THAT(check.output, Contains("standard met"));
+  // Bitwise on the CPU that recorded it; elsewhere within the tolerances
+  // measured on other CPUs (their reasons in the standard).
+  if (io::read_standard(kStandards + l.name + ".json").cpu == io::cpu_kernel_identity())
+    CHECK_THAT(check.output, Contains("(0 with a tolerance"));
 
   REQUIRE(m.steps.size() == static_cast<size_t>(2 * l.rollouts));
   const auto& ratio = series(m, "train/ratio_abs_minus_1");
