@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <map>
 #include <regex>
 #include <set>
@@ -27,12 +28,31 @@ namespace ditrl::test {
 // too: fp32 tensors are checked in fp32 ulps of their largest magnitude
 // (kFixtureFp32Ulps), bf16 outputs bit for bit.
 
-// The fp32 bound, in fp32 ulps of each stored tensor's largest magnitude:
-// measured 0 on every output and intermediate of every fp32 case of the four
-// families (ditrl runs the reference's ops in its order on the same LibTorch),
-// so any difference fails. A BLAS that groups sums differently would need a
-// measured bound here, with the measurement beside it.
-inline constexpr double kFixtureFp32Ulps = 0;
+// Whether MKL (inside LibTorch) runs its Intel code paths on this CPU, as on
+// the Intel Xeon that recorded the fixtures: MKL picks its kernels by CPU
+// vendor, and MKL_CBWR cannot make another vendor's paths equal to Intel's.
+inline bool mkl_intel_code_paths() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("vendor_id", 0) == 0) return line.find("GenuineIntel") != std::string::npos;
+  return true;  // unknown: the strict bound
+}
+
+// The fp32 bound, in fp32 ulps of each stored tensor's largest magnitude.
+// With MKL's Intel code paths: measured 0 on every output and intermediate
+// of every fp32 case of the four families (ditrl runs the reference's ops in
+// its order on the same LibTorch), so any difference fails. Elsewhere MKL
+// groups the GEMMs' sums differently: measured on an AMD EPYC (2026-12-02)
+// up to 13 (sd3), 3 (wan), 14 (qwen_image) and 35.5 (ltx) ulps on outputs,
+// 40 on LTX-2.3 intermediates and 108.75 on LTX-2's
+// (av_ca_v2a_gate_adaln_single.out1); the bound is that worst plus ~20%.
+inline const double kFixtureFp32Ulps = mkl_intel_code_paths() ? 0 : 128;
+
+// The relative change of one weight element the fp32 bound must catch
+// (test_fixture_bounds.cpp): 2^-16 with the strict bound. On AMD, 2^-16 moves
+// the outputs by 6-35 ulps, no more than the CPU's own drift, so there the
+// control takes 2^-9, which moves every family's output by several hundred.
+inline const double kFixtureNudge = std::ldexp(1.0, mkl_intel_code_paths() ? -16 : -9);
 
 // One fp32 ulp at the largest magnitude of `t`.
 inline double fp32_ulp_at_max(const at::Tensor& t) {

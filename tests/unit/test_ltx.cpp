@@ -466,8 +466,10 @@ TEST_CASE("ltx: noise_pred reads sigma / builds positions from the grid / round-
   const at::Tensor x0 = x - raw * sigma.view({1, 1, 1});
   CHECK(at::equal(v, (x - x0) / sigma.view({1, 1, 1})));
   // One AdaLN row per sample instead of one per token changes the GEMM's
-  // shape and so its blocking: measured 6 fp32 ulps of the output's max.
-  CHECK(test::fp32_ulps_off(v, c.stored.at("output.video")) <= 12);
+  // shape and so its blocking: measured 6 fp32 ulps of the output's max with
+  // MKL's Intel code paths (bound 12), 15 on an AMD EPYC (2026-12-02), where
+  // the fixture bound for that CPU comes on top.
+  CHECK(test::fp32_ulps_off(v, c.stored.at("output.video")) <= 12 + test::kFixtureFp32Ulps);
   // The timesteps array is never read; a different sigma is a different velocity.
   CHECK(at::equal(v, family->noise_pred(x, at::full({1}, NAN), sigma, cond, {})));
   CHECK_FALSE(at::equal(v, family->noise_pred(x, sigma * 1000, sigma * 0.999f, cond, {})));

@@ -2,6 +2,7 @@
 #include <ditrl/models/reference.hpp>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <fmt/format.h>
 #include <catch2/catch.hpp>
 
@@ -41,7 +42,12 @@ TEST_CASE("cli: ditrl forward writes what the in-process reference run computes"
   CHECK(written == stored);  // `output` and every intermediate, under the fixture's names
   CHECK(out.metadata().at("family") == "sd3");
   auto family = test::fixture_family("sd3");
+  // The process ran on one thread: so does the reference here (MKL's non-Intel
+  // paths split a GEMM's sums by thread count).
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
   const auto expected = models::run_reference_case(*family, c, true);
+  at::set_num_threads(threads);
   for (const auto& [name, tensor] : expected) CHECK(at::equal(out.get(name), tensor));
 
   const auto bf16 = run_process(
