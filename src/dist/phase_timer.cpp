@@ -19,7 +19,7 @@ void PhaseTimer::start() {
 
 void PhaseTimer::stop() {
   if (device_.is_cpu()) {
-    host_seconds_ += seconds_since(started_);
+    total_ += seconds_since(started_);
   } else if (open_) {
     closed_.emplace_back(std::move(*open_), recorded());
     open_.reset();
@@ -27,15 +27,15 @@ void PhaseTimer::stop() {
 }
 
 double PhaseTimer::seconds() {
-  if (closed_.empty()) return host_seconds_;
+  if (closed_.empty()) return total_;
   double milliseconds = 0;
   for (const auto& [begin, end] : closed_) {
     end.synchronize();
     milliseconds += begin.elapsedTime(end);
   }
   closed_.clear();
-  host_seconds_ += milliseconds / 1000.0;
-  return host_seconds_;
+  total_ += milliseconds / 1000.0;
+  return total_;
 }
 
 }  // namespace ditrl::dist

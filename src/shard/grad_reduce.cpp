@@ -111,8 +111,11 @@ void GradReducer::end_micro_batch() {
 void GradReducer::settle() {
   end_micro_batch();
   for (size_t u = 0; u < trees_.size(); ++u)
-    for (size_t g = 0; g < trees_[u].size(); ++g)
-      if (trees_[u][g].fold_into(slices_.units[u][g].grad)) stale_[u][g] = false;
+    for (size_t g = 0; g < trees_[u].size(); ++g) {
+      if (trees_[u][g].empty()) continue;
+      trees_[u][g].fold_into(slices_.units[u][g].grad);
+      stale_[u][g] = false;
+    }
   for (size_t u = 0; u < stale_.size(); ++u)
     for (size_t g = 0; g < stale_[u].size(); ++g)
       if (stale_[u][g] && slices_.units[u][g].grad.defined()) {

@@ -31,8 +31,8 @@ void TreeSum::add(const at::Tensor& leaf) {
   }
 }
 
-bool TreeSum::fold_into(at::Tensor& out) {
-  if (pending_.empty()) return false;
+void TreeSum::fold_into(at::Tensor& out) {
+  if (pending_.empty()) return;
   // T(n) = T(p) + T(n - p) with p the largest power of two below n: the
   // partials from the right, the newest (smallest) first.
   while (pending_.size() >= 2) {
@@ -45,7 +45,6 @@ bool TreeSum::fold_into(at::Tensor& out) {
   out.copy_(pending_.back().sum);
   spare_.push_back(std::move(pending_.back().sum));
   pending_.clear();
-  return true;
 }
 
 void TreeSum::clear() {

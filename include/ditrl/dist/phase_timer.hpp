@@ -33,7 +33,7 @@ class PhaseTimer {
 
   c10::Device device_;
   Clock::time_point started_;
-  double host_seconds_ = 0;
+  double total_ = 0;  // seconds of the intervals already summed
   std::optional<c10::Event> open_;
   std::vector<std::pair<c10::Event, c10::Event>> closed_;
 };

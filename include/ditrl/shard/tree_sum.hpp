@@ -20,9 +20,8 @@ class TreeSum {
   // Copies `leaf` (the caller may reuse it).
   void add(const at::Tensor& leaf);
   // out = the sum of every leaf added since the last fold (out untouched
-  // when there was none: returns false); the buffers are kept for the next
-  // round.
-  bool fold_into(at::Tensor& out);
+  // when there was none); the buffers are kept for the next round.
+  void fold_into(at::Tensor& out);
   // Drops the pending partials (their buffers are kept).
   void clear();
   bool empty() const { return pending_.empty(); }
