@@ -124,9 +124,11 @@ grep -E 'tests passed|\((Skipped|Failed|Not Run|Timeout)\)$' "$RESULTS/gpu_tests
 
 # --- the quickstart on the GPU (or, without one, the CUDA build's no-GPU paths)
 if ((GPUS > 0)); then
+  plot=(--out "$RESULTS/quickstart/curves.png" --summary)
+  "$PY" -c 'import matplotlib' 2>/dev/null || plot=(--no-plot)  # the summary alone: reward rise, peak memory
   step quickstart_gpu 300 bash -c "mpirun -np 1 '$BUILD/ditrl' train inputs/quickstart.toml --set run.device=cuda \
-    --set run.out_dir='$RESULTS/quickstart' && '$PY' tools/plot_metrics.py '$RESULTS/quickstart/metrics.h5' \
-    --out '$RESULTS/quickstart/curves.png' --summary"
+    --set run.out_dir='$RESULTS/quickstart' && '$PY' tools/plot_metrics.py '$RESULTS/quickstart/metrics.h5' ${plot[*]}"
+  grep -E '^(reward mean|peak memory)' "$RESULTS/quickstart_gpu.log" | sed 's/^/    /' | tee -a "$SUMMARY"
 else
   note "| quickstart_gpu | SKIPPED: no GPU visible to torch | - | - |"
   step no_gpu_paths 420 bash tests/cuda/no_gpu.sh "$BUILD"

@@ -2,23 +2,21 @@
 """Plot the main curves of a ditrl run's OUT/metrics.h5 into one PNG.
 
     /usr/bin/python3 tools/plot_metrics.py runs/quickstart/metrics.h5 [--out curves.png]
-        [--metric train/approx_kl ...] [--smooth 10] [--summary]
+        [--metric train/approx_kl ...] [--smooth 10] [--summary] [--no-plot]
 
 metrics.h5 holds /metrics/step (the optimizer step of each row) and one float64
 series per metric under /metrics/<name>; a metric absent from a row is NaN.
 The reward panel shows the raw mean with its +-std band and a moving average,
 so a learning run is visible at a glance. --summary prints the first and last
---smooth-row means of the reward (what the README quotes).
+--smooth-row means of the reward (what the README quotes) and the run's peak
+memory per rank; --no-plot prints only that (no matplotlib needed, as on the
+GPU check machines).
 """
 import argparse
 import sys
 
 import h5py
-import matplotlib
-
-matplotlib.use("Agg")  # batch nodes have no display
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import numpy as np
 
 DEFAULT_PANELS = [
     "rollout/reward/raw_mean",
@@ -80,13 +78,48 @@ def reward_summary(series, window):
     return f"reward mean: first {n} rows {first:.4f}, last {n} rows {last:.4f}, change {last - first:+.4f}"
 
 
+def memory_summary(series):
+    """The largest peak over ranks and rows: host RSS, and the CUDA allocator's on a GPU run."""
+    parts = [
+        f"{label} {np.nanmax(series[name]) / 1e9:.3f} GB"
+        for name, label in (("perf/peak_rss_bytes", "resident"), ("perf/peak_device_bytes", "GPU allocator"))
+        if name in series
+    ]
+    return "peak memory per rank: " + ", ".join(parts) if parts else None
+
+
+def plot(path, out, steps, series, panels, window):
+    import matplotlib
+
+    matplotlib.use("Agg")  # batch nodes have no display
+    import matplotlib.pyplot as plt
+
+    cols = 2 if len(panels) > 1 else 1
+    rows = (len(panels) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 3.2 * rows), squeeze=False)
+    for ax, name in zip(axes.flat, panels):
+        if name == "rollout/reward/raw_mean" and name in series:
+            plot_reward(ax, steps, series, window)
+        else:
+            plot_metric(ax, steps, series, name)
+        ax.set_xlabel("optimizer step")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.tight_layout()
+    out = out or path.rsplit(".", 1)[0] + ".png"
+    fig.savefig(out, dpi=110)
+    print(f"wrote {out}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("metrics", help="OUT/metrics.h5 of a ditrl run")
     parser.add_argument("--out", help="PNG to write (default: next to the metrics file)")
     parser.add_argument("--metric", action="append", help="panels to draw (default: the main curves)")
     parser.add_argument("--smooth", type=int, default=10, help="moving-average window for the reward")
-    parser.add_argument("--summary", action="store_true", help="print first/last reward means")
+    parser.add_argument("--summary", action="store_true", help="print first/last reward means and peak memory")
+    parser.add_argument("--no-plot", action="store_true", help="write no PNG (implies --summary)")
     args = parser.parse_args()
 
     steps, series, _ = read_metrics(args.metrics)
@@ -95,24 +128,13 @@ def main():
     if missing:
         sys.exit(f"plot_metrics: {args.metrics} has no series {missing}; it has {sorted(series)}")
 
-    cols = 2 if len(panels) > 1 else 1
-    rows = (len(panels) + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 3.2 * rows), squeeze=False)
-    for ax, name in zip(axes.flat, panels):
-        if name == "rollout/reward/raw_mean" and name in series:
-            plot_reward(ax, steps, series, args.smooth)
-        else:
-            plot_metric(ax, steps, series, name)
-        ax.set_xlabel("optimizer step")
-        ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(panels):]:
-        ax.axis("off")
-    fig.tight_layout()
-    out = args.out or args.metrics.rsplit(".", 1)[0] + ".png"
-    fig.savefig(out, dpi=110)
-    print(f"wrote {out}")
-    if args.summary and "rollout/reward/raw_mean" in series:
-        print(reward_summary(series, args.smooth))
+    if not args.no_plot:
+        plot(args.metrics, args.out, steps, series, panels, args.smooth)
+    if args.summary or args.no_plot:
+        if "rollout/reward/raw_mean" in series:
+            print(reward_summary(series, args.smooth))
+        if memory := memory_summary(series):
+            print(memory)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@
 #include <ditrl/app/run.hpp>
 #include <ditrl/app/run_checkpoints.hpp>
 #include <ditrl/clock.hpp>
+#include <ditrl/dist/device.hpp>
 #include <ditrl/dist/watchdog.hpp>
 #include <ditrl/error.hpp>
 #include <ditrl/io/metrics.hpp>
@@ -237,8 +238,12 @@ int train(const TrainCli& cli) {
           progress_line(rollout_id, total, rows.front().values, rows.back().values, rows.size(), seconds, eta));
 
     // Every rank must agree to stop, whichever received the signal; the
-    // same reduction carries the largest peak RSS over ranks.
-    at::Tensor stop = at::tensor({static_cast<double>(stop_signal.load()), peak_rss_bytes()}, at::kDouble);
+    // same reduction carries the largest peak RSS (and on a GPU the largest
+    // allocator peak) over ranks.
+    const bool on_gpu = run.runtime->device().is_cuda();
+    at::Tensor stop = at::tensor({static_cast<double>(stop_signal.load()), peak_rss_bytes(),
+                                  on_gpu ? dist::peak_device_bytes(run.runtime->device()) : 0.0},
+                                 at::kDouble);
     run.runtime->host().all_reduce(stop, dist::ReduceOp::Max);
     const bool last = rollout_id + 1 == total;
     const bool due = config.checkpoint.every > 0 && (rollout_id + 1) % config.checkpoint.every == 0;
@@ -252,6 +257,7 @@ int train(const TrainCli& cli) {
     for (MetricRow& r : rows) {
       r.values["perf/state_bytes"] = state_bytes;
       r.values["perf/peak_rss_bytes"] = stop[1].item<double>();
+      if (on_gpu) r.values["perf/peak_device_bytes"] = stop[2].item<double>();
       if (metrics && r.step % config.metrics.every == 0) metrics->write(r.step, r.values);
     }
     if ((signalled || boxed) && !last) {

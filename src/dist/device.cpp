@@ -4,9 +4,11 @@
 #include <ditrl/error.hpp>
 
 #ifdef DITRL_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #endif
 
+#include <cmath>
 #include <cstdlib>
 
 namespace ditrl::dist {
@@ -62,6 +64,17 @@ c10::Device choose_device(const std::string& request, const WorldInfo& world) {
   const int index = gpu_of(world, gpus);
   bind_gpu(index);
   return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
+}
+
+double peak_device_bytes(c10::Device device) {
+  if (!device.is_cuda()) return std::nan("");
+#ifdef DITRL_CUDA
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+  return static_cast<double>(
+      stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak);
+#else
+  return std::nan("");
+#endif
 }
 
 }  // namespace ditrl::dist

@@ -57,6 +57,7 @@ TEST_CASE("train: a 2-rank run writes metrics / checkpoints and reproduces the r
   }
   CHECK(std::isfinite(m.series.at("train/grad_norm")[0]));
   CHECK(m.series.at("rollout/reward/raw_num_samples")[0] == 8.0);
+  CHECK(m.series.count("perf/peak_device_bytes") == 0);  // a GPU run's allocator peak
   const auto dump = test::run_process("h5dump -A " + out + "/checkpoints/step-2.h5");
   CHECK(dump.exit_code == 0);
   CHECK_THAT(dump.output, Contains("ditrl-checkpoint-2"));

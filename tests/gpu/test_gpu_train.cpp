@@ -102,4 +102,8 @@ TEST_CASE("gpu: the quickstart trains on the GPU and its reward rises", "[gpu][q
   INFO("reward gain, last 10 - first 10 rollouts: " << gain);
   CHECK(gain > 0.3);
   CHECK(m.series.at("train/log_prob_mean_abs_diff")[0] == 0.0);
+  // The sharded state lives on the GPU: the allocator's peak holds at least it.
+  const double peak = m.series.at("perf/peak_device_bytes").back(), state = m.series.at("perf/state_bytes").back();
+  INFO("perf/peak_device_bytes " << peak << ", perf/state_bytes " << state);
+  CHECK(peak >= state);
 }

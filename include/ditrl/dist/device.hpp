@@ -21,4 +21,10 @@ int visible_gpus();
 // current device.
 c10::Device choose_device(const std::string& request, const WorldInfo& world);
 
+// Peak bytes of live tensors on `device` since the process started, from
+// the CUDA caching allocator (what `ditrl plan`'s state and activation terms
+// predict on a GPU; the allocator's reserve on top is fragmentation); NaN
+// on the CPU, whose peak is the resident set (app/progress.hpp).
+double peak_device_bytes(c10::Device device);
+
 }  // namespace ditrl::dist
