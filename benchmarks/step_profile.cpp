@@ -1,7 +1,7 @@
 // Where a training step of ditrl's goes, per op family, and how close its
 // GEMMs come to the machine's measured GEMM ceiling.
 //
-// One rank trains a family's ~100M peer_forward config (benchmarks/
+// One rank trains a family's ~100M (or, with --case tiny, tiny) peer_forward config (benchmarks/
 // peer_cases.hpp) through shard::ShardedParams (what `ditrl train` runs);
 // after warm-up steps, `--steps` steps run under LibTorch's profiler (CPU
 // activities, FLOP counts). Each op's self time (its duration minus its
@@ -14,8 +14,8 @@
 // single-thread at::mm shapes in the step's dtype, timed here in the same
 // process right after the steps.
 //
-//   bench_step_profile [--family sd3] [--compute fp32|bf16] [--attention math|flash] [--no-recompute] [--fused-adamw]
-//                      [--steps 2] [--out FILE.md]
+//   bench_step_profile [--family sd3] [--case big|tiny] [--compute fp32|bf16] [--attention math|flash]
+//                      [--no-recompute] [--fused-adamw] [--steps 2] [--out FILE.md]
 
 #include <ditrl/dist/communicator.hpp>
 #include <ditrl/dist/runtime.hpp>
@@ -89,6 +89,7 @@ struct Profile {
   double gemm_flops = 0;
   double step_seconds = 0;
   std::map<std::string, double> top_ops;  // self seconds per op name
+  std::map<std::string, int64_t> calls;   // events per op name (nested ops included)
 };
 
 // Self time per op family from the profiler's CPU events.
@@ -111,6 +112,7 @@ Profile attribute(const std::vector<Op>& events, double step_seconds) {
       const double self = static_cast<double>(o.op->end - o.op->start - std::min(o.children, o.op->end - o.op->start));
       p.self_seconds[family_of(o.op->name, o.in_optimizer)] += self * 1e-9;
       p.top_ops[o.op->name] += self * 1e-9;
+      ++p.calls[o.op->name];
       if (stack.empty()) covered += static_cast<double>(o.op->end - o.op->start) * 1e-9;
     };
     for (const Op& op : ops) {
@@ -160,11 +162,13 @@ double gemm_ceiling_gflops(c10::ScalarType dtype, std::string& shapes) {
 int main(int argc, char** argv) {
   dist::MpiRuntime mpi(&argc, &argv);
   std::string family_name = "sd3", compute_name = "fp32", out, work = "/tmp/ditrl_step_profile";
-  std::string attention = "math";
+  std::string attention = "math", case_name = "big";
   int steps = 2, warmup = 2;
   bool no_recompute = false, fused_adamw = false;
   CLI::App app{"ditrl's training step per op family, against the measured GEMM ceiling"};
   app.add_option("--family", family_name, "sd3 | wan | qwen_image (its ~100M peer_forward config)");
+  app.add_option("--case", case_name, "big: the ~100M config | tiny: the family's tiny preset, batch 1")
+      ->check(CLI::IsMember({"big", "tiny"}));
   app.add_option("--compute", compute_name, "fp32 | bf16")->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--attention", attention, "math | flash")->check(CLI::IsMember({"math", "flash"}));
   app.add_flag("--no-recompute", no_recompute, "every block keeps its forward's graph (parallel.recompute = false)");
@@ -183,7 +187,8 @@ int main(int argc, char** argv) {
     std::cerr << "unknown family '" << family_name << "'\n";
     return 2;
   }
-  const peer::Case c = it->second.cases(1, 1).back();
+  const std::vector<peer::Case> cases = it->second.cases(1, 1);
+  const peer::Case c = case_name == "tiny" ? cases.front() : cases.back();
   const std::string dir = work + "/" + family_name;
   peer::prepare_case(c, dir);
   const auto family = peer::make_family(family_name, dir + "/config.json", compute, attention);
@@ -253,6 +258,14 @@ int main(int argc, char** argv) {
   md += "\nTop ops by self time (s per step): ";
   for (size_t i = 0; i < std::min<size_t>(12, ops.size()); ++i)
     md += fmt::format("{}{} {:.3f}", i ? ", " : "", ops[i].first, ops[i].second / steps);
+  std::vector<std::pair<std::string, int64_t>> calls(p.calls.begin(), p.calls.end());
+  std::sort(calls.begin(), calls.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  int64_t total_calls = 0;
+  for (const auto& [name, n] : calls) total_calls += n;
+  md += fmt::format("\n\nProfiler events per step (ops and scopes, nested ones included): {}; most called: ",
+                    total_calls / steps);
+  for (size_t i = 0; i < std::min<size_t>(12, calls.size()); ++i)
+    md += fmt::format("{}{} {}", i ? ", " : "", calls[i].first, calls[i].second / steps);
   const double achieved = p.gemm_flops / steps / per_step / 1e9;
   md += fmt::format(
       "\n\nGEMM ceiling ({} at::mm, 1 thread, GFLOP/s by shape m x k x n): {}; ceiling {:.1f} GFLOP/s. "

@@ -281,7 +281,8 @@ TEST_CASE("shard: padding: every parameter's owned ranges partition it and gathe
     CHECK(at::equal(piece.master, initial.at(piece.name).reshape(-1).narrow(0, piece.begin, piece.end - piece.begin)));
   }
   for (const auto& [name, value] : initial) CHECK(at::equal(params.gather_full(name), value));
-  // Between uses the module holds no parameter data.
+  // Between uses the module holds no parameter data (one rank: its units
+  // have not run, so nothing points at their slices yet).
   for (auto& item : model->named_parameters()) CHECK(item.value().numel() == 0);
 }
 
@@ -310,7 +311,8 @@ TEST_CASE("shard: a unit with mixed dtypes flattens one group per dtype and runs
   });
   CHECK(seen == std::vector<c10::ScalarType>{at::kBFloat16, at::kBFloat16, at::kFloat});
   CHECK(out[0].scalar_type() == at::kFloat);
-  CHECK(unit->fc1->weight.numel() == 0);  // released after the forward
+  // Released after the forward; one rank's parameters stay on its slices.
+  CHECK((unit->fc1->weight.numel() == 0) == (comm->size() > 1));
 }
 
 TEST_CASE("shard: gradient accumulation over 4 micro-batches equals one big batch", "[shard]") {

@@ -4,7 +4,8 @@
 // are all-gathered into one byte buffer holding every group's full tensor,
 // the module's parameters are pointed at views of it while the unit runs,
 // and the buffer goes back to a pool when the unit is released. On one rank
-// the slices are the full tensors and the parameters view them in place. The next
+// the slices are the full tensors: the parameters view them in place, from
+// the first gather on (release leaves them pointed; nothing is freed). The next
 // unit can be gathered ahead of use (prefetch), behind the caller's compute.
 // All ranks make the same calls in the same order (they are collectives).
 
@@ -52,6 +53,8 @@ class UnitGather {
   void gather(size_t unit);
   // Starts gathering `unit` (a wrap unit) for a later gather().
   void prefetch(size_t unit);
+  // Points the unit's parameters at empty placeholders and recycles its
+  // buffer; an in-place unit (one rank) stays as it is.
   void release(size_t unit);
   // Frees a gathered unit's bytes but keeps its buffer's storage, which views
   // saved by autograd still reference (a unit that kept its graph, FSDP2's
