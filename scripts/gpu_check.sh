@@ -129,6 +129,8 @@ if ((GPUS > 0)); then
   step quickstart_gpu 300 bash -c "mpirun -np 1 '$BUILD/ditrl' train inputs/quickstart.toml --set run.device=cuda \
     --set run.out_dir='$RESULTS/quickstart' && '$PY' tools/plot_metrics.py '$RESULTS/quickstart/metrics.h5' ${plot[*]}"
   grep -E '^(reward mean|peak memory)' "$RESULTS/quickstart_gpu.log" | sed 's/^/    /' | tee -a "$SUMMARY"
+  "$BUILD/ditrl" plan inputs/quickstart.toml --ranks 1 2>&1 | grep "allocator's predicted" | sed 's/^# */    /' |
+    tee -a "$SUMMARY"
 else
   note "| quickstart_gpu | SKIPPED: no GPU visible to torch | - | - |"
   step no_gpu_paths 420 bash tests/cuda/no_gpu.sh "$BUILD"

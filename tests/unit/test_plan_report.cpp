@@ -238,4 +238,6 @@ micro_batch = 2
   CHECK(m.training_peak() ==
         m.resident() + m.gathered + m.trajectories + m.training_inputs + m.training.total() + m.unit_grads);
   CHECK_THAT(m.text(), Contains("# predicted peak per rank: ") && Contains(std::to_string(m.peak()) + " B)"));
+  CHECK_THAT(m.text(), Contains("allocator's predicted peak per rank (all but the process): ") &&
+                           Contains(std::to_string(m.device_peak()) + " B)"));
 }

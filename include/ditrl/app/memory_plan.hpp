@@ -52,6 +52,10 @@ struct MemoryPlan {
     return resident() + gathered + trajectories + training_inputs + training.total() + unit_grads;
   }
   int64_t peak() const;
+  // On a GPU (run.device = cuda) the same terms less the process live on the
+  // device: the CUDA allocator's predicted peak (perf/peak_device_bytes; not
+  // yet compared with a GPU run).
+  int64_t device_peak() const { return peak() - baseline; }
 
   // The breakdown as `ditrl plan` prints it (GB = 10^9 bytes); the last
   // line is "# predicted peak per rank: X GB (N B)".
