@@ -12,10 +12,23 @@ namespace ditrl::shard {
 
 GradReducer::GradReducer(const Layout& layout, Slices& slices, dist::Communicator& comm, bool canonical)
     : layout_(layout), slices_(slices), comm_(comm), canonical_(canonical), reduced_(layout.units.size(), false) {
-  for (const UnitLayout& u : layout_.units) {
-    if (canonical_) trees_.emplace_back(u.groups.size());
-    stale_.emplace_back(u.groups.size(), true);
+  for (size_t unit = 0; unit < layout_.units.size(); ++unit) {
+    const std::vector<FlatGroup>& groups = layout_.units[unit].groups;
+    if (canonical_) trees_.emplace_back(groups.size());
+    stale_.emplace_back(groups.size(), true);
+    parts_.emplace_back(groups.size());
+    for (size_t g = 0; g < groups.size(); ++g)
+      if (in_place(groups[g]))
+        for (const Slot& slot : groups[g].slots)
+          parts_[unit][g].push_back(slices_.units[unit][g].grad.narrow(0, slot.offset, slot.numel).view(slot.shape));
   }
+}
+
+// One rank, fp32 reduce: the gradients go straight into the slice, with no
+// flat copy of the unit first (its sum over one rank is itself, and fp32
+// holds the gradient's dtype exactly, so the bits are the same).
+bool GradReducer::in_place(const FlatGroup& group) const {
+  return comm_.size() == 1 && !canonical_ && group.trainable && group.reduce == at::kFloat;
 }
 
 void GradReducer::reduce(size_t unit, const std::vector<at::Tensor>& grads) {
@@ -29,7 +42,7 @@ void GradReducer::reduce(size_t unit, const std::vector<at::Tensor>& grads) {
   const std::vector<FlatGroup>& groups = layout_.units[unit].groups;
   for (size_t g = 0; g < groups.size(); ++g) {
     if (!groups[g].trainable) continue;
-    if (comm_.size() == 1 && !canonical_ && groups[g].reduce == at::kFloat) {
+    if (in_place(groups[g])) {
       accumulate_in_place(unit, g, grads, k);
       continue;
     }
@@ -74,25 +87,20 @@ void GradReducer::accumulate(size_t unit, size_t group, const at::Tensor& mine) 
   stale_[unit][group] = false;
 }
 
-// One rank, fp32 reduce: the gradients go straight into the slice, with no
-// flat copy of the unit first (its sum over one rank is itself, and fp32
-// holds the gradient's dtype exactly, so the bits are the same).
 void GradReducer::accumulate_in_place(size_t unit, size_t group, const std::vector<at::Tensor>& grads, size_t& k) {
   const FlatGroup& g = layout_.units[unit].groups[group];
-  at::Tensor& slice = slices_.units[unit][group].grad;
   const bool stale = stale_[unit][group];
-  for (const Slot& slot : g.slots) {
+  for (at::Tensor& part : parts_[unit][group]) {
     const at::Tensor& grad = grads.at(k++);
-    at::Tensor part = slice.narrow(0, slot.offset, slot.numel);
     if (!grad.defined()) {
       if (stale) part.zero_();
     } else if (stale) {
-      part.copy_(grad.reshape(-1));
+      part.copy_(grad);
     } else {
-      part.add_(grad.reshape(-1));
+      part.add_(grad);
     }
   }
-  if (stale) slice.narrow(0, g.numel, g.shard - g.numel).zero_();
+  if (stale && g.shard > g.numel) slices_.units[unit][group].grad.narrow(0, g.numel, g.shard - g.numel).zero_();
   stale_[unit][group] = false;
 }
 

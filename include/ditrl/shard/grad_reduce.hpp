@@ -61,6 +61,7 @@ class GradReducer {
   // One rank: adds the unit's gradients grads[k...] of `group` to its slice
   // without the flat copy; advances k past the group's slots.
   void accumulate_in_place(size_t unit, size_t group, const std::vector<at::Tensor>& grads, size_t& k);
+  bool in_place(const FlatGroup& group) const;
 
   bool overlap() const;
   at::Tensor buffer(at::Tensor& holder, int64_t elements, c10::ScalarType dtype) const;
@@ -74,6 +75,10 @@ class GradReducer {
   std::vector<std::vector<TreeSum>> trees_;  // [unit][group], canonical only
   std::vector<bool> reduced_;                // [unit]: reduced in the current micro-batch
   std::vector<std::vector<bool>> stale_;     // [unit][group]: the slice holds nothing since discard()
+  // [unit][group][slot], for accumulate_in_place: views of the gradient
+  // slice shaped as each parameter, made once (a narrow and a reshape per
+  // parameter per micro-batch were a tiny model's largest share of ATen calls).
+  std::vector<std::vector<std::vector<at::Tensor>>> parts_;
   at::Tensor flat_, mine_;
   InFlight in_flight_;
   double seconds_ = 0;
