@@ -10,7 +10,6 @@
 //   bench_gpu_step --model sd3.5-medium --size full --device cuda --out sd3.json
 //   bench_gpu_step --model wan2.1-1.3b --size tiny --device cpu --out wan.json   (CI: runs here)
 
-#include <ditrl/app/determinism.hpp>
 #include <ditrl/dist/runtime.hpp>
 #include <ditrl/models/family.hpp>
 #include <ditrl/precision/plan.hpp>
@@ -149,7 +148,13 @@ int main(int argc, char** argv) {
     ro.deterministic = false;  // the fast kernels, as the peer runs
     auto runtime = dist::Runtime::create(ro);
     const c10::Device device = runtime->device();
-    if (device.is_cuda()) app::pin_gpu_kernels();  // TF32 off, as the peer sets it
+    if (device.is_cuda()) {
+      // TF32 off, as the peer sets it, and nothing else: app::pin_gpu_kernels()
+      // would also turn on deterministic algorithms (flash attention's slower
+      // deterministic backward, NaN-filled empty tensors), which the peer does not run.
+      at::globalContext().setAllowTF32CuBLAS(false);
+      at::globalContext().setAllowTF32CuDNN(false);
+    }
     const Spec& spec = kModels.at(model).at(size);
     const std::string config = out + ".config.json";
     std::ofstream(config) << json::serialize(spec.config);

@@ -112,8 +112,14 @@ if(DITRL_CUDA)
   set_target_properties(ditrl::torch_cuda PROPERTIES
     INTERFACE_INCLUDE_DIRECTORIES "${DITRL_CUDA_INCLUDE_DIR};${DITRL_NCCL_INCLUDE_DIR}"
     INTERFACE_COMPILE_DEFINITIONS "DITRL_CUDA=1"
+    # Nothing of ours calls into libtorch_cuda.so by name (its CUDA kernels
+    # and hooks register themselves when it loads), so a linker that defaults
+    # to --as-needed (Debian's and Ubuntu's gcc) drops it: every CUDA tensor
+    # then fails with "Could not run 'aten::empty.memory_format' with
+    # arguments from the 'CUDA' backend". Kept as LibTorch's own
+    # Caffe2Targets.cmake keeps it; dist::cuda_kernels_loaded() checks.
     INTERFACE_LINK_LIBRARIES
-      "${DITRL_TORCH_ROOT}/lib/libtorch_cuda.so;${DITRL_TORCH_ROOT}/lib/libc10_cuda.so;${DITRL_CUDART_LIBRARY};${DITRL_NCCL_LIBRARY}")
+      "-Wl,--push-state,--no-as-needed,${DITRL_TORCH_ROOT}/lib/libtorch_cuda.so,--pop-state;${DITRL_TORCH_ROOT}/lib/libc10_cuda.so;${DITRL_CUDART_LIBRARY};${DITRL_NCCL_LIBRARY}")
   message(STATUS "ditrl: CUDA runtime ${DITRL_CUDART_LIBRARY}, NCCL ${DITRL_NCCL_LIBRARY}")
 endif()
 

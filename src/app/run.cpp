@@ -242,6 +242,7 @@ rl::TrainingRollout training_rollout(const rollout::RolloutBatch& batch) {
 io::TrainingState training_state(Run& run, bool with_extra) {
   const rl::ExtraState extra = with_extra ? run.algorithm->extra_state() : rl::ExtraState{};
   io::TrainingState state;
+  state.device = run.params->device();
   for (const auto& [set, tensors] : extra) state.extra_sets.push_back(set);
   std::map<std::string, size_t> mine;  // trainable piece index by name
   std::vector<shard::ShardPiece> pieces;

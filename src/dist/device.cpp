@@ -3,6 +3,8 @@
 #include <ditrl/dist/runtime.hpp>
 #include <ditrl/error.hpp>
 
+#include <ATen/core/dispatch/Dispatcher.h>
+
 #ifdef DITRL_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -47,6 +49,11 @@ int visible_gpus() {
 #endif
 }
 
+bool cuda_kernels_loaded() {
+  const auto empty = c10::Dispatcher::singleton().findSchema({"aten::empty", "memory_format"});
+  return empty && empty->hasKernelForDispatchKey(c10::DispatchKey::CUDA);
+}
+
 c10::Device choose_device(const std::string& request, const WorldInfo& world) {
   if (request == "cpu") return c10::kCPU;
   if (request != "cuda" && request != "auto")
@@ -61,6 +68,11 @@ c10::Device choose_device(const std::string& request, const WorldInfo& world) {
     fail("run.device = \"cuda\" but no GPU is visible to rank {} on {} ({})", world.rank, world.host,
          visible_devices_variable());
   }
+  if (!cuda_kernels_loaded())
+    fail(
+        "run.device: rank {} on {} sees {} GPU(s), but this CUDA build of ditrl runs without LibTorch's CUDA kernels "
+        "(libtorch_cuda.so is not loaded: linked --as-needed?)",
+        world.rank, world.host, gpus);
   const int index = gpu_of(world, gpus);
   bind_gpu(index);
   return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));

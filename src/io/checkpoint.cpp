@@ -73,13 +73,6 @@ std::vector<std::pair<std::string, c10::Device>> generators(c10::Device device) 
   return list;
 }
 
-// Where the rank's state lives (every tensor of it is on one device).
-c10::Device state_device(const TrainingState& state) {
-  for (const StateTensor& t : state.tensors)
-    if (t.master.defined()) return t.master.device();
-  return c10::kCPU;
-}
-
 std::vector<Entry> entries(const TrainingState& state) {
   std::vector<Entry> list;
   for (const StateTensor& t : state.tensors) {
@@ -309,7 +302,7 @@ std::string save_checkpoint(const std::string& out_dir, const TrainingState& sta
     }
     // One worker more than compute threads: the disk is kept busy while the
     // others copy and hash.
-    const c10::Device device = state_device(state);
+    const c10::Device device = state.device;
     // The slabs were computed on the device's streams; the staging copies run on others.
     if (device.is_cuda()) c10::impl::VirtualGuardImpl(device.type()).synchronizeDevice(device.index());
     // Disk full, EIO, quota: a rank's own writes can fail alone, so the
@@ -431,7 +424,7 @@ CheckpointMeta read_checkpoint(const h5::File& file, const std::string& path, co
     for (size_t k = 0; k < state.extra_sets.size(); ++k)
       load("/extra/" + state.extra_sets[k] + "/" + t.name, t.extra.at(k));
   }
-  for (const auto& [path, on] : generators(state_device(state))) {
+  for (const auto& [path, on] : generators(state.device)) {
     if (!file.exists(path)) continue;
     const std::vector<hsize_t> rng_shape = file.open_dataset(path).shape();
     at::Generator generator = at::globalContext().defaultGenerator(on);

@@ -73,7 +73,7 @@ RolloutBatch Collector::load(const std::string& path, int64_t rollout_id) {
   RolloutBatch out;
   out.rollout_id = rollout_id;
   const c10::Device device = parts_.params->device();
-  out.trajectories = std::move(record.trajectories);
+  out.trajectories = to_device(std::move(record.trajectories), device);
   out.cond = record.cond.to(device);
   out.negative = record.negative.to(device);
   if (options_.needs_negative && out.negative.tensors.empty())

@@ -48,8 +48,9 @@ class AnalyticReward final : public Reward {
     const at::Tensor x = final_latents.to(at::kFloat).flatten(1);
     at::Tensor r;
     if (kind_ == "target_pattern") {
-      // -mean squared distance to a fixed seeded pattern of the latent's shape.
-      r = -(x - target(x.size(1))).pow(2).mean(1);
+      // -mean squared distance to a fixed seeded pattern of the latent's shape
+      // (drawn on the host, where the latents may not be).
+      r = -(x - target(x.size(1)).to(x.device())).pow(2).mean(1);
     } else if (kind_ == "brightness") {
       r = x.mean(1);
     } else if (kind_ == "smoothness") {
@@ -95,8 +96,10 @@ class TorchScriptReward final : public Reward {
   at::Tensor score(const at::Tensor& final_latents, const at::Tensor& prompt_index,
                    const std::vector<std::string>&) override {
     torch::NoGradGuard no_grad;
-    std::vector<torch::jit::IValue> inputs{final_latents.to(at::kFloat)};
-    if (arguments_ == 2) inputs.emplace_back(prompt_index.to(at::kLong));
+    // The module was loaded onto the host (a traced module may hold host
+    // constants), so its inputs go there too, wherever the rollout ran.
+    std::vector<torch::jit::IValue> inputs{final_latents.to(at::kCPU, at::kFloat)};
+    if (arguments_ == 2) inputs.emplace_back(prompt_index.to(at::kCPU, at::kLong));
     torch::jit::IValue out;
     try {
       out = module_.forward(inputs);

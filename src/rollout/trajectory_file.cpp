@@ -198,4 +198,10 @@ TrajectoryRecord read_trajectories(const std::string& path, int64_t first_row, i
   return out;
 }
 
+Trajectories to_device(Trajectories t, c10::Device device) {
+  for (at::Tensor* x : {&t.latents, &t.log_probs, &t.model_outputs, &t.final_latents})
+    if (x->defined()) *x = x->to(device);
+  return t;
+}
+
 }  // namespace ditrl::rollout

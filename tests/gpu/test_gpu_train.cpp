@@ -1,8 +1,8 @@
 // `ditrl train` on a GPU (run.device = "cuda", one rank): rollout/train
 // parity at step 0 with the math and the flash SDPA backends, two runs of a
 // deterministic deck bitwise equal, a resumed run equal to the uninterrupted
-// one, and the quickstart. Each case SKIPs where no GPU is visible
-// (gpu_main.cpp).
+// one, a `ditrl rollout` file trained on like the sampled rollout, and the
+// quickstart. Each case SKIPs where no GPU is visible (gpu_main.cpp).
 #include <ditrl/io/standard.hpp>
 
 #include <catch2/catch.hpp>
@@ -84,6 +84,30 @@ TEST_CASE("gpu: stopping after rollout 2 of 4 and resuming on the GPU gives the 
   CHECK_THAT(resumed.output, Contains("resumed from " + b + "/checkpoints/step-2.h5"));
   CHECK(io::check_standard(io::make_standard(test::metrics_of(a), ""), test::metrics_of(b)).empty());
   check_checkpoints_equal(a + "/checkpoints/step-4.h5", b + "/checkpoints/step-4.h5");
+}
+
+// The file's latents and velocities are read onto the host; training meets
+// them on the GPU (the model-output difference subtracts the rollout's).
+TEST_CASE("gpu: a rollout written by ditrl rollout on the GPU trains with --trajectories like the sampled one",
+          "[gpu][trajectories]") {
+  const std::string dir = test::fresh_output_dir("gpu_trajectories");
+  const std::string traj = dir + "/rollout-0.h5";
+  const auto written =
+      test::run_process(fmt::format("timeout 600 {} -np 1 {} rollout {} --out {} --set run.out_dir={} {}",
+                                    DITRL_MPIEXEC, DITRL_BINARY, kDeck, traj, dir, kOnGpu));
+  INFO(written.output);
+  REQUIRE(written.exit_code == 0);
+  const std::string one = kOnGpu + " --set train.num_rollouts=1";
+  const auto from_file = test::train(kDeck, dir + "/file", 1, one + " --trajectories " + dir + "/rollout-{rollout}.h5");
+  INFO(from_file.output);
+  REQUIRE(from_file.exit_code == 0);
+  const auto sampled = test::train(kDeck, dir + "/sampled", 1, one);
+  INFO(sampled.output);
+  REQUIRE(sampled.exit_code == 0);
+  const io::MetricsTable a = test::metrics_of(dir + "/file"), b = test::metrics_of(dir + "/sampled");
+  REQUIRE(a.series.count("train/model_output_mean_abs_diff"));
+  CHECK(a.series.at("train/model_output_mean_abs_diff")[0] == 0.0);
+  CHECK(io::check_standard(io::make_standard(b, ""), a).empty());
 }
 
 TEST_CASE("gpu: the quickstart trains on the GPU and its reward rises", "[gpu][quickstart]") {

@@ -1,3 +1,5 @@
+#include <ditrl/cuda_build.hpp>
+#include <ditrl/dist/device.hpp>
 #include <ditrl/dist/runtime.hpp>
 
 #include <catch2/catch.hpp>
@@ -16,6 +18,13 @@ TEST_CASE("runtime: a rank that throws ends the whole job non-zero within 30 s",
   CHECK(result.exit_code != 124);  // 124 = timeout(1) had to kill a hang
   CHECK(result.seconds < 30.0);
   CHECK_THAT(result.output, Contains("error on rank 1: probe failure raised on purpose"));
+}
+
+// A CUDA build must load libtorch_cuda.so although none of its symbols is
+// named (cmake/Dependencies.cmake links it --no-as-needed); a CPU build
+// links LibTorch's CPU library alone. Neither needs a GPU to tell.
+TEST_CASE("runtime: LibTorch's CUDA kernels are loaded exactly in a CUDA build", "[runtime][device]") {
+  CHECK(ditrl::dist::cuda_kernels_loaded() == ditrl::kCudaBuild);
 }
 
 TEST_CASE("runtime: the launcher's local rank is cross-checked", "[runtime]") {

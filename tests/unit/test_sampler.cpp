@@ -3,6 +3,7 @@
 #include <ditrl/rl/sigma_lookup.hpp>
 #include <ditrl/rollout/prompts.hpp>
 #include <ditrl/rollout/sampler.hpp>
+#include <ditrl/rollout/trajectory_file.hpp>
 
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
@@ -100,4 +101,24 @@ TEST_CASE("sampler: re-scoring a rollout step on the same micro-group gives the 
       }
     }
   }
+}
+
+// Trajectories read from a file (Collector::load) must be where sampled ones
+// are: on a GPU, training subtracts the rollout's velocities from its own
+// forward's. Checked with the meta device, which needs no GPU.
+TEST_CASE("sampler: read trajectories go to the device as sampled ones do and their indices stay on the host",
+          "[sampler][device]") {
+  rollout::Trajectories t;
+  t.latents = at::zeros({2, 3, 4});
+  t.log_probs = at::zeros({2, 1});
+  t.final_latents = at::zeros({2, 4});
+  t.prompt_index = at::arange(2, at::kLong);
+  t.sample_index = at::arange(2, at::kLong);
+  t.rewards = at::zeros({2});
+  const rollout::Trajectories placed = rollout::to_device(t, c10::kMeta);
+  for (const at::Tensor* x : {&placed.latents, &placed.log_probs, &placed.final_latents}) CHECK(x->is_meta());
+  for (const at::Tensor* x : {&placed.prompt_index, &placed.sample_index, &placed.rewards}) CHECK(x->is_cpu());
+  CHECK_FALSE(placed.model_outputs.defined());
+  t.model_outputs = at::zeros({2, 1, 4});
+  CHECK(rollout::to_device(t, c10::kMeta).model_outputs.is_meta());
 }

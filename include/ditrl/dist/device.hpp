@@ -14,11 +14,16 @@ struct WorldInfo;
 // GPUs this process may use (CUDA_VISIBLE_DEVICES applies); 0 in a CPU build.
 int visible_gpus();
 
+// Whether LibTorch's CUDA kernels are in this process (libtorch_cuda.so
+// loaded). Without them the GPUs are still counted (libc10_cuda), but no
+// tensor can live on one. Needs no GPU to answer.
+bool cuda_kernels_loaded();
+
 // "cpu" -> CPU; "cuda" -> the rank's GPU, an error when this is a CPU build or
 // no GPU is visible; "auto" -> the GPU when there is one, else the CPU.
 // The rank's GPU is its node-local rank among the visible GPUs, or the only
 // visible one (Slurm's --gpus-per-task gives each task one). Binds it as the
-// current device.
+// current device. A CUDA build without LibTorch's CUDA kernels is an error.
 c10::Device choose_device(const std::string& request, const WorldInfo& world);
 
 // Peak bytes of live tensors on `device` since the process started, from

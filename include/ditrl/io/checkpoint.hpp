@@ -62,6 +62,9 @@ struct StateTensor {
 struct TrainingState {
   std::vector<StateTensor> tensors;     // every trainable parameter, the same list on every rank
   std::vector<std::string> extra_sets;  // per-parameter state saved beside the moments (/extra/<set>/...)
+  // Where the run computes, the same on every rank (also on one that holds
+  // no slab): it decides which generators are saved, collectively.
+  c10::Device device = c10::kCPU;
 };
 
 // Collective. Returns the checkpoint's path.

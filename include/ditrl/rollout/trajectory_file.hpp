@@ -58,4 +58,9 @@ struct TrajectoryExpectation {
 TrajectoryRecord read_trajectories(const std::string& path, int64_t first_row, int64_t count,
                                    const TrajectoryExpectation& expect);
 
+// Read trajectories (on the host) placed as the sampler leaves its own: the
+// latents, log-probs and velocities on `device`, where training combines them
+// with its forward's outputs; the indices and rewards stay on the host.
+Trajectories to_device(Trajectories t, c10::Device device);
+
 }  // namespace ditrl::rollout

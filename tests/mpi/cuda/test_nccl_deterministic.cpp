@@ -17,8 +17,9 @@ namespace ditrl {
 
 namespace {
 
-at::TensorOptions cuda_f32() {
-  return at::TensorOptions().device(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(0))).dtype(at::kFloat);
+// fp32 on rank r's GPU (the one its NCCL communicator is bound to).
+at::TensorOptions cuda_f32(int rank) {
+  return at::TensorOptions().device(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(rank))).dtype(at::kFloat);
 }
 
 // Values over many magnitudes, so that any other grouping of the additions
@@ -41,17 +42,17 @@ TEST_CASE("nccl deterministic: reduce-scatter and all-reduce equal the MPI backe
     for (const dist::ReduceOp op : {dist::ReduceOp::Sum, dist::ReduceOp::Avg}) {
       at::Tensor on_cpu = at::empty({chunk}, at::kFloat);
       mpi->reduce_scatter(input, on_cpu, op);
-      at::Tensor on_gpu = at::empty({chunk}, cuda_f32());
-      nccl->reduce_scatter(input.to(cuda_f32()), on_gpu, op);
+      at::Tensor on_gpu = at::empty({chunk}, cuda_f32(r));
+      nccl->reduce_scatter(input.to(cuda_f32(r)), on_gpu, op);
       CHECK(at::equal(on_gpu.cpu(), on_cpu));
 
-      at::Tensor all_cpu = input.clone(), all_gpu = input.to(cuda_f32());
+      at::Tensor all_cpu = input.clone(), all_gpu = input.to(cuda_f32(r));
       mpi->all_reduce(all_cpu, op);
       nccl->all_reduce(all_gpu, op);
       CHECK(at::equal(all_gpu.cpu(), all_cpu));
     }
-    at::Tensor async_out = at::empty({chunk}, cuda_f32()), sync_out = at::empty({chunk}, cuda_f32());
-    const at::Tensor on_device = input.to(cuda_f32());
+    at::Tensor async_out = at::empty({chunk}, cuda_f32(r)), sync_out = at::empty({chunk}, cuda_f32(r));
+    const at::Tensor on_device = input.to(cuda_f32(r));
     dist::Pending pending = nccl->reduce_scatter_async(on_device, async_out, dist::ReduceOp::Sum);
     pending.wait();
     nccl->reduce_scatter(on_device, sync_out, dist::ReduceOp::Sum);
