@@ -6,8 +6,8 @@
 #include <ditrl/rollout/trajectory_file.hpp>
 
 #include <ATen/ATen.h>
-#include <catch2/catch.hpp>
 #include <torch/csrc/autograd/grad_mode.h>
+#include <catch2/catch.hpp>
 
 using namespace ditrl;
 
@@ -92,9 +92,9 @@ TEST_CASE("sampler: re-scoring a rollout step on the same micro-group gives the 
           models::GuidanceOptions g;
           g.scale = guidance;
           const at::Tensor v = models::guided_velocity(*s.family, {x, e.timesteps, e.sigmas, &cond, &neg}, g, {});
-          const diffusion::StepResult r = diffusion::sde_step(
-              {diffusion::SdeType::Sde, 0.7}, v, x, {e.sigmas, e.sigmas_next, t.snapshot->sigma(1)},
-              diffusion::StepTarget::score(x_next));
+          const diffusion::StepResult r =
+              diffusion::sde_step({diffusion::SdeType::Sde, 0.7}, v, x, {e.sigmas, e.sigmas_next, t.snapshot->sigma(1)},
+                                  diffusion::StepTarget::score(x_next));
           CHECK(at::equal(v.to(at::kFloat), t.model_outputs.narrow(0, begin, 2).select(1, j)));
           CHECK(at::equal(r.log_prob, t.log_probs.narrow(0, begin, 2).select(1, j)));
         }
