@@ -85,7 +85,7 @@ shard::ShardOptions shard_options(const config::Config& c, c10::Device device) {
   return o;
 }
 
-rollout::RewardOptions reward_options(const config::Config& c) {
+rollout::RewardOptions reward_options(const config::Config& c, c10::Device device) {
   rollout::RewardOptions o;
   o.kind = c.reward.kind;
   o.analytic = c.reward.analytic;
@@ -94,6 +94,7 @@ rollout::RewardOptions reward_options(const config::Config& c) {
   o.target_seed = c.reward.target_seed;
   o.timeout_s = c.reward.timeout_s;
   o.work_dir = (std::filesystem::path(c.run.out_dir) / "reward").string();
+  o.device = device;
   return o;
 }
 

@@ -169,7 +169,7 @@ Run open_run(const config::Config& config, dist::Runtime& runtime, const std::st
   run.prompts = c.data.prompts.empty()
                     ? rollout::synthetic_prompts(run.family->cond_spec(), c.data.synthetic_prompts, c.data.seed)
                     : rollout::open_prompt_dataset(c.data.prompts, run.family->cond_spec());
-  run.reward = rollout::make_reward(reward_options(c));
+  run.reward = rollout::make_reward(reward_options(c, runtime.device()));
 
   const models::LatentGrid grid = latent_grid(c);
   diffusion::Schedule schedule = diffusion::family_schedule(

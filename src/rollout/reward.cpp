@@ -77,12 +77,12 @@ class AnalyticReward final : public Reward {
 
 class TorchScriptReward final : public Reward {
  public:
-  explicit TorchScriptReward(const std::string& path) : path_(path) {
+  TorchScriptReward(const std::string& path, c10::Device device) : path_(path), device_(device) {
     if (!std::filesystem::exists(path)) fail("reward module {}: no such file", path);
     try {
-      module_ = torch::jit::load(path, at::kCPU);
+      module_ = torch::jit::load(path, device);
     } catch (const c10::Error& e) {
-      fail("reward module {}: torch::jit::load failed: {}", path, e.what_without_backtrace());
+      fail("reward module {}: torch::jit::load onto {} failed: {}", path, device.str(), e.what_without_backtrace());
     }
     module_.eval();
     const auto& schema = module_.get_method("forward").function().getSchema();
@@ -96,15 +96,18 @@ class TorchScriptReward final : public Reward {
   at::Tensor score(const at::Tensor& final_latents, const at::Tensor& prompt_index,
                    const std::vector<std::string>&) override {
     torch::NoGradGuard no_grad;
-    // The module was loaded onto the host (a traced module may hold host
-    // constants), so its inputs go there too, wherever the rollout ran.
-    std::vector<torch::jit::IValue> inputs{final_latents.to(at::kCPU, at::kFloat)};
-    if (arguments_ == 2) inputs.emplace_back(prompt_index.to(at::kCPU, at::kLong));
+    std::vector<torch::jit::IValue> inputs{final_latents.to(device_, at::kFloat)};
+    if (arguments_ == 2) inputs.emplace_back(prompt_index.to(device_, at::kLong));
     torch::jit::IValue out;
     try {
       out = module_.forward(inputs);
     } catch (const std::exception& e) {
-      fail("reward module {}: forward failed: {}", path_, e.what());
+      // A traced module bakes the tensors it created while tracing into its
+      // graph on the tracing device; it cannot follow the run to another one.
+      fail("reward module {}: forward on {} failed{}: {}", path_, device_.str(),
+           device_.is_cpu() ? "" : " (a traced module may hold constants of the device it was traced on: script it, or "
+                                   "create its tensors on the input's device)",
+           e.what());
     }
     if (!out.isTensor()) fail("reward module {}: forward must return a tensor", path_);
     return checked_rewards(out.toTensor(), final_latents.size(0), name());
@@ -112,6 +115,7 @@ class TorchScriptReward final : public Reward {
 
  private:
   std::string path_;
+  c10::Device device_;
   torch::jit::Module module_;
   int arguments_ = 1;
 };
@@ -255,7 +259,7 @@ std::vector<std::string> split_command(const std::string& command) {
 
 std::unique_ptr<Reward> make_reward(const RewardOptions& options) {
   if (options.kind == "analytic") return std::make_unique<AnalyticReward>(options.analytic, options.target_seed);
-  if (options.kind == "torchscript") return std::make_unique<TorchScriptReward>(options.module);
+  if (options.kind == "torchscript") return std::make_unique<TorchScriptReward>(options.module, options.device);
   if (options.kind == "command")
     return std::make_unique<CommandReward>(options.command, options.timeout_s, options.work_dir);
   fail("unknown reward kind '{}': expected analytic, torchscript or command", options.kind);

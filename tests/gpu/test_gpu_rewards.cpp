@@ -1,6 +1,6 @@
 // Rewards scoring latents that a GPU rollout left on the device: the
 // analytic ones compute there (target_pattern with its host-drawn pattern
-// moved over), a TorchScript module (loaded onto the host) gets host inputs.
+// moved over), a TorchScript module is loaded onto the GPU and fed there.
 // Each gives the CPU's scores. SKIPPED where no GPU is visible (gpu_main.cpp).
 #include <ditrl/rollout/reward.hpp>
 
@@ -42,12 +42,14 @@ TEST_CASE("gpu: the analytic rewards score latents on the GPU as on the CPU", "[
   }
 }
 
-TEST_CASE("gpu: a TorchScript reward module scores latents from the GPU", "[gpu][reward][torchscript]") {
+TEST_CASE("gpu: a TorchScript reward module runs on the GPU and scores as on the CPU", "[gpu][reward][torchscript]") {
   const std::string dir = ditrl::test::fresh_output_dir("gpu_reward_ts");
+  // The module refuses host inputs, so a pass shows it ran on the device.
   std::ofstream(dir + "/make.py") << R"(
 import sys, torch
 class Two(torch.nn.Module):
     def forward(self, latents: torch.Tensor, prompt_index: torch.Tensor) -> torch.Tensor:
+        torch._assert(latents.is_cuda and prompt_index.is_cuda, "reward inputs are on the host")
         return latents.flatten(1).mean(1) + prompt_index.to(torch.float32)
 torch.jit.script(Two()).save(sys.argv[1] + "/two.pt")
 )";
@@ -57,5 +59,13 @@ torch.jit.script(Two()).save(sys.argv[1] + "/two.pt")
   RewardOptions options;
   options.kind = "torchscript";
   options.module = dir + "/two.pt";
-  check_same_scores(*make_reward(options), at::tensor({3, 0, 2, 1}, at::kLong));
+  options.device = kGpu;
+  const at::Tensor index = at::tensor({3, 0, 2, 1}, at::kLong);
+  check_same_scores(*make_reward(options), index);
+  const at::Tensor x = latents();
+  CHECK(at::allclose(make_reward(options)->score(x, index, {"a", "b", "c", "d"}),
+                     x.flatten(1).mean(1) + index.to(at::kFloat), 1e-5, 1e-6));
+  options.device = c10::kCPU;
+  CHECK_THROWS_WITH(make_reward(options)->score(x, index, {"a", "b", "c", "d"}),
+                    Catch::Contains("reward inputs are on the host"));
 }

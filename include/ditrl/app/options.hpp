@@ -57,7 +57,7 @@ precision::PrecisionPlan precision_plan(const config::Config& c, const std::vect
 // That plan, with the family's rules, compiled against its parameter names.
 precision::CompiledPlan compiled_plan(const config::Config& c, models::Family& family);
 shard::ShardOptions shard_options(const config::Config& c, c10::Device device);
-rollout::RewardOptions reward_options(const config::Config& c);
+rollout::RewardOptions reward_options(const config::Config& c, c10::Device device);
 rollout::SamplerOptions sampler_options(const config::Config& c);
 rl::StepStrategyOptions strategy_options(const config::Config& c);
 rl::AdvantageOptions advantage_options(const config::Config& c);

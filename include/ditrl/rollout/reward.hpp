@@ -5,11 +5,13 @@
 //  - analytic: closed-form scores for demos and tests (no model needed);
 //  - torchscript: a module loaded with torch::jit::load whose forward takes
 //    the final latents [N, ...] (and, if it has a second argument, the prompt
-//    indices [N] int64) and returns [N] rewards (e.g. a PickScore+VAE export);
+//    indices [N] int64) and returns [N] rewards (e.g. a PickScore+VAE export),
+//    loaded onto the run's device and fed there;
 //  - command: an external program that reads an HDF5 of final latents and
 //    prompts and writes an HDF5 with /rewards [N].
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <cstdint>
 #include <memory>
@@ -26,6 +28,7 @@ struct RewardOptions {
   int64_t target_seed = 1234;
   double timeout_s = 600;
   std::string work_dir = ".";  // where command rewards exchange their files
+  c10::Device device = c10::kCPU;  // where a TorchScript module is loaded and runs (the run's device)
 };
 
 class Reward {
