@@ -105,8 +105,9 @@ class TorchScriptReward final : public Reward {
       // A traced module bakes the tensors it created while tracing into its
       // graph on the tracing device; it cannot follow the run to another one.
       fail("reward module {}: forward on {} failed{}: {}", path_, device_.str(),
-           device_.is_cpu() ? "" : " (a traced module may hold constants of the device it was traced on: script it, or "
-                                   "create its tensors on the input's device)",
+           device_.is_cpu() ? ""
+                            : " (a traced module may hold constants of the device it was traced on: script it, or "
+                              "create its tensors on the input's device)",
            e.what());
     }
     if (!out.isTensor()) fail("reward module {}: forward must return a tensor", path_);

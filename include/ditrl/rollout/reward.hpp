@@ -27,7 +27,7 @@ struct RewardOptions {
   std::string command;                      // program and arguments (no shell); {input}/{output}: file paths
   int64_t target_seed = 1234;
   double timeout_s = 600;
-  std::string work_dir = ".";  // where command rewards exchange their files
+  std::string work_dir = ".";      // where command rewards exchange their files
   c10::Device device = c10::kCPU;  // where a TorchScript module is loaded and runs (the run's device)
 };
 
