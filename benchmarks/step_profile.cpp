@@ -14,7 +14,7 @@
 // single-thread at::mm shapes in the step's dtype, timed here in the same
 // process right after the steps.
 //
-//   bench_step_profile [--family sd3] [--case big|tiny] [--compute fp32|bf16] [--attention math|flash]
+//   bench_step_profile [--family sd3] [--case big|tiny|tiny2] [--compute fp32|bf16] [--attention math|flash]
 //                      [--no-recompute] [--fused-adamw] [--steps 2] [--out FILE.md]
 
 #include <ditrl/dist/communicator.hpp>
@@ -167,8 +167,9 @@ int main(int argc, char** argv) {
   bool no_recompute = false, fused_adamw = false;
   CLI::App app{"ditrl's training step per op family, against the measured GEMM ceiling"};
   app.add_option("--family", family_name, "sd3 | wan | qwen_image (its ~100M peer_forward config)");
-  app.add_option("--case", case_name, "big: the ~100M config | tiny: the family's tiny preset, batch 1")
-      ->check(CLI::IsMember({"big", "tiny"}));
+  app.add_option("--case", case_name,
+                 "big: the ~100M config | tiny / tiny2: the family's tiny preset, peer_forward's batch 1 / 2 case")
+      ->check(CLI::IsMember({"big", "tiny", "tiny2"}));
   app.add_option("--compute", compute_name, "fp32 | bf16")->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--attention", attention, "math | flash")->check(CLI::IsMember({"math", "flash"}));
   app.add_flag("--no-recompute", no_recompute, "every block keeps its forward's graph (parallel.recompute = false)");
@@ -188,7 +189,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::vector<peer::Case> cases = it->second.cases(1, 1);
-  const peer::Case c = case_name == "tiny" ? cases.front() : cases.back();
+  const peer::Case c = case_name == "tiny" ? cases.front() : case_name == "tiny2" ? cases.at(1) : cases.back();
   const std::string dir = work + "/" + family_name;
   peer::prepare_case(c, dir);
   const auto family = peer::make_family(family_name, dir + "/config.json", compute, attention);
