@@ -3,7 +3,6 @@
 #include <ditrl/io/safetensors.hpp>
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <fmt/ranges.h>
 #include <boost/json.hpp>
 
@@ -68,20 +67,20 @@ class MappedBytes {
   // the page cache straight into `out`, so reading a slice maps none of the
   // file into this process (nothing of it counts in its resident set) and
   // the whole-file mapping (whose pages view() may write) is not touched.
-  // A large slice is read in chunks by every intra-op thread: a read into
-  // fresh memory is bound by the kernel faulting in and clearing its pages,
-  // which one core does at a fraction of the page cache's speed.
   void copy_out(size_t offset, size_t n, uint8_t* out, const std::string& path) const {
     if (fd_ < 0) {
       std::memcpy(out, data_ + offset, n);
       return;
     }
-    const auto chunks = static_cast<int64_t>((n + kChunk - 1) / kChunk);
-    at::parallel_for(0, chunks, 1, [&](int64_t first, int64_t last) {
-      const size_t begin = static_cast<size_t>(first) * kChunk;
-      const size_t end = std::min(n, static_cast<size_t>(last) * kChunk);
-      pread_all(offset + begin, end - begin, out + begin, path);
-    });
+    while (n > 0) {
+      const ssize_t got = ::pread(fd_, out, std::min(n, kMaxRead), static_cast<off_t>(offset));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0)
+        fail("cannot read {} bytes of {} at {}: {}", n, path, offset, got < 0 ? std::strerror(errno) : "end of file");
+      offset += static_cast<size_t>(got);
+      out += got;
+      n -= static_cast<size_t>(got);
+    }
   }
   MappedBytes(const MappedBytes&) = delete;
   MappedBytes& operator=(const MappedBytes&) = delete;
@@ -96,19 +95,8 @@ class MappedBytes {
   bool mapped_ = false;
   int fd_ = -1;
   std::vector<uint8_t> buffer_;
-  static constexpr size_t kChunk = size_t{8} << 20;  // also below Linux's 0x7ffff000 bytes per read
-
-  void pread_all(size_t offset, size_t n, uint8_t* out, const std::string& path) const {
-    while (n > 0) {
-      const ssize_t got = ::pread(fd_, out, n, static_cast<off_t>(offset));
-      if (got < 0 && errno == EINTR) continue;
-      if (got <= 0)
-        fail("cannot read {} bytes of {} at {}: {}", n, path, offset, got < 0 ? std::strerror(errno) : "end of file");
-      offset += static_cast<size_t>(got);
-      out += got;
-      n -= static_cast<size_t>(got);
-    }
-  }
+  // Linux reads at most 0x7ffff000 bytes per call; 1 GiB keeps each call whole.
+  static constexpr size_t kMaxRead = size_t{1} << 30;
 };
 
 namespace {

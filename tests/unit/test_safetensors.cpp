@@ -2,7 +2,6 @@
 #include <ditrl/io/safetensors.hpp>
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <catch2/catch.hpp>
 
 #include "process.hpp"
@@ -97,22 +96,6 @@ TEST_CASE("safetensors: views share the mapping and writes to them stay private"
   CHECK(view.sum().item<double>() == 16.0);
   view.fill_(2.0);
   CHECK(at::equal(SafetensorsFile(path).get("x"), at::ones({4, 4})));
-}
-
-TEST_CASE("safetensors: ranges larger than a read chunk arrive whole at any thread count", "[io][safetensors]") {
-  const std::string path = ditrl::test::fresh_output_dir("safetensors_chunks") + "/big.safetensors";
-  // 5.5M floats (21 MiB): ranges span several of the reader's 8 MiB chunks and end inside one.
-  const at::Tensor x = at::arange(5'500'000, at::kFloat);
-  write_safetensors(path, {{"pad", at::ones({3}, at::kByte)}, {"x", x}});
-  const SafetensorsFile file(path);
-  const int threads = at::get_num_threads();
-  for (int t : {1, 2, 3}) {
-    at::set_num_threads(t);
-    INFO(t << " threads");
-    CHECK(at::equal(file.read_range("x", 0, x.numel()), x));
-    CHECK(at::equal(file.read_range("x", 1'234'567, 5'432'101), x.slice(0, 1'234'567, 5'432'101)));
-  }
-  at::set_num_threads(threads);
 }
 
 TEST_CASE("safetensors: the fixture checkpoints parse", "[io][safetensors]") {
