@@ -15,7 +15,6 @@
 #include <exception>
 #include <mutex>
 #include <set>
-#include <thread>
 
 namespace ditrl::shard {
 
@@ -74,10 +73,12 @@ void read_slices(const Layout& layout, Slices& slices, int rank, models::Paramet
       }
     }
   };
-  std::vector<std::thread> helpers;
-  for (size_t t = 1; t < threads; ++t) helpers.emplace_back(work);
-  work();
-  for (std::thread& t : helpers) t.join();
+  // On ATen's own pool: a std::thread of ours would start an OpenMP team of
+  // its own at its first parallel op (a cast), whose threads then spin on
+  // the cores the reads need; inside a parallel region those ops run inline.
+  at::parallel_for(0, static_cast<int64_t>(threads), 1, [&](int64_t first, int64_t last) {
+    for (int64_t t = first; t < last; ++t) work();
+  });
   if (error) std::rethrow_exception(error);
 }
 
