@@ -4,6 +4,8 @@
 // its code under it and then compares the results with the CPU's.
 // SKIPPED where no GPU is visible (gpu_main.cpp).
 #include <ditrl/dist/reduction.hpp>
+#include <ditrl/rl/metric_buffer.hpp>
+#include <ditrl/rl/metrics.hpp>
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -29,6 +31,10 @@ class NoHostSync {
   c10::cuda::SyncDebugMode previous_;
 };
 
+at::Tensor f32(std::vector<float> v) {
+  return at::tensor(v, at::kFloat);
+}
+
 }  // namespace
 
 // The NCCL backend's deterministic reduce-scatter runs this on its
@@ -49,4 +55,22 @@ TEST_CASE("gpu: the canonical sum of chunks does not synchronise the host", "[gp
     }
     CHECK(at::equal(out.cpu(), expected));
   }
+}
+
+// One device->host copy per optimizer step (MetricBuffer::reduce): an SFT
+// micro-batch's metrics read its losses back to pick the sigma buckets.
+TEST_CASE("gpu: SFT metrics of a micro-batch stay on the GPU", "[gpu][rl][metrics]") {
+  const at::Tensor per_pair = f32({1.0f, 2.0f, 4.0f});
+  const at::Tensor host_sigmas = f32({0.1f, 0.15f, 0.9f});
+  rl::MetricBuffer on_host(rl::sft_metric_schema(4), c10::kCPU);
+  rl::record_sft_metrics(on_host, {at::scalar_tensor(0.0), per_pair}, host_sigmas, 4);
+  rl::MetricBuffer on_gpu(rl::sft_metric_schema(4), kGpu);
+  {
+    const NoHostSync strict;
+    CHECK_NOTHROW(rl::record_sft_metrics(on_gpu, {at::scalar_tensor(0.0, kGpu), per_pair.to(kGpu)}, host_sigmas, 4));
+  }
+  CHECK(on_gpu.local() == on_host.local());
+  CHECK_THROWS_WITH(
+      rl::record_sft_metrics(on_gpu, {at::scalar_tensor(0.0, kGpu), per_pair.to(kGpu)}, host_sigmas.to(kGpu), 4),
+      Catch::Contains("must be the host copy"));
 }
