@@ -83,10 +83,12 @@ std::vector<int> chunk_leaf_order(int ranks) {
 
 namespace {
 
-at::Tensor tree_sum(const at::Tensor& leaves, int64_t lo, int64_t hi) {
-  if (hi - lo == 1) return leaves[lo].clone();
-  const int64_t p = tree_split(hi - lo);
-  return tree_sum(leaves, lo, lo + p).add_(tree_sum(leaves, lo + p, hi));
+// Leaf p is chunks[order[p]], a fresh copy in the accumulation dtype.
+at::Tensor tree_sum(const at::Tensor& chunks, const std::vector<int>& order, c10::ScalarType acc_dtype, size_t lo,
+                    size_t hi) {
+  if (hi - lo == 1) return chunks[order[lo]].to(acc_dtype, /*non_blocking=*/false, /*copy=*/true);
+  const auto p = static_cast<size_t>(tree_split(static_cast<int64_t>(hi - lo)));
+  return tree_sum(chunks, order, acc_dtype, lo, lo + p).add_(tree_sum(chunks, order, acc_dtype, lo + p, hi));
 }
 
 }  // namespace
@@ -96,8 +98,13 @@ void tree_sum_of_chunks(const at::Tensor& chunks, at::Tensor& output, bool avera
   const std::vector<int> order = chunk_leaf_order(ranks);
   const c10::ScalarType dtype = output.scalar_type();
   const c10::ScalarType acc_dtype = dtype == at::kBFloat16 || dtype == at::kHalf ? at::kFloat : dtype;
-  const at::Tensor index = at::tensor(std::vector<int64_t>(order.begin(), order.end()), at::kLong).to(chunks.device());
-  at::Tensor sum = tree_sum(chunks.index_select(0, index).to(acc_dtype), 0, ranks);
+  // The leaves are picked by host indices (views), not by an index tensor:
+  // on CUDA that tensor's copy from pageable host memory synchronises the
+  // stream, and the NCCL backend runs this on its communication stream
+  // right after the all-to-all, so every deterministic reduce-scatter would
+  // block the host until its transfer ended (no overlap with the backward,
+  // and a dead peer would hold the host there, holding the communicator's lock).
+  at::Tensor sum = tree_sum(chunks, order, acc_dtype, 0, static_cast<size_t>(ranks));
   if (average) sum.div_(static_cast<double>(ranks));
   output.view({-1}).copy_(sum);
 }

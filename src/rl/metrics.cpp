@@ -146,14 +146,20 @@ int64_t sigma_bucket(double sigma, int64_t num_buckets) {
   return std::min(static_cast<int64_t>(sigma * static_cast<double>(num_buckets)), num_buckets - 1);
 }
 
-void record_sft_metrics(MetricBuffer& m, const SftTerms& t, const at::Tensor& sigmas, int64_t num_sigma_buckets) {
+void record_sft_metrics(MetricBuffer& m, const SftTerms& t, const at::Tensor& host_sigmas, int64_t num_sigma_buckets) {
+  // The bucket is control flow, so it is read from the host's sigmas; the
+  // losses stay where they were computed (a GPU run reads its metrics back
+  // once per optimizer step, in MetricBuffer::reduce, not per micro-batch).
+  if (!host_sigmas.device().is_cpu())
+    fail("sft metrics: the sigmas that pick the buckets must be the host copy, got a tensor on {}",
+         host_sigmas.device().str());
   at::NoGradGuard no_grad;
-  const at::Tensor per_pair = t.per_pair.detach().to(at::kDouble).cpu();
-  const at::Tensor s = sigmas.to(at::kDouble).cpu();
+  const at::Tensor per_pair = t.per_pair.detach().to(at::kDouble);
+  const at::Tensor s = host_sigmas.to(at::kDouble).contiguous();
   m.emit_mean("loss", per_pair.sum(), static_cast<double>(per_pair.size(0)));
   for (int64_t i = 0; i < per_pair.size(0); ++i)
     m.emit_mean(fmt::format("sft_loss_bucket_{}", sigma_bucket(s.data_ptr<double>()[i], num_sigma_buckets)),
-                per_pair.data_ptr<double>()[i], 1);
+                per_pair[i], 1);
 }
 
 std::map<std::string, double> reward_stats(const at::Tensor& rewards, int64_t group_size) {

@@ -71,6 +71,7 @@ PreparedBatch prepare_batch(const std::vector<TrainPair>& pairs, c10::Device dev
   b.sample_indices = samples;
   b.prompt_indices = prompts;
   b.host_timesteps = entries.timesteps;
+  b.host_sigmas = entries.sigmas;
   b.step_timestep = entries.timesteps[0].item<float>();
   b.snapshot = pairs[0].snapshot;
   return b;

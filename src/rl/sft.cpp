@@ -58,7 +58,7 @@ at::Tensor Sft::micro_batch_loss(const TrainingRollout& rollout, const TrainData
   const at::Tensor noise = pair_noise("sft_noise", options_.seed, rollout.rollout_id, b, policy_.latent_shape);
   const at::Tensor v = policy_.velocity(rollout, b, corrupt(b.latents, b.sigmas, noise), /*guided=*/false);
   const SftTerms terms = sft_loss(v, b.latents, noise);
-  record_sft_metrics(metrics, terms, b.sigmas, kSigmaBuckets);
+  record_sft_metrics(metrics, terms, b.host_sigmas, kSigmaBuckets);
   return terms.loss_sum;
 }
 

@@ -176,6 +176,10 @@ TEST_CASE("metrics: NFT and SFT records", "[rl][metrics]") {
   CHECK(so.at("sft_loss_bucket_0") == Approx(1.5));
   CHECK(so.at("sft_loss_bucket_3") == Approx(4.0));
   CHECK(so.count("sft_loss_bucket_1") == 0);
+  // The buckets come from the host's sigmas: a device copy (meta here, CUDA
+  // in a GPU run) would be a read back per micro-batch.
+  CHECK_THROWS_WITH(record_sft_metrics(ms, s, f32({0.1f, 0.15f, 0.9f}).to(c10::kMeta), 4),
+                    Catch::Contains("must be the host copy"));
 }
 
 TEST_CASE("metrics: rollout reward and advantage statistics", "[rl][metrics]") {

@@ -146,6 +146,8 @@ TEST_CASE("prepared batch: stacks pairs / carries both domains and the condition
   CHECK(b.prompt_indices.device().is_cpu());
   CHECK(at::equal(b.host_timesteps, b.timesteps));  // Wan2.2's expert, read on the host
   CHECK(b.host_timesteps.device().is_cpu());
+  CHECK(at::equal(b.host_sigmas, b.sigmas));  // SFT's metric buckets, read on the host
+  CHECK(b.host_sigmas.device().is_cpu());
   CHECK(b.log_prob_old[2].item<float>() == -3.0f);
   const auto ss = b.step_sigmas();
   CHECK(ss.sigma_after_one == snap->sigma(1));

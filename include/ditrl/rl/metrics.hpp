@@ -49,7 +49,9 @@ void record_nft_metrics(MetricBuffer& metrics, const NftTerms& terms, const at::
                         const at::Tensor& sigmas, int64_t num_timesteps);
 
 // SFT: loss = mean L_pair and per-sigma-bucket means sft_loss_bucket_<k>.
-void record_sft_metrics(MetricBuffer& metrics, const SftTerms& terms, const at::Tensor& sigmas,
+// host_sigmas: the pairs' sigmas on the host (PreparedBatch::host_sigmas),
+// which pick the buckets; the losses may be on any device and are not read.
+void record_sft_metrics(MetricBuffer& metrics, const SftTerms& terms, const at::Tensor& host_sigmas,
                         int64_t num_sigma_buckets);
 // bucket = min(int(sigma * nb), nb - 1)
 int64_t sigma_bucket(double sigma, int64_t num_buckets);

@@ -41,6 +41,7 @@ struct PreparedBatch {
   at::Tensor sample_indices;                            // (B,) int64
   at::Tensor prompt_indices;                            // (B,) int64 rows of the cond store
   at::Tensor host_timesteps;                            // (B,) fp32 timesteps, for the forward's per-batch decisions
+  at::Tensor host_sigmas;                               // (B,) fp32 sigmas, for per-pair metric buckets
   float step_timestep = 0;                              // timesteps[0], which decides the guidance
   std::shared_ptr<const diffusion::Schedule> snapshot;  // shared by every pair
 

@@ -1,0 +1,76 @@
+// Work that must not wait for the GPU: LibTorch's sync debug mode, set to
+// error, makes any call that synchronises the host with the device (an
+// .item(), a copy to or from pageable host memory) throw, so each case runs
+// its code under it and then compares the results with the CPU's.
+// SKIPPED where no GPU is visible (gpu_main.cpp).
+#include <ditrl/dist/reduction.hpp>
+#include <ditrl/rl/metric_buffer.hpp>
+#include <ditrl/rl/metrics.hpp>
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <catch2/catch.hpp>
+
+using namespace ditrl;
+
+namespace {
+
+const c10::Device kGpu(c10::kCUDA, 0);
+
+// Host syncs throw while this lives.
+class NoHostSync {
+ public:
+  NoHostSync() : previous_(c10::cuda::warning_state().get_sync_debug_mode()) {
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+  }
+  ~NoHostSync() { c10::cuda::warning_state().set_sync_debug_mode(previous_); }
+  NoHostSync(const NoHostSync&) = delete;
+  NoHostSync& operator=(const NoHostSync&) = delete;
+
+ private:
+  c10::cuda::SyncDebugMode previous_;
+};
+
+at::Tensor f32(std::vector<float> v) {
+  return at::tensor(v, at::kFloat);
+}
+
+}  // namespace
+
+// The NCCL backend's deterministic reduce-scatter runs this on its
+// communication stream right after the all-to-all; a host-built index tensor
+// copied to the GPU there blocked the host until the transfer had ended.
+TEST_CASE("gpu: the canonical sum of chunks does not synchronise the host", "[gpu][dist][tree]") {
+  at::Generator gen = at::detail::createCPUGenerator(5);
+  for (const c10::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kLong}) {
+    INFO("dtype " << c10::toString(dtype));
+    const at::Tensor host = (at::randn({4, 1000}, gen, at::TensorOptions().dtype(at::kFloat)) * 100).to(dtype);
+    at::Tensor expected = at::empty({1000}, host.options());
+    dist::tree_sum_of_chunks(host, expected, /*average=*/false);
+    const at::Tensor chunks = host.to(kGpu);
+    at::Tensor out = at::empty({1000}, chunks.options());
+    {
+      const NoHostSync strict;
+      CHECK_NOTHROW(dist::tree_sum_of_chunks(chunks, out, /*average=*/false));
+    }
+    CHECK(at::equal(out.cpu(), expected));
+  }
+}
+
+// One device->host copy per optimizer step (MetricBuffer::reduce): an SFT
+// micro-batch's metrics read its losses back to pick the sigma buckets.
+TEST_CASE("gpu: SFT metrics of a micro-batch stay on the GPU", "[gpu][rl][metrics]") {
+  const at::Tensor per_pair = f32({1.0f, 2.0f, 4.0f});
+  const at::Tensor host_sigmas = f32({0.1f, 0.15f, 0.9f});
+  rl::MetricBuffer on_host(rl::sft_metric_schema(4), c10::kCPU);
+  rl::record_sft_metrics(on_host, {at::scalar_tensor(0.0), per_pair}, host_sigmas, 4);
+  rl::MetricBuffer on_gpu(rl::sft_metric_schema(4), kGpu);
+  {
+    const NoHostSync strict;
+    CHECK_NOTHROW(rl::record_sft_metrics(on_gpu, {at::scalar_tensor(0.0, kGpu), per_pair.to(kGpu)}, host_sigmas, 4));
+  }
+  CHECK(on_gpu.local() == on_host.local());
+  CHECK_THROWS_WITH(
+      rl::record_sft_metrics(on_gpu, {at::scalar_tensor(0.0, kGpu), per_pair.to(kGpu)}, host_sigmas.to(kGpu), 4),
+      Catch::Contains("must be the host copy"));
+}
