@@ -10,6 +10,7 @@
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <sched.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -97,9 +98,22 @@ MpiRuntime::~MpiRuntime() {
   if (!finalized) MPI_Finalize();
 }
 
+namespace {
+// The cores this process may run on. A launcher that binds ranks leaves it
+// fewer than the node has: mpirun binds each of up to two ranks to one core,
+// Slurm to its --cpus-per-task.
+int allowed_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return static_cast<int>(std::thread::hardware_concurrency());
+  return CPU_COUNT(&set);
+}
+}  // namespace
+
 int MpiRuntime::default_threads() const {
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  return std::max(1, static_cast<int>(cores) / std::max(1, world_.local_size));
+  const int node_share = static_cast<int>(cores) / std::max(1, world_.local_size);
+  return std::max(1, std::min(node_share, allowed_cores()));
 }
 
 bool MpiRuntime::active() {

@@ -56,7 +56,8 @@ class MpiRuntime {
 
   const WorldInfo& world() const { return world_; }
   MPI_Comm comm() const { return MPI_COMM_WORLD; }
-  // Intra-op threads for this rank: the node's cores shared by its ranks.
+  // Intra-op threads for this rank: the node's cores shared by its ranks,
+  // at most the cores it is bound to.
   int default_threads() const;
 
   // True between MPI_Init and MPI_Finalize of this process.
