@@ -15,7 +15,9 @@ MODEL=$1
 DITRL=$(realpath "${2:-build/ditrl}")
 WORK=$(realpath -m "${3:-build/bench-real-size}")
 ROUNDS=${ROUNDS:-3}
-MPI=(mpiexec --allow-run-as-root --oversubscribe --mca btl self,vader)
+# Unbound ranks, as under Slurm with --cpus-per-task: mpirun binds each of up
+# to two ranks to one core, which would leave a 1-rank run one core.
+MPI=(mpiexec --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader)
 weights=$WORK/$MODEL/transformer
 run=$WORK/$MODEL-np2
 [ -f "$run/checkpoints/step-1.h5" ] || { echo "run benchmarks/real_size/run.sh for $MODEL at 2 ranks first" >&2; exit 1; }

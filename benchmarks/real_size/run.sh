@@ -17,7 +17,9 @@ DITRL=$(realpath "${1:-build/ditrl}")
 WORK=$(realpath -m "${2:-build/bench-real-size}")
 PY=${PY:-$HOME/.cache/ditrl/venv/bin/python}
 CASES=${CASES:-sd3.5-medium:1 sd3.5-medium:2 wan2.1-t2v-1.3b:1 wan2.1-t2v-1.3b:2}
-MPI=(mpiexec --allow-run-as-root --oversubscribe --mca btl self,vader)
+# Unbound ranks, as under Slurm with --cpus-per-task: mpirun binds each of up
+# to two ranks to one core, which would leave a 1-rank run one core.
+MPI=(mpiexec --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader)
 mkdir -p "$WORK"
 echo "# $(date -u +%FT%TZ) $(uname -n) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2) $(nproc) cores" >"$WORK/machine"
 

@@ -74,8 +74,8 @@ void read_slices(const Layout& layout, Slices& slices, int rank, models::Paramet
     }
   };
   // On ATen's own pool: a std::thread of ours would start an OpenMP team of
-  // its own at its first parallel op (a cast), whose threads then spin on
-  // the cores the reads need; inside a parallel region those ops run inline.
+  // its own at its first parallel op (a cast), threads beyond the rank's
+  // share; inside ATen's parallel region those ops run inline.
   at::parallel_for(0, static_cast<int64_t>(threads), 1, [&](int64_t first, int64_t last) {
     for (int64_t t = first; t < last; ++t) work();
   });
