@@ -15,6 +15,8 @@
 #include "corrupt.hpp"
 #include "e2e.hpp"
 
+#include <sched.h>
+
 #include <cmath>
 #include <fstream>
 #include <functional>
@@ -61,6 +63,28 @@ TEST_CASE("train: a 2-rank run writes metrics / checkpoints and reproduces the r
   const auto dump = test::run_process("h5dump -A " + out + "/checkpoints/step-2.h5");
   CHECK(dump.exit_code == 0);
   CHECK_THAT(dump.output, Contains("ditrl-checkpoint-2"));
+}
+
+TEST_CASE("train: a rank runs no more intra-op threads than the cores it is bound to", "[e2e][train]") {
+  // taskset binds mpiexec and so its rank to one core (--bind-to none keeps
+  // Open MPI's own binding out of it); unbound, one rank takes every core it may use.
+  const auto threads_of = [](const std::string& launcher, const std::string& out) {
+    const auto r =
+        test::run_process(fmt::format("{} {} --bind-to none -np 1 {} train {} --set run.out_dir={} "
+                                      "--set run.deterministic=false --max-rollouts 1",
+                                      launcher, DITRL_MPIEXEC, DITRL_BINARY, kDeck, out));
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    const std::string log = read_file(out + "/logs/rank-0.log");
+    const size_t at = log.find(") threads ");
+    REQUIRE(at != std::string::npos);
+    return std::stoi(log.substr(at + 10));
+  };
+  CHECK(threads_of("taskset -c 0", test::fresh_output_dir("e2e_threads_bound")) == 1);
+  cpu_set_t mine;
+  REQUIRE(sched_getaffinity(0, sizeof(mine), &mine) == 0);
+  CHECK(threads_of("", test::fresh_output_dir("e2e_threads_unbound")) ==
+        std::min<int>(CPU_COUNT(&mine), static_cast<int>(std::thread::hardware_concurrency())));
 }
 
 TEST_CASE("train: stopping after rollout 2 of 4 and resuming gives the uninterrupted run bit for bit",
