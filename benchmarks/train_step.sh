@@ -10,7 +10,8 @@ cd "$(dirname "$0")/.."
 DITRL=$(realpath "${1:-build/ditrl}")
 RUNS=$(realpath -m "${2:-build/bench-train-step}")
 rm -rf "$RUNS" && mkdir -p "$RUNS"
-MPI=(mpiexec --allow-run-as-root --oversubscribe --mca btl self,vader)
+# Unbound: mpirun binds each of up to two ranks to one core (a 1-rank run would get one).
+MPI=(mpiexec --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader)
 
 # Benchmarks measure the default (fast) kernels: intra-op threads = cores / ranks.
 COMMON=(--set run.deterministic=false --set train.num_rollouts=2 --set checkpoint.every=2 --set checkpoint.keep=1)
