@@ -85,7 +85,10 @@ if ! "$PY" -c 'import diffusers' 2>/dev/null; then
 fi
 GPUS=$("$PY" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)' 2>/dev/null || echo 0)
 # Open MPI in gVisor-style sandboxes: no cross-memory attach between ranks.
-export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# Unbound ranks: mpirun binds each of up to two ranks to one core, and a
+# rank runs no more intra-op threads than the cores it is bound to.
+export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+  OMPI_MCA_hwloc_base_binding_policy=none
 
 {
   echo "# ditrl GPU check, $(date -u '+%Y-%m-%d %H:%M UTC')"
