@@ -137,7 +137,9 @@ void add_forward_command(CLI::App& app, Command& selected) {
   sub->add_option("--out", o->out, "output safetensors: `output` (+ intermediate.<module>.out<i>)")->required();
   sub->add_option("--dtype", o->dtype, "forward dtype of the parameters (the family's overrides stay)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
-  sub->add_option("--attention", o->attention, "attention backend: math | flash | efficient (CUDA builds)");
+  // `ditrl forward` runs on the host, where only these two kernels exist.
+  sub->add_option("--attention", o->attention, "attention backend (the forward runs on the CPU): math | flash")
+      ->check(CLI::IsMember({"math", "flash"}));
   sub->add_flag("--intermediates", o->intermediates, "also write the block outputs the fixtures store");
   sub->add_option("--threads", o->threads, "intra-op threads (default: LibTorch's)");
   sub->callback([o, &selected] { selected = [o] { return forward(*o); }; });
