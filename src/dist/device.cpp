@@ -89,4 +89,10 @@ double peak_device_bytes(c10::Device device) {
 #endif
 }
 
+at::Tensor host_to_device(const at::Tensor& host, c10::Device device) {
+  if (!device.is_cuda() || !host.device().is_cpu()) return host.to(device);
+  // The host allocator keeps the pinned block until the copy has run.
+  return host.pin_memory().to(device, /*non_blocking=*/true);
+}
+
 }  // namespace ditrl::dist

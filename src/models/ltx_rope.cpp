@@ -1,3 +1,4 @@
+#include <ditrl/dist/device.hpp>
 #include <ditrl/error.hpp>
 #include <ditrl/models/ltx_rope.hpp>
 
@@ -40,7 +41,7 @@ RopeTables ltx_rope_tables(const at::Tensor& positions, const RopeOptions& o, c1
   for (int64_t a = 0; a < axes; ++a) fractions.push_back(coords.select(1, a) / o.max_pos[static_cast<size_t>(a)]);
   const at::Tensor fractional = at::stack(fractions, -1);  // (B, T, axes)
   const at::Tensor frequencies =
-      ltx_frequency_grid(o.theta, axes, o.inner_dim, o.double_precision).to(positions.device());
+      dist::host_to_device(ltx_frequency_grid(o.theta, axes, o.inner_dim, o.double_precision), positions.device());
   // (B, T, axes, n) -> frequency-major, axis-minor (B, T, n * axes)
   const at::Tensor angles = (frequencies * (fractional.unsqueeze(-1) * 2 - 1)).transpose(-1, -2).flatten(2);
   at::Tensor cos = angles.cos();
@@ -82,7 +83,7 @@ at::Tensor ltx_video_positions(int64_t batch, int64_t frames, int64_t height, in
       at::meshgrid({at::arange(frames, i64), at::arange(height, i64), at::arange(width, i64)}, "ij");
   const at::Tensor start = at::stack(mesh, 0).reshape({3, -1});  // (3, T)
   const at::Tensor bounds = at::stack({start, start + 1}, -1);   // (3, T, 2), patch size 1
-  const at::Tensor scale = at::tensor({8.0f, 32.0f, 32.0f}, at::TensorOptions().device(device)).view({3, 1, 1});
+  const at::Tensor scale = dist::host_to_device(at::tensor({8.0f, 32.0f, 32.0f}), device).view({3, 1, 1});
   at::Tensor pixels = bounds.to(at::kFloat) * scale;
   const at::Tensor time = ((pixels.select(0, 0) + 1 - 8).clamp_min(0)) / fps;
   pixels = at::cat({time.unsqueeze(0), pixels.slice(0, 1)}, 0);

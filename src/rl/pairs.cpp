@@ -1,3 +1,4 @@
+#include <ditrl/dist/device.hpp>
 #include <ditrl/error.hpp>
 #include <ditrl/rl/nft_loss.hpp>
 #include <ditrl/rl/pairs.hpp>
@@ -17,7 +18,9 @@ int64_t slot(const std::vector<int64_t>& values, int64_t value, const char* what
   return it - values.begin();
 }
 
-int64_t samples_of(const RolloutView& r) { return r.sample_index.size(0); }
+int64_t samples_of(const RolloutView& r) {
+  return r.sample_index.size(0);
+}
 
 TrainPair base_pair(const RolloutView& r, int64_t row) {
   TrainPair p;
@@ -75,7 +78,7 @@ at::Tensor pair_noise(const char* tag, int64_t seed, int64_t rollout_id, const P
         tag, seed, rollout_id, batch.sample_indices[i].item<int64_t>(), batch.step_indices[i].item<int64_t>()));
     rows.push_back(at::randn(latent_shape, gen, at::TensorOptions().dtype(at::kFloat)));
   }
-  return at::stack(rows).to(batch.latents.device());
+  return dist::host_to_device(at::stack(rows), batch.latents.device());
 }
 
 std::vector<TrainPair> sft_pairs(const RolloutView& r, int64_t pairs_per_sample, int64_t seed, int64_t rollout_id,

@@ -1,3 +1,4 @@
+#include <ditrl/dist/device.hpp>
 #include <ditrl/error.hpp>
 #include <ditrl/rl/prepared_batch.hpp>
 #include <ditrl/rl/sigma_lookup.hpp>
@@ -62,12 +63,12 @@ PreparedBatch prepare_batch(const std::vector<TrainPair>& pairs, c10::Device dev
   PreparedBatch b;
   b.latents = stack_latents(pairs, false, device);
   if (pairs[0].next_latent.defined()) b.next_latents = stack_latents(pairs, true, device);
-  b.timesteps = entries.timesteps.to(device);
-  b.sigmas = entries.sigmas.to(device);
-  b.sigmas_next = entries.sigmas_next.to(device);
+  b.timesteps = dist::host_to_device(entries.timesteps, device);
+  b.sigmas = dist::host_to_device(entries.sigmas, device);
+  b.sigmas_next = dist::host_to_device(entries.sigmas_next, device);
   b.step_indices = entries.indices;
-  b.log_prob_old = log_prob_old.to(device);
-  b.advantages = advantages.to(device);
+  b.log_prob_old = dist::host_to_device(log_prob_old, device);
+  b.advantages = dist::host_to_device(advantages, device);
   b.sample_indices = samples;
   b.prompt_indices = prompts;
   b.host_timesteps = entries.timesteps;

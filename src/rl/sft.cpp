@@ -1,5 +1,6 @@
 // SFT: per-prompt targets, pairs, the velocity loss and its metrics.
 
+#include <ditrl/dist/device.hpp>
 #include <ditrl/error.hpp>
 #include <ditrl/rl/metrics.hpp>
 #include <ditrl/rl/nft_loss.hpp>
@@ -33,7 +34,7 @@ at::Tensor Sft::targets(const at::Tensor& prompt_index) const {
       fail("{}: /latents row {} has shape [{}], the model's latent is [{}]", options_.sft_latents, prompt,
            fmt::join(rows.back().sizes(), ", "), fmt::join(policy_.latent_shape, ", "));
   }
-  return at::stack(rows).to(policy_.params->device());
+  return dist::host_to_device(at::stack(rows), policy_.params->device());
 }
 
 TrainData Sft::prepare(const TrainingRollout& rollout) {

@@ -1,3 +1,4 @@
+#include <ditrl/dist/device.hpp>
 #include <ditrl/error.hpp>
 #include <ditrl/models/guided.hpp>
 #include <ditrl/rollout/sampler.hpp>
@@ -41,7 +42,7 @@ GroupResult denoise(models::Family& family, const models::ForwardContext& ctx, c
   const auto f32 = at::TensorOptions().dtype(at::kFloat);
   std::vector<at::Tensor> initial;
   for (at::Generator& g : generators) initial.push_back(at::randn(latent_shape, g, f32));
-  at::Tensor x = at::stack(initial, 0).to(options.device);
+  at::Tensor x = dist::host_to_device(at::stack(initial, 0), options.device);
 
   GroupResult out;
   const diffusion::StepKernel ode{diffusion::SdeType::Ode, 0.0};
@@ -49,7 +50,7 @@ GroupResult denoise(models::Family& family, const models::ForwardContext& ctx, c
     if (contains(steps.return_latents, i)) out.kept.push_back(x);
     // The schedule is host data: each step's values travel once, as copies.
     const auto on_device = [&](const at::Tensor& grid, int64_t k) {
-      return grid.narrow(0, k, 1).expand({m}).contiguous().to(options.device);
+      return dist::host_to_device(grid.narrow(0, k, 1).expand({m}).contiguous(), options.device);
     };
     const at::Tensor t = on_device(schedule.timesteps, i);
     const at::Tensor sigma = on_device(schedule.sigmas, i);
@@ -66,8 +67,9 @@ GroupResult denoise(models::Family& family, const models::ForwardContext& ctx, c
     if (sde) {
       std::vector<at::Tensor> eps;
       for (at::Generator& g : generators) eps.push_back(at::randn(latent_shape, g, f32));
-      const diffusion::StepResult r = diffusion::sde_step(
-          options.kernel, v, x, sigmas, diffusion::StepTarget::noise(at::stack(eps, 0).to(options.device)));
+      const diffusion::StepResult r =
+          diffusion::sde_step(options.kernel, v, x, sigmas,
+                              diffusion::StepTarget::noise(dist::host_to_device(at::stack(eps, 0), options.device)));
       rl::record_sde_step(step_ctx, r);
       out.log_probs.push_back(r.log_prob);
       out.outputs.push_back(v.to(at::kFloat));

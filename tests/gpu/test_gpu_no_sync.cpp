@@ -3,6 +3,7 @@
 // .item(), a copy to or from pageable host memory) throw, so each case runs
 // its code under it and then compares the results with the CPU's.
 // SKIPPED where no GPU is visible (gpu_main.cpp).
+#include <ditrl/dist/device.hpp>
 #include <ditrl/dist/reduction.hpp>
 #include <ditrl/rl/metric_buffer.hpp>
 #include <ditrl/rl/metrics.hpp>
@@ -73,4 +74,25 @@ TEST_CASE("gpu: SFT metrics of a micro-batch stay on the GPU", "[gpu][rl][metric
   CHECK_THROWS_WITH(
       rl::record_sft_metrics(on_gpu, {at::scalar_tensor(0.0, kGpu), per_pair.to(kGpu)}, host_sigmas.to(kGpu), 4),
       Catch::Contains("must be the host copy"));
+}
+
+// The per-micro-batch and per-denoising-step copies of host data (timesteps,
+// sigmas, advantages, noise drawn by CPU generators): many copies queued
+// back to back, each from a temporary pinned buffer the allocator must not
+// hand out again before its copy has run.
+TEST_CASE("gpu: host data reaches the GPU without the host waiting", "[gpu][device]") {
+  at::Generator gen = at::detail::createCPUGenerator(9);
+  std::vector<at::Tensor> host, on_gpu;
+  {
+    const NoHostSync strict;
+    for (int i = 0; i < 64; ++i) {
+      host.push_back(at::randn({3, 257}, gen, at::TensorOptions().dtype(at::kFloat)));
+      CHECK_NOTHROW(on_gpu.push_back(dist::host_to_device(host.back(), kGpu)));
+    }
+  }
+  for (size_t i = 0; i < host.size(); ++i) {
+    CHECK(on_gpu[i].device() == kGpu);
+    CHECK(at::equal(on_gpu[i].cpu(), host[i]));
+  }
+  CHECK(at::equal(dist::host_to_device(host[0], c10::kCPU), host[0]));
 }

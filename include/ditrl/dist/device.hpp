@@ -3,6 +3,7 @@
 // The device a rank computes on: `[run] device` resolved against this build
 // and the GPUs the process sees, and the GPU bound before any other CUDA call.
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
 #include <string>
@@ -31,5 +32,11 @@ c10::Device choose_device(const std::string& request, const WorldInfo& world);
 // predict on a GPU; the allocator's reserve on top is fragmentation); NaN
 // on the CPU, whose peak is the resident set (app/progress.hpp).
 double peak_device_bytes(c10::Device device);
+
+// `host` (a CPU tensor) on `device`. To a GPU it travels through pinned
+// memory without the host waiting: a copy from pageable memory waits for
+// every kernel already queued on the stream, which would drain the GPU's
+// queue at each micro-batch and each denoising step.
+at::Tensor host_to_device(const at::Tensor& host, c10::Device device);
 
 }  // namespace ditrl::dist
