@@ -9,10 +9,15 @@
 # (each reports SKIPPED with its reason), the no-GPU checks of the CUDA build
 # instead of the GPU quickstart (the benchmark needs a GPU).
 #
-#   bash scripts/gpu_check.sh [--build-dir DIR] [--results DIR] [--pack FILE.tar.gz]
+#   bash scripts/gpu_check.sh [--build-dir DIR] [--results DIR] [--pack FILE.tar.gz] [--budget SECONDS]
 #
-# On the device machine (target: 8 minutes in all on one H200; not yet measured):
-#   bash scripts/gpu_check.sh --results /tmp/gpu-check --pack $OUT/gpu_check.tar.gz   (carry: kit/prefix.tar.xz)
+# On the device machine (target: 8 minutes in all on one H200; not yet measured), inside one
+# 600 s call (carry: kit/prefix.tar.xz):
+#   bash scripts/gpu_check.sh --budget 540 --results /tmp/gpu-check --pack $OUT/gpu_check.tar.gz
+# --budget: the steps end by then (each one's limit is cut to the time left; one that would start
+# with under a minute left is not started) and the results are packed, so a call that runs out
+# of time still returns every finished step's log. Steps run in order of what they prove: build,
+# gpu tests, quickstart curves, then the benchmark, one model per step.
 # Exit status: 0 when every step passed or was skipped for want of a GPU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -20,33 +25,45 @@ ROOT=$PWD
 BUILD=build-gpu
 RESULTS=kit/results/$(date -u +%Y%m%dT%H%M%SZ)
 PACK=
+BUDGET=
 while (($#)); do
   case $1 in
     --build-dir) BUILD=$2; shift 2 ;;
     --results) RESULTS=$2; shift 2 ;;
     --pack) PACK=$2; shift 2 ;;
-    *) echo "gpu_check: unknown argument $1 (expected --build-dir, --results, --pack)"; exit 2 ;;
+    --budget) BUDGET=$2; shift 2 ;;
+    *) echo "gpu_check: unknown argument $1 (expected --build-dir, --results, --pack, --budget)"; exit 2 ;;
   esac
 done
+[[ -z $BUDGET || $BUDGET =~ ^[0-9]+$ ]] || { echo "gpu_check: --budget takes whole seconds, got '$BUDGET'"; exit 2; }
 mkdir -p "$RESULTS"
 RESULTS=$(realpath "$RESULTS")
 BUILD=$(realpath -m "$BUILD")
 SUMMARY=$RESULTS/summary.md
 T0=$(date +%s)
+DEADLINE=$((T0 + ${BUDGET:-1000000000}))
 failed=0
 
 note() { echo "$*" | tee -a "$SUMMARY"; }
-# step NAME TIMEOUT_S COMMAND...: runs it with its output in NAME.log and one summary row.
+# step NAME TIMEOUT_S COMMAND...: runs it with its output in NAME.log and one summary row;
+# under --budget its limit is cut to the time left, and it is not started with under 60 s left.
 step() {
-  local name=$1 limit=$2 start rc status
+  local name=$1 limit=$2 left start rc status
   shift 2
+  left=$((DEADLINE - $(date +%s)))
+  if ((left < 60)); then
+    note "| $name | NOT RUN: the kit's --budget $BUDGET s had ${left} s left | - | - |"
+    failed=1
+    return 1
+  fi
+  ((limit > left)) && limit=$left
   start=$(date +%s)
   echo "gpu_check: $name ..."
   timeout "$limit" "$@" >"$RESULTS/$name.log" 2>&1
   rc=$?
   case $rc in
     0) status=passed ;;
-    124) status="FAILED (over its $limit s limit)"; failed=1 ;;
+    124) status="FAILED (stopped at $limit s: its own limit or the kit's --budget)"; failed=1 ;;
     *) status="FAILED (exit $rc)"; failed=1 ;;
   esac
   note "| $name | $status | $(($(date +%s) - start)) s | $name.log |"
@@ -62,6 +79,8 @@ finish() {
   fi
   exit $failed
 }
+# Stopped from outside (the device call's own limit): the results so far still get packed.
+trap 'note "| (stopped) | FAILED: gpu_check.sh got a signal | - | - |"; failed=1; finish' TERM INT HUP
 
 # --- the kit's libraries -----------------------------------------------------
 if [[ ! -f kit/prefix/env.sh && -f kit/prefix.tar.xz ]]; then tar -C kit -xJf kit/prefix.tar.xz; fi
@@ -123,7 +142,7 @@ step build 3600 cmake --build "$BUILD" -j "$(nproc)" --target "${targets[@]}" ||
 
 # --- the gpu tests -----------------------------------------------------------
 step gpu_tests 420 ctest --test-dir "$BUILD" -L gpu --output-on-failure --output-junit "$RESULTS/gpu_tests.xml"
-grep -E 'tests passed|\((Skipped|Failed|Not Run|Timeout)\)$' "$RESULTS/gpu_tests.log" | sed 's/^/    /' | tee -a "$SUMMARY"
+grep -sE 'tests passed|\((Skipped|Failed|Not Run|Timeout)\)$' "$RESULTS/gpu_tests.log" | sed 's/^/    /' | tee -a "$SUMMARY"
 
 # --- the quickstart on the GPU (or, without one, the CUDA build's no-GPU paths)
 if ((GPUS > 0)); then
@@ -134,7 +153,7 @@ if ((GPUS > 0)); then
   "$PY" -c 'import matplotlib' 2>/dev/null || plot=(--no-plot)  # the summary alone: reward rise, peak memory
   step quickstart_gpu 120 bash -c "mkdir -p '$RESULTS/quickstart' && cp -r '$quickstart/metrics.h5' \
     '$quickstart/logs' '$RESULTS/quickstart/' && '$PY' tools/plot_metrics.py '$RESULTS/quickstart/metrics.h5' ${plot[*]}"
-  grep -E '^(reward mean|peak memory)' "$RESULTS/quickstart_gpu.log" | sed 's/^/    /' | tee -a "$SUMMARY"
+  grep -sE '^(reward mean|peak memory)' "$RESULTS/quickstart_gpu.log" | sed 's/^/    /' | tee -a "$SUMMARY"
   "$BUILD/ditrl" plan inputs/quickstart.toml --ranks 1 2>&1 | grep "allocator's predicted" | sed 's/^# */    /' |
     tee -a "$SUMMARY"
 else
@@ -142,11 +161,14 @@ else
   step no_gpu_paths 420 bash tests/cuda/no_gpu.sh "$BUILD"
 fi
 
-# --- the GPU benchmark (without a GPU, CTest's bench.gpu_step_tiny runs its tiny CPU size)
-if ((GPUS > 0)); then
-  step benchmark_full 600 bash benchmarks/gpu/run.sh "$PY" "$RESULTS/benchmark" full "$BUILD/benchmarks/bench_gpu_step"
-  [[ -f $RESULTS/benchmark/report.md ]] && cat "$RESULTS/benchmark/report.md" >>"$SUMMARY"
-else
-  note "| benchmark_full | SKIPPED: no GPU visible to torch (bench.gpu_step_tiny covers the tiny size) | - | - |"
-fi
+# --- the GPU benchmark, one model per step (without a GPU, CTest's bench.gpu_step_tiny runs its tiny CPU size)
+for model in sd3.5-medium wan2.1-1.3b; do
+  if ((GPUS > 0)); then
+    step "benchmark_$model" 600 env MODELS="$model" bash benchmarks/gpu/run.sh "$PY" "$RESULTS/benchmark/$model" full \
+      "$BUILD/benchmarks/bench_gpu_step"
+    [[ -f $RESULTS/benchmark/$model/report.md ]] && cat "$RESULTS/benchmark/$model/report.md" >>"$SUMMARY"
+  else
+    note "| benchmark_$model | SKIPPED: no GPU visible to torch (bench.gpu_step_tiny covers the tiny size) | - | - |"
+  fi
+done
 finish

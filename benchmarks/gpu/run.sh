@@ -7,7 +7,8 @@
 # gives step times, the ratio, model TFLOP/s and MFU against the bf16 matmul
 # ceiling measured in the same run (model FLOPs: the peer's flop_counter
 # count of the same architecture at the same token counts).
-#   benchmarks/gpu/run.sh PYTHON OUT_DIR full|tiny BENCH_GPU_STEP     (tiny: the CPU size CI runs)
+#   [MODELS="sd3.5-medium wan2.1-1.3b"] [ROUNDS=1] benchmarks/gpu/run.sh PYTHON OUT_DIR full|tiny BENCH_GPU_STEP
+# (tiny: the CPU size CI runs; the check kit runs one model per step, each within its time budget)
 # Exit 77 (SKIPPED) where PYTHON has no diffusers.
 set -uo pipefail
 py=$1 out=$2 size=$3 ours=$4
@@ -17,7 +18,8 @@ here=$(dirname "$0")
 device=cuda steps=(--warmup 3 --steps 10) rounds=($(seq 1 "${ROUNDS:-1}"))
 [[ $size == tiny ]] && device=cpu steps=(--warmup 1 --steps 3) rounds=(1)
 mkdir -p "$out"
-for model in sd3.5-medium wan2.1-1.3b; do
+models=(${MODELS:-sd3.5-medium wan2.1-1.3b})
+for model in "${models[@]}"; do
   for round in "${rounds[@]}"; do
     "$ours" --model "$model" --size "$size" --device "$device" "${steps[@]}" --out "$out/$model.ditrl.$round.json" ||
       exit $?
@@ -25,15 +27,15 @@ for model in sd3.5-medium wan2.1-1.3b; do
       --out "$out/$model.peer.$round.json" || exit $?
   done
 done
-"$py" - "$out" "$size" "$(cut -d' ' -f1-3 /proc/loadavg)" "${rounds[@]}" >"$out/report.md" <<'PY'
+"$py" - "$out" "$size" "$(cut -d' ' -f1-3 /proc/loadavg)" "${models[*]}" "${rounds[@]}" >"$out/report.md" <<'PY'
 import json, sys
-out, size, load = sys.argv[1:4]
-rounds = sys.argv[4:]
+out, size, load, models = sys.argv[1:5]
+rounds = sys.argv[5:]
 print(f"## GPU training step ({size} size; load average at the end {load})\n")
 print("| model | side | device | params | image + text tokens | attention | step s (best round's median / min) "
       "| ditrl speedup | model TFLOP/s | bf16 matmul ceiling TFLOP/s | MFU | peak memory GiB |")
 print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-for model in ("sd3.5-medium", "wan2.1-1.3b"):
+for model in models.split():
     sides = {s: min((json.load(open(f"{out}/{model}.{s}.{r}.json")) for r in rounds), key=lambda x: x["step_s_median"])
              for s in ("ditrl", "peer")}
     peer = sides["peer"]
