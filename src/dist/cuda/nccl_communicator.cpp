@@ -206,7 +206,12 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<Communicator> split(int color, int key) override {
     if (color < 0) fail("Communicator(NCCL)::split: color must be >= 0 (got {})", color);
     MPI_Comm sub = MPI_COMM_NULL;
-    check_mpi(MPI_Comm_split(mpi_, color, key, &sub), "MPI_Comm_split");
+    {
+      // Blocking MPI collectives run under the watchdog (dist/watchdog.hpp),
+      // as the MPI backend's split does: a peer that never arrives is named.
+      WaitScope waiting("nccl", "MPI_Comm_split");
+      check_mpi(MPI_Comm_split(mpi_, color, key, &sub), "MPI_Comm_split");
+    }
     return std::make_unique<NcclCommunicator>(sub, options_);
   }
 
@@ -289,7 +294,12 @@ class NcclCommunicator final : public Communicator {
     check_cuda(cudaSetDevice(options_.device), "cudaSetDevice");
     ncclUniqueId id{};
     if (rank_ == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
-    check_mpi(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, mpi_), "MPI_Bcast(ncclUniqueId)");
+    {
+      // Under the watchdog: a rank 0 that fails or hangs before the broadcast
+      // would otherwise hold every peer here with no scope open to time out.
+      WaitScope waiting("nccl", "MPI_Bcast(ncclUniqueId)");
+      check_mpi(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, mpi_), "MPI_Bcast(ncclUniqueId)");
+    }
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     check_cuda(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
     check_cuda(cudaMalloc(reinterpret_cast<void**>(&barrier_word_), sizeof(int)), "cudaMalloc");
@@ -497,7 +507,10 @@ class NcclCommunicator final : public Communicator {
 
 std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, const NcclOptions& options) {
   MPI_Comm owned = MPI_COMM_NULL;
-  check_mpi(MPI_Comm_dup(comm, &owned), "MPI_Comm_dup");
+  {
+    WaitScope waiting("nccl", "create");
+    check_mpi(MPI_Comm_dup(comm, &owned), "MPI_Comm_dup");
+  }
   return std::make_unique<NcclCommunicator>(owned, options);
 }
 
