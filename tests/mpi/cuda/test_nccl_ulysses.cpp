@@ -1,0 +1,203 @@
+// ditrl-mpi-ranks: 2 4
+//
+// Ulysses sequence parallelism over NCCL (run where each rank has a GPU;
+// tests/gpu/skip_without_gpu.sh): the all-to-all of raw bytes against the MPI
+// backend's, the exchange's round trip in fp32 and bf16, and a Wan forward and
+// backward at sequence_parallel = 2 against the unsplit one on the same GPU,
+// with an all-gather of the world communicator in flight across it (two NCCL
+// communicators in use at once, issued in the same order on every rank, as a
+// training step does with the parameter prefetch and the group's all-to-alls).
+// The model comparison has a tolerance: cuBLAS may pick other kernels for the
+// split's smaller row counts (the CPU test, tests/mpi/test_ulysses.cpp, is bitwise).
+
+#include <ditrl/dist/communicator.hpp>
+#include <ditrl/dist/nccl_communicator.hpp>
+#include <ditrl/dist/sequence_parallel.hpp>
+#include <ditrl/models/ulysses.hpp>
+#include <ditrl/models/wan.hpp>
+#include <ditrl/models/weights.hpp>
+
+#include <ATen/ATen.h>
+#include <catch2/catch.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <map>
+
+#include "mpi_world.hpp"
+
+namespace ditrl {
+
+namespace {
+
+// This rank's GPU: its node-local rank (the skip wrapper checked there are enough).
+int local_device() {
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int local_rank = 0;
+  MPI_Comm_rank(node, &local_rank);
+  MPI_Comm_free(&node);
+  cudaSetDevice(local_rank);
+  return local_rank;
+}
+
+c10::Device gpu(int device) {
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device));
+}
+
+std::unique_ptr<dist::Communicator> nccl_world(int device) {
+  return dist::make_nccl_communicator(MPI_COMM_WORLD, {device, 60, 60, /*deterministic=*/true});
+}
+
+// Rank r's values: distinct per rank and element, every bit pattern used.
+at::Tensor rank_values(int64_t numel, c10::ScalarType dtype) {
+  at::manual_seed(77 + test::rank());
+  if (dtype == at::kLong) return at::randint(-(int64_t{1} << 40), int64_t{1} << 40, {numel}, at::kLong);
+  return at::randn({numel}, at::kFloat).mul_(1000).to(dtype);
+}
+
+double relative_difference(const at::Tensor& a, const at::Tensor& reference) {
+  const double scale = reference.abs().max().item<double>();
+  return (a - reference).abs().max().item<double>() / (scale > 0 ? scale : 1.0);
+}
+
+struct Pass {
+  at::Tensor output, d_latents;
+  std::map<std::string, at::Tensor> grads;
+};
+
+// Wan's forward and the backward of sum(output * weight), on the GPU.
+Pass wan_pass(models::Family& wan, const std::map<std::string, at::Tensor>& in, const models::Ulysses* ulysses) {
+  wan.zero_grad();
+  const at::Tensor latents = in.at("latents").clone().requires_grad_(true);
+  models::ForwardContext ctx;
+  ctx.ulysses = ulysses;
+  models::Cond cond;
+  cond.tensors[wan.cond_spec().at(0).name] = in.at("context");
+  Pass p;
+  p.output = wan.noise_pred(latents, in.at("timesteps"), in.at("sigmas"), cond, ctx);
+  (p.output * in.at("weight")).sum().backward();
+  p.output = p.output.detach();
+  p.d_latents = latents.grad();
+  for (const auto& item : wan.named_parameters())
+    if (item.value().grad().defined()) p.grads[item.key()] = item.value().grad().clone();
+  return p;
+}
+
+// The group's mean of a rank's partial gradient (each rank's loss is one of
+// the group's N equal terms, models/ulysses.hpp).
+at::Tensor group_mean(dist::Communicator& group, const at::Tensor& t) {
+  at::Tensor sum = t.contiguous().clone();
+  group.all_reduce(sum, dist::ReduceOp::Sum);
+  return sum / static_cast<double>(group.size());
+}
+
+}  // namespace
+
+TEST_CASE("nccl ulysses: all_to_all moves fp32 and bf16 and int64 chunks bit for bit as the MPI backend does",
+          "[nccl_ulysses]") {
+  const int device = local_device();
+  auto nccl = nccl_world(device);
+  auto mpi = dist::make_mpi_communicator();
+  const int64_t n = nccl->size();
+  for (const c10::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kLong}) {
+    for (const int64_t chunk : {int64_t{1}, int64_t{1000}, int64_t{333333}}) {
+      INFO(c10::toString(dtype) << ", chunks of " << chunk << " elements");
+      const at::Tensor send = rank_values(n * chunk, dtype);
+      at::Tensor on_cpu = at::empty_like(send);
+      mpi->all_to_all(send, on_cpu);
+      at::Tensor on_gpu = at::empty({n * chunk}, send.options().device(gpu(device)));
+      nccl->all_to_all(send.to(gpu(device)), on_gpu);
+      CHECK(at::equal(on_gpu.cpu(), on_cpu));
+    }
+  }
+}
+
+TEST_CASE("nccl ulysses: the all-to-all round trip and its backward restore the token split on the GPU",
+          "[nccl_ulysses]") {
+  const int device = local_device();
+  auto world = nccl_world(device);
+  const models::Ulysses ulysses(*world);
+  const int n = world->size();
+  for (const c10::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    INFO(c10::toString(dtype));
+    at::manual_seed(3);
+    // (B, H, L, Dh) of the whole sequence, the same on every rank.
+    const at::Tensor full = at::randn({2, 4 * n, 8 * n, 5}).to(dtype).to(gpu(device));
+    const at::Tensor local = ulysses.shard(full, 2).clone().requires_grad_(true);
+    const at::Tensor heads = ulysses.tokens_to_heads(local);
+    CHECK(at::equal(heads.detach(), full.narrow(1, world->rank() * 4, 4)));
+    const at::Tensor back = ulysses.heads_to_tokens(heads);
+    CHECK(at::equal(back.detach(), local.detach()));
+    CHECK(at::equal(ulysses.gather(local, 2).detach(), full));
+    // The exchange and its inverse compose to the identity, so do their adjoints.
+    const at::Tensor weight = at::randn(local.sizes()).to(dtype).to(gpu(device));
+    (back * weight).sum().backward();
+    CHECK(at::equal(local.grad(), weight));
+  }
+}
+
+TEST_CASE("nccl ulysses: wan at sequence_parallel = 2 tracks the unsplit forward with a world all-gather in flight",
+          "[nccl_ulysses]") {
+  const int device = local_device();
+  // fp32 throughout: no TF32 in cuBLAS or cuDNN (the patch embedding's conv).
+  at::globalContext().setAllowTF32CuBLAS(false);
+  at::globalContext().setAllowTF32CuDNN(false);
+  auto world = nccl_world(device);
+  dist::SequenceGroups groups(*world, 2);
+
+  models::WanConfig config = models::WanConfig::preset("tiny");
+  config.num_attention_heads = 4;
+  config.attention_head_dim = 32;
+  config.text_tokens = 16;
+  models::FamilyOptions options;
+  options.family = "wan";
+  options.device = gpu(device);
+  models::Wan wan(config, options);
+  models::init_parameters(wan, 11);
+
+  // The same inputs on every rank: 256 tokens of (1, 2, 2) patches.
+  at::manual_seed(5);
+  std::map<std::string, at::Tensor> in;
+  in["latents"] = at::randn(wan.latent_shape(2, {4, 16, 16, 24.0}));
+  in["sigmas"] = at::tensor({0.75f, 0.125f});
+  in["timesteps"] = in["sigmas"] * 1000;
+  std::vector<int64_t> context_shape = wan.cond_spec().at(0).shape;
+  context_shape.insert(context_shape.begin(), 2);
+  in["context"] = at::randn(context_shape);
+  in["weight"] = at::randn_like(in["latents"]);
+  for (auto& [name, tensor] : in) tensor = tensor.to(gpu(device));
+
+  const Pass ref = wan_pass(wan, in, nullptr);
+  // A world collective issued before the group's all-to-alls and waited for
+  // after them, as a training step's parameter prefetch is.
+  const int64_t numel = 1 << 16;
+  const at::Tensor mine = at::full({numel}, static_cast<double>(world->rank()), at::TensorOptions().device(gpu(device)));
+  at::Tensor all = at::empty({world->size() * numel}, mine.options());
+  dist::Pending prefetch = world->all_gather_async(mine, all);
+  const models::Ulysses ulysses(groups.group());
+  const Pass sp = wan_pass(wan, in, &ulysses);
+  prefetch.wait();
+  for (int r = 0; r < world->size(); ++r)
+    CHECK(at::equal(all.narrow(0, r * numel, numel).cpu(), at::full({numel}, static_cast<double>(r))));
+
+  double worst = relative_difference(sp.output, ref.output);
+  CHECK(worst < 1e-4);
+  // Each rank's latents gradient covers its own tokens, N times over (the
+  // gathered output's backward): the group's mean is the whole one.
+  worst = std::max(worst, relative_difference(group_mean(groups.group(), sp.d_latents), ref.d_latents));
+  CHECK(worst < 1e-4);
+  REQUIRE(sp.grads.size() == ref.grads.size());
+  for (const auto& [name, g] : ref.grads) {
+    INFO("parameter " << name);
+    const double d = relative_difference(group_mean(groups.group(), sp.grads.at(name)), g);
+    CHECK(d < 1e-4);
+    worst = std::max(worst, d);
+  }
+  if (test::rank() == 0)
+    std::printf("nccl ulysses: wan SP 2 of %d ranks on the GPU: worst difference %.3g of its max\n", world->size(),
+                worst);
+}
+
+}  // namespace ditrl
