@@ -120,7 +120,10 @@ void reduce_chunks(const at::Tensor& chunks, at::Tensor& output, ReduceOp op) {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(MPI_Comm owned, const NcclOptions& options) : mpi_(owned), options_(options) {
+  // `channel` names it to the watchdog: the same on every rank of this
+  // communicator, different from every other communicator's.
+  NcclCommunicator(MPI_Comm owned, const NcclOptions& options, std::string channel)
+      : mpi_(owned), options_(options), channel_(std::move(channel)) {
     try {
       open();
     } catch (...) {
@@ -188,8 +191,8 @@ class NcclCommunicator final : public Communicator {
   // An all-reduce of one integer that the host waits for: every rank has
   // reached it when it returns (or the watchdog's timeout throws).
   void barrier() override {
-    // The host blocks here: the watchdog can then name the missing ranks.
-    WaitScope waiting("nccl", "barrier");
+    // The collective's own WaitScope (enqueue) stays open while the host
+    // waits: an overrun names the ranks that have not reached it.
     enqueue("barrier", {}, [&](ncclComm_t comm, cudaStream_t stream) {
       return ncclAllReduce(barrier_word_, barrier_word_, 1, ncclInt32, ncclSum, comm, stream);
     });
@@ -209,18 +212,29 @@ class NcclCommunicator final : public Communicator {
     {
       // Blocking MPI collectives run under the watchdog (dist/watchdog.hpp),
       // as the MPI backend's split does: a peer that never arrives is named.
-      WaitScope waiting("nccl", "MPI_Comm_split");
+      WaitScope waiting(channel_, "MPI_Comm_split");
       check_mpi(MPI_Comm_split(mpi_, color, key, &sub), "MPI_Comm_split");
     }
-    return std::make_unique<NcclCommunicator>(sub, options_);
+    return std::make_unique<NcclCommunicator>(sub, options_, fmt::format("{}/split{}", channel_, color));
   }
 
  private:
+  // A collective issued and not yet complete on the device. Its WaitScope
+  // stays open until then, so the process watchdog counts it and, when it
+  // overruns, names the ranks that have not issued it.
   struct InFlight {
     std::shared_ptr<Event> done;
     std::string what;
     Clock::time_point deadline;
+    std::shared_ptr<WaitScope> scope;
   };
+
+  // While a process watchdog runs, it reports an overrun first (asking every
+  // peer what it is doing takes up to its reply wait); this communicator's
+  // own deadline is then the backstop.
+  Clock::time_point collective_deadline() const {
+    return deadline_after(options_.collective_timeout_s + (Watchdog::running() ? 30.0 : 0.0));
+  }
 
   std::shared_ptr<Event> issue_all_gather(const at::Tensor& input, const at::Tensor& output) {
     check_tensor(input, "all_gather", "input");
@@ -297,7 +311,7 @@ class NcclCommunicator final : public Communicator {
     {
       // Under the watchdog: a rank 0 that fails or hangs before the broadcast
       // would otherwise hold every peer here with no scope open to time out.
-      WaitScope waiting("nccl", "MPI_Bcast(ncclUniqueId)");
+      WaitScope waiting(channel_, "MPI_Bcast(ncclUniqueId)");
       check_mpi(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, mpi_), "MPI_Bcast(ncclUniqueId)");
     }
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
@@ -307,7 +321,7 @@ class NcclCommunicator final : public Communicator {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     const Clock::time_point deadline = deadline_after(options_.startup_timeout_s);
-    WaitScope waiting("nccl", "ncclCommInitRankConfig");
+    WaitScope waiting(channel_, "ncclCommInitRankConfig");
     std::unique_lock<std::mutex> lock(mutex_);
     const ncclResult_t started = ncclCommInitRankConfig(&comm_, size_, id, rank_, &config);
     wait_in_progress(lock, started, "ncclCommInitRankConfig", deadline, options_.startup_timeout_s);
@@ -363,6 +377,8 @@ class NcclCommunicator final : public Communicator {
                                  const std::function<void()>& then = {}) {
     std::unique_lock<std::mutex> lock(mutex_);
     throw_if_failed();
+    auto scope = std::make_shared<WaitScope>(channel_, what);
+    const Clock::time_point deadline = collective_deadline();
     check_cuda(cudaSetDevice(options_.device), "cudaSetDevice");
     check_cuda(cudaEventRecord(ready_, compute_stream(options_.device)), "cudaEventRecord");
     check_cuda(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
@@ -372,13 +388,12 @@ class NcclCommunicator final : public Communicator {
     {
       const c10::cuda::CUDAStreamGuard on_side(side);
       const ncclResult_t issued = call(comm_, stream_);
-      wait_in_progress(lock, issued, what, deadline_after(options_.collective_timeout_s),
-                       options_.collective_timeout_s);
+      wait_in_progress(lock, issued, what, deadline, options_.collective_timeout_s);
       if (then) then();
     }
     auto done = std::make_shared<Event>();
     check_cuda(cudaEventRecord(done->get(), stream_), "cudaEventRecord");
-    pending_.push_back({done, what, deadline_after(options_.collective_timeout_s)});
+    pending_.push_back({done, what, deadline, std::move(scope)});
     lock.unlock();
     wake_.notify_all();
     return done;
@@ -489,6 +504,7 @@ class NcclCommunicator final : public Communicator {
 
   MPI_Comm mpi_;
   NcclOptions options_;
+  std::string channel_;
   int rank_ = 0;
   int size_ = 1;
   ncclComm_t comm_ = nullptr;
@@ -511,7 +527,7 @@ std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, const NcclOp
     WaitScope waiting("nccl", "create");
     check_mpi(MPI_Comm_dup(comm, &owned), "MPI_Comm_dup");
   }
-  return std::make_unique<NcclCommunicator>(owned, options);
+  return std::make_unique<NcclCommunicator>(owned, options, "nccl");
 }
 
 }  // namespace ditrl::dist
