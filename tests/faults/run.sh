@@ -14,6 +14,9 @@ rm -rf "$OUT" && mkdir -p "$OUT"
 DECK=$SRC/inputs/quickstart.toml
 # Tiny and fast: 1 optimizer step per rollout, a checkpoint after each.
 BASE=(--set run.out_dir="$OUT/run" --set checkpoint.every=1 --set checkpoint.keep=3 --set train.num_rollouts=200)
+# DITRL_FAULT_SETS: more deck settings for every job (the GPU variant: --set run.device=cuda).
+read -ra EXTRA <<<"${DITRL_FAULT_SETS:-}"
+BASE+=("${EXTRA[@]}")
 
 fail() { echo "FAIL [$SCENARIO]: $*" >&2; [[ -f $OUT/job.log ]] && tail -n 30 "$OUT/job.log" >&2; exit 1; }
 pass() { echo "PASS [$SCENARIO]: $*"; exit 0; }
