@@ -26,6 +26,7 @@
 #include <cstdio>
 #include <map>
 
+#include "group_mean.hpp"
 #include "mpi_world.hpp"
 
 namespace ditrl {
@@ -115,14 +116,6 @@ Pass run(models::Family& family, const Inputs& in, const models::Ulysses* ulysse
   return p;
 }
 
-// The group's sum of a rank's partial gradient, in rank order, over N: each
-// rank's loss is one of the group's N equal terms (models/ulysses.hpp).
-at::Tensor group_sum(dist::Communicator& group, const at::Tensor& t) {
-  at::Tensor sum = t.contiguous().clone();
-  group.all_reduce(sum, dist::ReduceOp::Sum);
-  return sum / static_cast<double>(group.size());
-}
-
 double relative_difference(const at::Tensor& a, const at::Tensor& reference) {
   const double scale = reference.abs().max().item<double>();
   return (a - reference).abs().max().item<double>() / (scale > 0 ? scale : 1.0);
@@ -143,14 +136,14 @@ void check_against_unsplit(models::Family& family, int n, const Grid& grid, bool
   // element belongs to one token), so the group's sum is exact.
   const auto nonzero = [](const at::Tensor& t) { return t.ne(0).sum().item<int64_t>(); };
   CHECK(nonzero(sp.d_latents) * n == nonzero(ref.d_latents));
-  CHECK(at::equal(group_sum(groups.group(), sp.d_latents), ref.d_latents));
-  double worst = relative_difference(group_sum(groups.group(), sp.d_context), ref.d_context);
+  CHECK(at::equal(test::group_mean(groups.group(), sp.d_latents), ref.d_latents));
+  double worst = relative_difference(test::group_mean(groups.group(), sp.d_context), ref.d_context);
   std::string worst_name = in.context_name;
   CHECK(worst < 1e-5);
   REQUIRE(sp.grads.size() == ref.grads.size());
   for (const auto& [name, g] : ref.grads) {
     INFO("parameter " << name);
-    const double d = relative_difference(group_sum(groups.group(), sp.grads.at(name)), g);
+    const double d = relative_difference(test::group_mean(groups.group(), sp.grads.at(name)), g);
     CHECK(d < 1e-5);
     if (d > worst) worst = d, worst_name = name;
   }

@@ -25,6 +25,7 @@
 #include <cstdio>
 #include <map>
 
+#include "group_mean.hpp"
 #include "mpi_world.hpp"
 
 namespace ditrl {
@@ -83,14 +84,6 @@ Pass wan_pass(models::Family& wan, const std::map<std::string, at::Tensor>& in, 
   for (const auto& item : wan.named_parameters())
     if (item.value().grad().defined()) p.grads[item.key()] = item.value().grad().clone();
   return p;
-}
-
-// The group's mean of a rank's partial gradient (each rank's loss is one of
-// the group's N equal terms, models/ulysses.hpp).
-at::Tensor group_mean(dist::Communicator& group, const at::Tensor& t) {
-  at::Tensor sum = t.contiguous().clone();
-  group.all_reduce(sum, dist::ReduceOp::Sum);
-  return sum / static_cast<double>(group.size());
 }
 
 }  // namespace
@@ -173,7 +166,8 @@ TEST_CASE("nccl ulysses: wan at sequence_parallel = 2 tracks the unsplit forward
   // A world collective issued before the group's all-to-alls and waited for
   // after them, as a training step's parameter prefetch is.
   const int64_t numel = 1 << 16;
-  const at::Tensor mine = at::full({numel}, static_cast<double>(world->rank()), at::TensorOptions().device(gpu(device)));
+  const at::Tensor mine =
+      at::full({numel}, static_cast<double>(world->rank()), at::TensorOptions().device(gpu(device)));
   at::Tensor all = at::empty({world->size() * numel}, mine.options());
   dist::Pending prefetch = world->all_gather_async(mine, all);
   const models::Ulysses ulysses(groups.group());
@@ -186,12 +180,12 @@ TEST_CASE("nccl ulysses: wan at sequence_parallel = 2 tracks the unsplit forward
   CHECK(worst < 1e-4);
   // Each rank's latents gradient covers its own tokens, N times over (the
   // gathered output's backward): the group's mean is the whole one.
-  worst = std::max(worst, relative_difference(group_mean(groups.group(), sp.d_latents), ref.d_latents));
+  worst = std::max(worst, relative_difference(test::group_mean(groups.group(), sp.d_latents), ref.d_latents));
   CHECK(worst < 1e-4);
   REQUIRE(sp.grads.size() == ref.grads.size());
   for (const auto& [name, g] : ref.grads) {
     INFO("parameter " << name);
-    const double d = relative_difference(group_mean(groups.group(), sp.grads.at(name)), g);
+    const double d = relative_difference(test::group_mean(groups.group(), sp.grads.at(name)), g);
     CHECK(d < 1e-4);
     worst = std::max(worst, d);
   }
