@@ -26,33 +26,21 @@
 #include <cstdio>
 #include <map>
 
-#include "group_mean.hpp"
 #include "mpi_world.hpp"
+#include "ulysses_case.hpp"
 
 namespace ditrl {
 namespace {
 
 using Catch::Matchers::Contains;
 
-struct Grid {
-  int64_t batch = 2, frames = 4, height = 16, width = 16;  // wan: 256 tokens of (1, 2, 2) patches
-};
-
-models::WanConfig wan_config(int64_t heads) {
-  models::WanConfig c = models::WanConfig::preset("tiny");
-  c.num_attention_heads = heads;
-  c.attention_head_dim = 32;
-  c.text_tokens = 16;
-  return c;
-}
-
-std::shared_ptr<models::Family> make_wan(int64_t heads) {
-  models::FamilyOptions o;
-  o.family = "wan";
-  auto wan = std::make_shared<models::Wan>(wan_config(heads), o);
-  models::init_parameters(*wan, 11);
-  return wan;
-}
+using test::Grid;
+using test::Inputs;
+using test::make_inputs;
+using test::make_wan;
+using test::Pass;
+using test::relative_difference;
+using test::run;
 
 // tiny-video LTX-2.3 (4 heads, gated attention, prompt AdaLN) on a 4 x 8 x 8
 // grid: 256 tokens.
@@ -65,60 +53,6 @@ std::shared_ptr<models::Family> make_ltx(const Grid& g) {
   auto ltx = std::make_shared<models::LTX>(c, o);
   models::init_parameters(*ltx, 13);
   return ltx;
-}
-
-// A forward's inputs; the loss is sum(output * weight).
-struct Inputs {
-  at::Tensor latents, timesteps, sigmas, weight;
-  std::string context_name;
-  at::Tensor context;
-};
-
-Inputs make_inputs(const models::Family& family, const Grid& g, bool per_token) {
-  at::manual_seed(5);
-  Inputs in;
-  const bool wan = family.family_name() == "wan";
-  const int64_t tokens = wan ? g.frames * g.height / 2 * g.width / 2 : g.frames * g.height * g.width;
-  const models::LatentGrid grid{g.frames, g.height, g.width, 24.0};
-  in.latents = at::randn(family.latent_shape(g.batch, grid));
-  in.sigmas = at::tensor({0.75f, 0.125f}).narrow(0, 0, g.batch);
-  in.timesteps = per_token ? at::rand({g.batch, tokens}) * 1000 : in.sigmas * 1000;
-  const models::CondSpec spec = family.cond_spec().at(0);
-  in.context_name = spec.name;
-  std::vector<int64_t> shape = spec.shape;
-  shape.insert(shape.begin(), g.batch);
-  in.context = at::randn(shape);
-  in.weight = at::randn_like(in.latents);
-  return in;
-}
-
-struct Pass {
-  at::Tensor output, d_latents, d_context;
-  std::map<std::string, at::Tensor> grads;
-};
-
-Pass run(models::Family& family, const Inputs& in, const models::Ulysses* ulysses) {
-  family.zero_grad();
-  const at::Tensor latents = in.latents.clone().requires_grad_(true);
-  const at::Tensor context = in.context.clone().requires_grad_(true);
-  models::ForwardContext ctx;
-  ctx.ulysses = ulysses;
-  models::Cond cond;
-  cond.tensors[in.context_name] = context;
-  Pass p;
-  p.output = family.noise_pred(latents, in.timesteps, in.sigmas, cond, ctx);
-  (p.output * in.weight).sum().backward();
-  p.output = p.output.detach();
-  p.d_latents = latents.grad();
-  p.d_context = context.grad();
-  for (const auto& item : family.named_parameters())
-    if (item.value().grad().defined()) p.grads[item.key()] = item.value().grad().clone();
-  return p;
-}
-
-double relative_difference(const at::Tensor& a, const at::Tensor& reference) {
-  const double scale = reference.abs().max().item<double>();
-  return (a - reference).abs().max().item<double>() / (scale > 0 ? scale : 1.0);
 }
 
 // The unsplit pass and the pass at sequence_parallel = n on every rank, then

@@ -25,8 +25,8 @@
 #include <cstdio>
 #include <map>
 
-#include "group_mean.hpp"
 #include "mpi_world.hpp"
+#include "ulysses_case.hpp"
 
 namespace ditrl {
 
@@ -56,34 +56,6 @@ at::Tensor rank_values(int64_t numel, c10::ScalarType dtype) {
   at::manual_seed(77 + test::rank());
   if (dtype == at::kLong) return at::randint(-(int64_t{1} << 40), int64_t{1} << 40, {numel}, at::kLong);
   return at::randn({numel}, at::kFloat).mul_(1000).to(dtype);
-}
-
-double relative_difference(const at::Tensor& a, const at::Tensor& reference) {
-  const double scale = reference.abs().max().item<double>();
-  return (a - reference).abs().max().item<double>() / (scale > 0 ? scale : 1.0);
-}
-
-struct Pass {
-  at::Tensor output, d_latents;
-  std::map<std::string, at::Tensor> grads;
-};
-
-// Wan's forward and the backward of sum(output * weight), on the GPU.
-Pass wan_pass(models::Family& wan, const std::map<std::string, at::Tensor>& in, const models::Ulysses* ulysses) {
-  wan.zero_grad();
-  const at::Tensor latents = in.at("latents").clone().requires_grad_(true);
-  models::ForwardContext ctx;
-  ctx.ulysses = ulysses;
-  models::Cond cond;
-  cond.tensors[wan.cond_spec().at(0).name] = in.at("context");
-  Pass p;
-  p.output = wan.noise_pred(latents, in.at("timesteps"), in.at("sigmas"), cond, ctx);
-  (p.output * in.at("weight")).sum().backward();
-  p.output = p.output.detach();
-  p.d_latents = latents.grad();
-  for (const auto& item : wan.named_parameters())
-    if (item.value().grad().defined()) p.grads[item.key()] = item.value().grad().clone();
-  return p;
 }
 
 }  // namespace
@@ -140,29 +112,10 @@ TEST_CASE("nccl ulysses: wan at sequence_parallel = 2 tracks the unsplit forward
   auto world = nccl_world(device);
   dist::SequenceGroups groups(*world, 2);
 
-  models::WanConfig config = models::WanConfig::preset("tiny");
-  config.num_attention_heads = 4;
-  config.attention_head_dim = 32;
-  config.text_tokens = 16;
-  models::FamilyOptions options;
-  options.family = "wan";
-  options.device = gpu(device);
-  models::Wan wan(config, options);
-  models::init_parameters(wan, 11);
+  auto wan = test::make_wan(4, gpu(device));
+  const test::Inputs in = test::make_inputs(*wan, test::Grid{}, /*per_token=*/false, gpu(device));
 
-  // The same inputs on every rank: 256 tokens of (1, 2, 2) patches.
-  at::manual_seed(5);
-  std::map<std::string, at::Tensor> in;
-  in["latents"] = at::randn(wan.latent_shape(2, {4, 16, 16, 24.0}));
-  in["sigmas"] = at::tensor({0.75f, 0.125f});
-  in["timesteps"] = in["sigmas"] * 1000;
-  std::vector<int64_t> context_shape = wan.cond_spec().at(0).shape;
-  context_shape.insert(context_shape.begin(), 2);
-  in["context"] = at::randn(context_shape);
-  in["weight"] = at::randn_like(in["latents"]);
-  for (auto& [name, tensor] : in) tensor = tensor.to(gpu(device));
-
-  const Pass ref = wan_pass(wan, in, nullptr);
+  const test::Pass ref = test::run(*wan, in, nullptr);
   // A world collective issued before the group's all-to-alls and waited for
   // after them, as a training step's parameter prefetch is.
   const int64_t numel = 1 << 16;
@@ -171,21 +124,21 @@ TEST_CASE("nccl ulysses: wan at sequence_parallel = 2 tracks the unsplit forward
   at::Tensor all = at::empty({world->size() * numel}, mine.options());
   dist::Pending prefetch = world->all_gather_async(mine, all);
   const models::Ulysses ulysses(groups.group());
-  const Pass sp = wan_pass(wan, in, &ulysses);
+  const test::Pass sp = test::run(*wan, in, &ulysses);
   prefetch.wait();
   for (int r = 0; r < world->size(); ++r)
     CHECK(at::equal(all.narrow(0, r * numel, numel).cpu(), at::full({numel}, static_cast<double>(r))));
 
-  double worst = relative_difference(sp.output, ref.output);
+  double worst = test::relative_difference(sp.output, ref.output);
   CHECK(worst < 1e-4);
   // Each rank's latents gradient covers its own tokens, N times over (the
   // gathered output's backward): the group's mean is the whole one.
-  worst = std::max(worst, relative_difference(test::group_mean(groups.group(), sp.d_latents), ref.d_latents));
+  worst = std::max(worst, test::relative_difference(test::group_mean(groups.group(), sp.d_latents), ref.d_latents));
   CHECK(worst < 1e-4);
   REQUIRE(sp.grads.size() == ref.grads.size());
   for (const auto& [name, g] : ref.grads) {
     INFO("parameter " << name);
-    const double d = relative_difference(test::group_mean(groups.group(), sp.grads.at(name)), g);
+    const double d = test::relative_difference(test::group_mean(groups.group(), sp.grads.at(name)), g);
     CHECK(d < 1e-4);
     worst = std::max(worst, d);
   }
