@@ -522,12 +522,13 @@ class NcclCommunicator final : public Communicator {
 }  // namespace
 
 std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, const NcclOptions& options) {
+  const std::string channel = "nccl";
   MPI_Comm owned = MPI_COMM_NULL;
   {
-    WaitScope waiting("nccl", "create");
+    WaitScope waiting(channel, "create");
     check_mpi(MPI_Comm_dup(comm, &owned), "MPI_Comm_dup");
   }
-  return std::make_unique<NcclCommunicator>(owned, options, "nccl");
+  return std::make_unique<NcclCommunicator>(owned, options, channel);
 }
 
 }  // namespace ditrl::dist
