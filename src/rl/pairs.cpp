@@ -22,10 +22,23 @@ int64_t samples_of(const RolloutView& r) {
   return r.sample_index.size(0);
 }
 
-TrainPair base_pair(const RolloutView& r, int64_t row) {
+// The rollout's per-sample scalars, read to the host once per rollout: on a
+// GPU each element's .item() would wait for the device.
+struct HostScalars {
+  at::Tensor advantages, sample_index, log_probs;
+
+  explicit HostScalars(const RolloutView& r)
+      : advantages(r.advantages.cpu()),
+        sample_index(r.sample_index.cpu()),
+        log_probs(r.log_probs.defined() ? r.log_probs.cpu() : at::Tensor()) {}
+
+  int64_t sample(int64_t row) const { return sample_index[row].item<int64_t>(); }
+};
+
+TrainPair base_pair(const RolloutView& r, const HostScalars& host, int64_t row) {
   TrainPair p;
-  p.advantage = r.advantages[row].item<float>();
-  p.sample_index = r.sample_index[row].item<int64_t>();
+  p.advantage = host.advantages[row].item<float>();
+  p.sample_index = host.sample(row);
   p.prompt_index = row;
   p.snapshot = r.snapshot;
   return p;
@@ -38,17 +51,18 @@ std::vector<TrainPair> grpo_pairs(const RolloutView& r, int64_t microgroup) {
   if (microgroup <= 0 || n % microgroup != 0)
     fail("grpo pairs: {} samples do not split into micro-groups of {}", n, microgroup);
   if (r.sde_steps.empty()) fail("grpo pairs: the rollout has no SDE step to train (all steps were ODE)");
+  const HostScalars host(r);
   std::vector<TrainPair> pairs;
   for (int64_t group = 0; group < n; group += microgroup)
     for (size_t s = 0; s < r.sde_steps.size(); ++s) {
       const int64_t step = r.sde_steps[s];
       const int64_t k = slot(r.latent_steps, step, "latent"), k_next = slot(r.latent_steps, step + 1, "latent");
       for (int64_t row = group; row < group + microgroup; ++row) {
-        TrainPair p = base_pair(r, row);
+        TrainPair p = base_pair(r, host, row);
         p.latent = r.latents[row][k];
         p.next_latent = r.latents[row][k_next];
         p.timestep = r.snapshot->timestep(step);
-        p.log_prob_old = r.log_probs[row][static_cast<int64_t>(s)].item<float>();
+        p.log_prob_old = host.log_probs[row][static_cast<int64_t>(s)].item<float>();
         pairs.push_back(std::move(p));
       }
     }
@@ -57,11 +71,12 @@ std::vector<TrainPair> grpo_pairs(const RolloutView& r, int64_t microgroup) {
 
 std::vector<TrainPair> nft_pairs(const RolloutView& r, double timestep_fraction, bool shuffle, int64_t seed) {
   const int64_t num_sigmas = r.snapshot->steps();  // non-terminal sigmas
+  const HostScalars host(r);
   std::vector<TrainPair> pairs;
   for (int64_t row = 0; row < samples_of(r); ++row) {
-    const int64_t sample = r.sample_index[row].item<int64_t>();
+    const int64_t sample = host.sample(row);
     for (int64_t index : nft_sigma_indices(num_sigmas, timestep_fraction, shuffle, seed, sample)) {
-      TrainPair p = base_pair(r, row);
+      TrainPair p = base_pair(r, host, row);
       p.latent = r.final_latents[row];
       p.timestep = r.snapshot->timestep(index);
       pairs.push_back(std::move(p));
@@ -89,9 +104,10 @@ std::vector<TrainPair> sft_pairs(const RolloutView& r, int64_t pairs_per_sample,
   // Grid indices per expert; a single DiT draws from the whole grid.
   std::vector<std::vector<int64_t>> pools(experts);
   for (int64_t i = 0; i < steps; ++i) pools[experts == 1 ? 0 : expert_of_step.at(i)].push_back(i);
+  const HostScalars host(r);
   std::vector<TrainPair> pairs;
   for (int64_t row = 0; row < samples_of(r); ++row) {
-    const int64_t sample = r.sample_index[row].item<int64_t>();
+    const int64_t sample = host.sample(row);
     at::Generator gen = at::detail::createCPUGenerator(rl::stable_hash("sample", seed, rollout_id, sample));
     for (int64_t j = 0; j < pairs_per_sample; ++j) {
       // The pair's global position (pairs are sample-major) gives its chunk and micro-batch.
@@ -103,7 +119,7 @@ std::vector<TrainPair> sft_pairs(const RolloutView& r, int64_t pairs_per_sample,
       if (pool.empty()) fail("sft: the {}-step grid has no step for one of the {} experts", steps, experts);
       const int64_t k = at::randint(static_cast<int64_t>(pool.size()), {1}, gen, at::TensorOptions().dtype(at::kLong))
                             .item<int64_t>();
-      TrainPair p = base_pair(r, row);
+      TrainPair p = base_pair(r, host, row);
       p.latent = r.final_latents[row];
       p.timestep = r.snapshot->timestep(pool[k]);
       pairs.push_back(std::move(p));

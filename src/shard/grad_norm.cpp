@@ -28,12 +28,6 @@ struct Extremes {
 };
 
 Extremes extremes(const at::Tensor& t) {
-  if (!t.device().is_cpu()) {
-    const at::Tensor a = t.abs();
-    const bool nan = at::isnan(t).any().item<bool>();
-    const bool inf = at::isinf(t).any().item<bool>();
-    return {nan || t.numel() == 0 ? 0.0 : a.max().item<double>(), nan, inf};
-  }
   const float* x = t.data_ptr<float>();
   Extremes out;
   for (int64_t i = 0; i < t.numel(); ++i) {
@@ -49,10 +43,50 @@ Extremes extremes(const at::Tensor& t) {
   return out;
 }
 
+// [max |g| over the finite g, any NaN, any inf] of this rank's slices, as
+// fp64 on their device. On a GPU every reduction stays there: one host read
+// of the agreed extremes follows the all-reduce, not three per slice.
+at::Tensor local_extremes(const std::vector<const at::Tensor*>& grads, c10::Device device) {
+  const at::TensorOptions fp64 = at::TensorOptions().dtype(at::kDouble).device(device);
+  if (device.is_cpu()) {
+    Extremes local;
+    for (const at::Tensor* g : grads) {
+      const Extremes e = extremes(*g);
+      local = {std::max(local.max_abs, e.max_abs), local.nan || e.nan, local.inf || e.inf};
+    }
+    return at::tensor({local.max_abs, local.nan ? 1.0 : 0.0, local.inf ? 1.0 : 0.0}, fp64);
+  }
+  at::Tensor out = at::zeros({3}, fp64);
+  for (const at::Tensor* g : grads) {
+    if (g->numel() == 0) continue;
+    const at::Tensor finite_abs = at::where(at::isfinite(*g), g->abs(), 0.0);
+    out = at::maximum(out, at::stack({finite_abs.max().to(at::kDouble), at::isnan(*g).any().to(at::kDouble),
+                                      at::isinf(*g).any().to(at::kDouble)}));
+  }
+  return out;
+}
+
+// This rank's square digits [hi, mid, lo] as int64 on the slices' device.
+at::Tensor local_digits(const std::vector<const at::Tensor*>& grads, int scale, c10::Device device) {
+  const at::TensorOptions int64 = at::TensorOptions().dtype(at::kLong).device(device);
+  if (device.is_cpu()) {
+    SquareDigits mine;
+    for (const at::Tensor* g : grads) {
+      const SquareDigits d = square_digits(*g, scale);
+      mine.hi += d.hi;
+      mine.mid += d.mid;
+      mine.lo += d.lo;
+    }
+    return at::tensor({mine.hi, mine.mid, mine.lo}, int64);
+  }
+  at::Tensor total = at::zeros({3}, int64);
+  for (const at::Tensor* g : grads) total.add_(square_digits_by_ops(*g, scale));
+  return total;
+}
+
 }  // namespace
 
 SquareDigits square_digits(const at::Tensor& t, int scale) {
-  if (!t.device().is_cpu()) return square_digits_by_ops(t, scale);
   const float* x = t.data_ptr<float>();
   const double down = std::ldexp(1.0, -scale);
   const int64_t n = t.numel();
@@ -85,8 +119,8 @@ SquareDigits square_digits(const at::Tensor& t, int scale) {
   return total;
 }
 
-SquareDigits square_digits_by_ops(const at::Tensor& t, int scale) {
-  SquareDigits total;
+at::Tensor square_digits_by_ops(const at::Tensor& t, int scale) {
+  at::Tensor total = at::zeros({3}, t.options().dtype(at::kLong));
   const at::Tensor flat = t.reshape({-1});
   const double down = std::ldexp(1.0, -scale);
   for (int64_t begin = 0; begin < flat.numel(); begin += kOpsChunk) {
@@ -96,10 +130,7 @@ SquareDigits square_digits_by_ops(const at::Tensor& t, int scale) {
     const at::Tensor rest = d - hi * kTwo44;
     const at::Tensor mid = at::floor(rest / kTwo22);
     const at::Tensor lo = at::floor(rest - mid * kTwo22);
-    const at::Tensor sums = at::stack({hi.to(at::kLong).sum(), mid.to(at::kLong).sum(), lo.to(at::kLong).sum()}).cpu();
-    total.hi += sums.data_ptr<int64_t>()[0];
-    total.mid += sums.data_ptr<int64_t>()[1];
-    total.lo += sums.data_ptr<int64_t>()[2];
+    total.add_(at::stack({hi.to(at::kLong).sum(), mid.to(at::kLong).sum(), lo.to(at::kLong).sum()}));
   }
   return total;
 }
@@ -110,13 +141,7 @@ double grad_norm(const Slices& slices, dist::Communicator& comm) {
     for (const GroupSlices& gs : unit)
       if (gs.grad.defined()) grads.push_back(&gs.grad);
 
-  Extremes local;
-  for (const at::Tensor* g : grads) {
-    const Extremes e = extremes(*g);
-    local = {std::max(local.max_abs, e.max_abs), local.nan || e.nan, local.inf || e.inf};
-  }
-  at::Tensor agreed =
-      at::tensor({local.max_abs, local.nan ? 1.0 : 0.0, local.inf ? 1.0 : 0.0}, at::kDouble).to(slices.device);
+  at::Tensor agreed = local_extremes(grads, slices.device);
   comm.all_reduce(agreed, dist::ReduceOp::Max);
   const at::Tensor seen = agreed.cpu();
   const double* s = seen.data_ptr<double>();
@@ -127,14 +152,7 @@ double grad_norm(const Slices& slices, dist::Communicator& comm) {
   int exponent = 0;
   std::frexp(s[0], &exponent);  // max = f 2^exponent, f in [0.5, 1)
   const int scale = 2 * exponent - kDigitsBits;
-  SquareDigits mine;
-  for (const at::Tensor* g : grads) {
-    const SquareDigits d = square_digits(*g, scale);
-    mine.hi += d.hi;
-    mine.mid += d.mid;
-    mine.lo += d.lo;
-  }
-  at::Tensor digits = at::tensor({mine.hi, mine.mid, mine.lo}, at::kLong).to(slices.device);
+  at::Tensor digits = local_digits(grads, scale, slices.device);
   comm.all_reduce(digits, dist::ReduceOp::Sum);
   const at::Tensor all = digits.cpu();
   const int64_t* v = all.data_ptr<int64_t>();

@@ -7,6 +7,7 @@
 #include <ditrl/dist/reduction.hpp>
 #include <ditrl/rl/metric_buffer.hpp>
 #include <ditrl/rl/metrics.hpp>
+#include <ditrl/shard/grad_norm.hpp>
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -56,6 +57,26 @@ TEST_CASE("gpu: the canonical sum of chunks does not synchronise the host", "[gp
     }
     CHECK(at::equal(out.cpu(), expected));
   }
+}
+
+// The gradient norm reads the agreed extremes and the summed digits once
+// each per optimizer step; the digits of each slice stay on the GPU.
+TEST_CASE("gpu: the gradient norm's square digits stay on the GPU and equal the CPU loop's", "[gpu][shard][norm]") {
+  at::Generator gen = at::detail::createCPUGenerator(11);
+  const at::Tensor host = at::randn({(1 << 22) + 12345}, gen, at::TensorOptions().dtype(at::kFloat)) * 1e-3;
+  const int scale = -66;  // 2E - 66 with 2^E = 1 above every |g|
+  const shard::SquareDigits expected = shard::square_digits(host, scale);
+  const at::Tensor on_gpu = host.to(kGpu);
+  at::Tensor digits;
+  {
+    const NoHostSync strict;
+    CHECK_NOTHROW(digits = shard::square_digits_by_ops(on_gpu, scale));
+  }
+  REQUIRE(digits.device() == kGpu);
+  const at::Tensor got = digits.cpu();
+  CHECK(got[0].item<int64_t>() == expected.hi);
+  CHECK(got[1].item<int64_t>() == expected.mid);
+  CHECK(got[2].item<int64_t>() == expected.lo);
 }
 
 // One device->host copy per optimizer step (MetricBuffer::reduce): an SFT

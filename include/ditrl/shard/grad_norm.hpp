@@ -27,10 +27,11 @@ namespace ditrl::shard {
 struct SquareDigits {
   int64_t hi = 0, mid = 0, lo = 0;
 };
-// A loop for CPU tensors, tensor operations on other devices; both give the same digits.
+// A loop over a CPU tensor.
 SquareDigits square_digits(const at::Tensor& t, int scale);
-// The tensor-operation form, on any device.
-SquareDigits square_digits_by_ops(const at::Tensor& t, int scale);
+// The same digits by tensor operations on t's device, as int64 [hi, mid, lo]
+// there (no host read: a GPU step reads the summed digits once).
+at::Tensor square_digits_by_ops(const at::Tensor& t, int scale);
 
 double grad_norm(const Slices& slices, dist::Communicator& comm);
 

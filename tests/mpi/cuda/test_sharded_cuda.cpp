@@ -20,6 +20,9 @@
 #include "block_stack.hpp"
 #include "mpi_world.hpp"
 
+#include <cmath>
+#include <limits>
+
 namespace ditrl {
 
 namespace {
@@ -89,6 +92,36 @@ TEST_CASE("sharded step on CUDA equals the CPU reference within the stated toler
   INFO("|gpu - cpu| = " << std::sqrt(apart) << ", |cpu - initial| = " << std::sqrt(moved));
   CHECK(moved > 0);
   CHECK(std::sqrt(apart) <= 1e-2 * std::sqrt(moved));
+}
+
+// The norm's extremes are reduced on the GPU (shard/grad_norm.cpp): a NaN
+// input on one rank makes every rank's norm NaN; an infinite one makes it
+// non-finite (inf, or NaN where inf - inf meets in a matmul).
+TEST_CASE("gradient norm on CUDA: a non-finite gradient on one rank is every rank's norm", "[sharded_cuda]") {
+  const int r = test::rank();
+  auto nccl = dist::make_nccl_communicator(MPI_COMM_WORLD, {r, 60, 30, true});
+  const c10::Device gpu(at::kCUDA, static_cast<c10::DeviceIndex>(r));
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    INFO("input " << bad);
+    test::BlockStack model(kShape, 3);
+    const auto plan =
+        precision::PrecisionPlan(at::kFloat, at::kFloat, at::kFloat, {}).compile(test::parameter_names(model));
+    shard::ShardOptions options;
+    options.device = gpu;
+    shard::ShardedParams params(model, model.wrap_units(), plan, *nccl, options);
+    models::ForwardContext ctx;
+    ctx.runner = &params;
+    params.begin_step();
+    at::Tensor x = torch::randn({2, kShape.in});
+    if (r == nccl->size() - 1) x[0][0] = bad;
+    model.forward(x.to(gpu), ctx).sum().backward();
+    params.finish_backward();
+    const double norm = params.grad_norm();
+    CHECK_FALSE(std::isfinite(norm));
+    if (std::isnan(bad)) CHECK(std::isnan(norm));
+    params.zero_grad();
+    CHECK(params.grad_norm() == 0.0);
+  }
 }
 
 }  // namespace ditrl
