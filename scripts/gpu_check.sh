@@ -13,7 +13,8 @@
 #
 # On the device machine (target: 8 minutes in all on one H200; not yet measured), inside one
 # 600 s call (carry: kit/prefix.tar.xz):
-#   bash scripts/gpu_check.sh --budget 540 --results /tmp/gpu-check --pack $OUT/gpu_check.tar.gz
+#   DITRL_COMMIT=<commit> bash scripts/gpu_check.sh --budget 540 --results /tmp/gpu-check --pack $OUT/gpu_check.tar.gz
+# (the copied tree has no .git: DITRL_COMMIT names the commit in the summary and `ditrl --version`)
 # --budget: the steps end by then (each one's limit is cut to the time left; one that would start
 # with under a minute left is not started) and the results are packed, so a call that runs out
 # of time still returns every finished step's log. Steps run in order of what they prove: build,
@@ -109,10 +110,20 @@ GPUS=$("$PY" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_
 export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
   OMPI_MCA_hwloc_base_binding_policy=none
 
+# The tree may travel without .git (a device tool copies the work tree
+# only): then the caller names the commit in DITRL_COMMIT.
+source_commit() {
+  if git rev-parse --git-dir >/dev/null 2>&1; then
+    echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src include tests benchmarks scripts || echo ' (+ uncommitted changes)')"
+  else
+    if [ -n "${DITRL_COMMIT:-}" ]; then echo "$DITRL_COMMIT (from DITRL_COMMIT: the tree has no .git)"; else echo "unknown (the tree has no .git and DITRL_COMMIT is unset)"; fi
+  fi
+}
+
 {
   echo "# ditrl GPU check, $(date -u '+%Y-%m-%d %H:%M UTC')"
   echo
-  echo "- commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- src include tests benchmarks scripts 2>/dev/null || echo ' (+ uncommitted changes)')"
+  echo "- commit: $(source_commit)"
   echo "- machine: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB, $(uname -sr), glibc ${glibc:-?}"
   gpu_names=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | paste -sd';')
   echo "- GPUs visible to torch: $GPUS; nvidia-smi: ${gpu_names:-none}"

@@ -216,7 +216,7 @@ int run_encode(const EncodeCli& o) {
       {"encoder_sha256", io::sha256_file(o.encoder)},
       {"prompts_file", std::filesystem::absolute(o.prompts).string()},
       {"prompts_sha256", io::sha256_file(o.prompts)},
-      {"producer", fmt::format("ditrl {} ({}) encode-prompts", build::kVersion, build::kGitCommit)}};
+      {"producer", fmt::format("ditrl {} ({}) encode-prompts", build::kVersion, build::git_commit())}};
   if (encoder.hasattr("identity") && encoder.attr("identity").isString())
     attributes["encoder_identity"] = encoder.attr("identity").toStringRef();
   if (!o.family.empty()) attributes["family"] = o.family + (o.config.empty() ? ":" + o.preset : ":" + o.config);

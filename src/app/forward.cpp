@@ -91,7 +91,7 @@ int forward(ForwardOptions o) {
   io::NamedTensors tensors(outputs.begin(), outputs.end());
   io::write_safetensors(o.out, tensors,
                         {{"format", "pt"},
-                         {"producer", fmt::format("ditrl {} ({})", build::kVersion, build::kGitCommit)},
+                         {"producer", fmt::format("ditrl {} ({})", build::kVersion, build::git_commit())},
                          {"family", o.family},
                          {"config", o.config.empty() ? "preset " + o.preset : o.config},
                          {"weights", o.weights},

@@ -56,7 +56,7 @@ std::string torch_config_line(const std::string& key) {
 }  // namespace
 
 std::string version_text() {
-  std::string text = fmt::format("ditrl {} (commit {}, {} build, {})\n", build::kVersion, build::kGitCommit,
+  std::string text = fmt::format("ditrl {} (commit {}, {} build, {})\n", build::kVersion, build::git_commit(),
                                  build::kBuildType, build::kCompiler);
   text += fmt::format("  LibTorch   {} ({}, {}, {} intra-op threads)\n", TORCH_VERSION,
 #ifdef DITRL_CUDA

@@ -75,7 +75,7 @@ MetricsWriter::MetricsWriter(const std::string& path, const std::string& deck_te
   root.create_dataset("step", at::kLong, {0}, options);
   file.set_attr("deck", deck_text);
   file.set_attr("ditrl_version", build::kVersion);
-  file.set_attr("ditrl_commit", build::kGitCommit);
+  file.set_attr("ditrl_commit", build::git_commit());
   file.set_attr("cpu", cpu_kernel_identity());
 }
 

@@ -64,4 +64,10 @@ TEST_CASE("runtime: --version lists every dependency", "[runtime][cli]") {
   for (const char* name : {"ditrl ", "LibTorch", "BLAS", "MPI", "HDF5", "Boost", "toml++", "CLI11", "spdlog", "CUDA"})
     CHECK_THAT(result.output, Contains(name));
   CHECK_THAT(result.output, Contains("parallel"));
+  // The commit is read at build time, not when CMake configured the build directory.
+  const auto head = ditrl::test::run_process("git -C " + std::string(DITRL_SOURCE_DIR) + " rev-parse --short HEAD");
+  if (head.exit_code == 0) {
+    const std::string commit = head.output.substr(0, head.output.find('\n'));
+    CHECK_THAT(result.output, Contains("(commit " + commit + ","));
+  }
 }
