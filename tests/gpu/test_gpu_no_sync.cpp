@@ -5,6 +5,7 @@
 // SKIPPED where no GPU is visible (gpu_main.cpp).
 #include <ditrl/dist/device.hpp>
 #include <ditrl/dist/reduction.hpp>
+#include <ditrl/models/family.hpp>
 #include <ditrl/rl/metric_buffer.hpp>
 #include <ditrl/rl/metrics.hpp>
 #include <ditrl/shard/grad_norm.hpp>
@@ -116,4 +117,29 @@ TEST_CASE("gpu: host data reaches the GPU without the host waiting", "[gpu][devi
     CHECK(at::equal(on_gpu[i].cpu(), host[i]));
   }
   CHECK(at::equal(dist::host_to_device(host[0], c10::kCPU), host[0]));
+}
+
+// Every training forward picks its prompts' conditioning rows by the batch's
+// host prompt indices (Policy::velocity): the index travels to the GPU
+// through pinned memory; a plain .to(device) waited for the GPU's queue.
+TEST_CASE("gpu: conditioning rows are picked by a host index without the host waiting", "[gpu][models][cond]") {
+  at::Generator gen = at::detail::createCPUGenerator(13);
+  models::Cond host;
+  host.tensors["encoder_hidden_states"] = at::randn({4, 3, 5}, gen, at::TensorOptions().dtype(at::kFloat));
+  host.tensors["encoder_hidden_states_mask"] = at::tensor({1, 1, 0, 1, 1, 0, 1, 1, 1, 0, 0, 1}, at::kLong).view({4, 3});
+  const models::Cond on_gpu = host.to(kGpu);  // once per rollout, where the rows enter
+  const at::Tensor index = at::tensor({2, 0, 2}, at::kLong);
+  models::Cond picked;
+  {
+    const NoHostSync strict;
+    CHECK_NOTHROW(picked = on_gpu.index_select(index));
+  }
+  const models::Cond expected = host.index_select(index);
+  for (const auto& [name, tensor] : expected.tensors) {
+    INFO(name);
+    REQUIRE(picked.at(name).device() == kGpu);
+    CHECK(at::equal(picked.at(name).cpu(), tensor));
+  }
+  REQUIRE(picked.on_host("encoder_hidden_states_mask").device().is_cpu());
+  CHECK(at::equal(picked.on_host("encoder_hidden_states_mask"), expected.at("encoder_hidden_states_mask")));
 }
