@@ -56,6 +56,13 @@ void validate_deck(const Config& c, Diagnostics& diag, const SourceMap& sources)
     rollout.error("true_cfg_scale", "is only used by Qwen-Image (family = \"qwen_image\")");
   if (c.train.loss != "grpo" && c.train.kl_beta > 0)
     train.error("kl_beta", "applies to the Flow-GRPO loss only (loss = \"grpo\")");
+  // Deterministic mode turns on LibTorch's deterministic algorithms, and LibTorch's SDPA dispatcher
+  // refuses its cuDNN kernel under them: the first attention would fail with no kernel available.
+  if (c.run.deterministic && c.precision.attention == "cudnn")
+    Checker(diag, sources, "precision")
+        .error("attention",
+               "= \"cudnn\" has no deterministic kernel in LibTorch and run.deterministic = true: use \"efficient\" "
+               "or \"flash\"");
 }
 
 Config read_config(const toml::table& root, const std::string& source_name) {

@@ -114,8 +114,10 @@ StepResult flow_cps(double eta, const at::Tensor& x, const at::Tensor& v, const 
 }
 
 at::Tensor gaussian_log_prob(const at::Tensor& next, const at::Tensor& mean, const at::Tensor& s) {
+  // A 0-dim host tensor: ops on GPU tensors read it as a scalar argument, where a copy to the GPU
+  // (from pageable memory) would make the host wait at every SDE step.
   const at::Tensor log_sqrt_2pi = at::log(at::sqrt(2 * at::scalar_tensor(M_PI, at::kFloat)));
-  return -(next - mean).pow(2) / (2 * s.pow(2)) - at::log(s) - log_sqrt_2pi.to(s.device());
+  return -(next - mean).pow(2) / (2 * s.pow(2)) - at::log(s) - log_sqrt_2pi;
 }
 
 std::vector<int64_t> non_batch_dims(const at::Tensor& t) {

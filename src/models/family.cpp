@@ -1,3 +1,4 @@
+#include <ditrl/dist/device.hpp>
 #include <ditrl/error.hpp>
 #include <ditrl/models/family.hpp>
 #include <ditrl/models/lora.hpp>
@@ -114,8 +115,11 @@ Cond Cond::narrow(int64_t begin, int64_t count) const {
 
 Cond Cond::index_select(const at::Tensor& index) const {
   Cond out;
-  // index_select takes its index on the tensor's device (a GPU tensor refuses a host index).
-  for (const auto& [name, tensor] : tensors) out.tensors[name] = tensor.index_select(0, index.to(tensor.device()));
+  // index_select takes its index on the tensor's device (a GPU tensor refuses a host index). The index
+  // is host bookkeeping, picked once per micro-batch: it travels through pinned memory, since a copy
+  // from pageable memory would make the host wait for the GPU's queue to drain.
+  for (const auto& [name, tensor] : tensors)
+    out.tensors[name] = tensor.index_select(0, dist::host_to_device(index, tensor.device()));
   for (const auto& [name, tensor] : host) out.host[name] = tensor.index_select(0, index.to(at::kCPU));
   return out;
 }

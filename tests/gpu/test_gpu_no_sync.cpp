@@ -3,8 +3,10 @@
 // .item(), a copy to or from pageable host memory) throw, so each case runs
 // its code under it and then compares the results with the CPU's.
 // SKIPPED where no GPU is visible (gpu_main.cpp).
+#include <ditrl/diffusion/sde_step.hpp>
 #include <ditrl/dist/device.hpp>
 #include <ditrl/dist/reduction.hpp>
+#include <ditrl/models/family.hpp>
 #include <ditrl/rl/metric_buffer.hpp>
 #include <ditrl/rl/metrics.hpp>
 #include <ditrl/shard/grad_norm.hpp>
@@ -116,4 +118,54 @@ TEST_CASE("gpu: host data reaches the GPU without the host waiting", "[gpu][devi
     CHECK(at::equal(on_gpu[i].cpu(), host[i]));
   }
   CHECK(at::equal(dist::host_to_device(host[0], c10::kCPU), host[0]));
+}
+
+// Every training forward picks its prompts' conditioning rows by the batch's
+// host prompt indices (Policy::velocity): the index travels to the GPU
+// through pinned memory; a plain .to(device) waited for the GPU's queue.
+TEST_CASE("gpu: conditioning rows are picked by a host index without the host waiting", "[gpu][models][cond]") {
+  at::Generator gen = at::detail::createCPUGenerator(13);
+  models::Cond host;
+  host.tensors["encoder_hidden_states"] = at::randn({4, 3, 5}, gen, at::TensorOptions().dtype(at::kFloat));
+  host.tensors["encoder_hidden_states_mask"] = at::tensor({1, 1, 0, 1, 1, 0, 1, 1, 1, 0, 0, 1}, at::kLong).view({4, 3});
+  const models::Cond on_gpu = host.to(kGpu);  // once per rollout, where the rows enter
+  const at::Tensor index = at::tensor({2, 0, 2}, at::kLong);
+  models::Cond picked;
+  {
+    const NoHostSync strict;
+    CHECK_NOTHROW(picked = on_gpu.index_select(index));
+  }
+  const models::Cond expected = host.index_select(index);
+  for (const auto& [name, tensor] : expected.tensors) {
+    INFO(name);
+    REQUIRE(picked.at(name).device() == kGpu);
+    CHECK(at::equal(picked.at(name).cpu(), tensor));
+  }
+  REQUIRE(picked.on_host("encoder_hidden_states_mask").device().is_cpu());
+  CHECK(at::equal(picked.on_host("encoder_hidden_states_mask"), expected.at("encoder_hidden_states_mask")));
+}
+
+// The Flow-SDE step scores x_next at every SDE step of a rollout and every
+// GRPO micro-batch: its Gaussian log-prob's constant stays a host scalar
+// (it was copied to the GPU from pageable memory at each call).
+TEST_CASE("gpu: an SDE step's log-prob does not synchronise the host", "[gpu][diffusion][sde]") {
+  at::Generator gen = at::detail::createCPUGenerator(17);
+  const auto floats = at::TensorOptions().dtype(at::kFloat);
+  const at::Tensor x = at::randn({2, 4, 8, 8}, gen, floats);
+  const at::Tensor v = at::randn({2, 4, 8, 8}, gen, floats);
+  const at::Tensor x_next = at::randn({2, 4, 8, 8}, gen, floats);
+  const at::Tensor sigma = f32({0.8f, 0.8f}), sigma_next = f32({0.6f, 0.6f});
+  const diffusion::StepKernel kernel{diffusion::SdeType::Sde, 0.7};
+  const diffusion::StepResult expected =
+      diffusion::sde_step(kernel, v, x, {sigma, sigma_next, 0.95f}, diffusion::StepTarget::score(x_next));
+  const diffusion::StepSigmas on_gpu{sigma.to(kGpu), sigma_next.to(kGpu), 0.95f};
+  const at::Tensor gx = x.to(kGpu), gv = v.to(kGpu), g_next = x_next.to(kGpu);
+  diffusion::StepResult r;
+  {
+    const NoHostSync strict;
+    CHECK_NOTHROW(r = diffusion::sde_step(kernel, gv, gx, on_gpu, diffusion::StepTarget::score(g_next)));
+  }
+  REQUIRE(r.log_prob.device() == kGpu);
+  CHECK(at::allclose(r.log_prob.cpu(), expected.log_prob, 1e-5, 1e-6));
+  CHECK(at::allclose(r.mean.cpu(), expected.mean, 1e-5, 1e-6));
 }

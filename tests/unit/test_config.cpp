@@ -201,6 +201,9 @@ TEST_CASE("config: section rules report the offending key", "[config]") {
                Contains("'run.device' = \"cuda\" needs a CUDA build of ditrl"));
   }
   CHECK_THAT(deck_error(std::string(kMinimal) + "[run]\ndevice = \"gpu\"\n"), Contains("run.device"));
+  // LibTorch's SDPA dispatcher refuses its cuDNN kernel under deterministic algorithms.
+  CHECK_THAT(deck_error(std::string(kMinimal) + "[precision]\nattention = \"cudnn\"\n", {"run.deterministic=true"}),
+             Contains("'precision.attention' = \"cudnn\" has no deterministic kernel"));
 }
 
 TEST_CASE("config: `ditrl check` prints the effective deck / or the problem and exits non-zero", "[config][cli]") {
