@@ -1,3 +1,4 @@
+#include <ditrl/dist/device.hpp>
 #include <ditrl/error.hpp>
 #include <ditrl/rl/metric_buffer.hpp>
 #include <ditrl/rl/stable_hash.hpp>
@@ -92,18 +93,21 @@ void MetricBuffer::clear() {
 
 std::map<std::string, double> MetricBuffer::unpack(const at::Tensor& sums, const at::Tensor& counts,
                                                    const at::Tensor& maxes) const {
-  // The same leaves in the same order on every rank and at every rank count.
-  const at::Tensor s = sums.sum(0).cpu();
-  const at::Tensor c = counts.sum(0).cpu();
-  const at::Tensor m = maxes.cpu();
+  // The same leaves in the same order on every rank and at every rank count;
+  // one device->host copy of sums, counts and maxes together.
+  const int64_t n = sums.size(1);
+  const at::Tensor all = at::cat({sums.sum(0), counts.sum(0), maxes}).cpu();
+  const double* s = all.data_ptr<double>();
+  const double* c = s + n;
+  const double* m = c + n;
   std::map<std::string, double> out;
   for (const auto& [key, op] : schema_) {
     if (op == MetricReduce::Mean) {
       const int64_t i = slot_.at(key);
-      const double count = c.data_ptr<double>()[i];
-      if (count > 0) out[key] = s.data_ptr<double>()[i] / count;  // no rank contributed: not a datapoint
+      const double count = c[i];
+      if (count > 0) out[key] = s[i] / count;  // no rank contributed: not a datapoint
     } else if (op == MetricReduce::Max) {
-      const double v = m.data_ptr<double>()[slot_.at(key)];
+      const double v = m[slot_.at(key)];
       if (v != -std::numeric_limits<double>::infinity()) out[key] = v;
     }
   }
@@ -120,7 +124,7 @@ std::map<std::string, double> MetricBuffer::reduce(dist::Communicator& comm) con
   std::vector<std::string> layout;
   for (const auto& [key, op] : schema_) layout.push_back(key + "=" + reduce_name(op));
   const auto h = static_cast<int64_t>(stable_hash_of(layout));
-  at::Tensor check = at::tensor({h, -h}, at::TensorOptions().dtype(at::kLong)).to(device_);
+  at::Tensor check = dist::host_to_device(at::tensor({h, -h}, at::TensorOptions().dtype(at::kLong)), device_);
   comm.all_reduce(check, dist::ReduceOp::Max);
   const at::Tensor seen = check.cpu();
   if (seen.data_ptr<int64_t>()[0] != h || seen.data_ptr<int64_t>()[1] != -h)
