@@ -141,6 +141,7 @@ class Trainer {
 
   void micro_batch(const rl::TrainingRollout& rollout, const rl::TrainData& data, const rl::MicroBatch& mb,
                    size_t index, int64_t window_pairs, rl::MetricBuffer& metrics, StepTimes& times) {
+    const dist::ForbidHostSync strict(c_.debug.forbid_host_sync, run_.runtime->device());
     times.forward.start();
     run_.params->begin_step();
     const rl::PreparedBatch b = rl::prepare_batch(data.slice(mb), run_.runtime->device());

@@ -95,4 +95,22 @@ at::Tensor host_to_device(const at::Tensor& host, c10::Device device) {
   return host.pin_memory().to(device, /*non_blocking=*/true);
 }
 
+ForbidHostSync::ForbidHostSync(bool on, c10::Device device) {
+#ifdef DITRL_CUDA
+  if (!on || !device.is_cuda()) return;
+  active_ = true;
+  previous_ = static_cast<int>(c10::cuda::warning_state().get_sync_debug_mode());
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+#else
+  (void)on;
+  (void)device;
+#endif
+}
+
+ForbidHostSync::~ForbidHostSync() {
+#ifdef DITRL_CUDA
+  if (active_) c10::cuda::warning_state().set_sync_debug_mode(static_cast<c10::cuda::SyncDebugMode>(previous_));
+#endif
+}
+
 }  // namespace ditrl::dist

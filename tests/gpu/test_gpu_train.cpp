@@ -59,6 +59,22 @@ TEST_CASE("gpu: the training forward reproduces the rollout forward bit for bit 
   }
 }
 
+// Issue #17 point 4: every micro-batch's forward and backward runs under
+// LibTorch's sync debug mode set to error, so an .item() or a blocking copy
+// anywhere in them (model, loss, metrics, gathers, reduce-scatters) fails the run.
+TEST_CASE("gpu: no training micro-batch makes the host wait for the GPU in its forward or backward", "[gpu][sync]") {
+  for (const std::string attention : {"math", "flash"}) {
+    INFO("precision.attention = " << attention);
+    const std::string out = test::fresh_output_dir("gpu_no_sync_" + attention);
+    const auto r = test::train(kDeck, out, 1,
+                               kOnGpu + " --set debug.forbid_host_sync=true --set train.num_rollouts=2" +
+                                   " --set precision.forward=bf16 --set precision.attention=" + attention);
+    INFO(r.output);
+    CHECK(r.exit_code == 0);
+    CHECK_THAT(r.output, !Contains("synchronizing"));
+  }
+}
+
 TEST_CASE("gpu: two runs of a deterministic deck write the same metrics and checkpoints bit for bit",
           "[gpu][determinism]") {
   const std::string a = test::fresh_output_dir("gpu_twice_a"), b = test::fresh_output_dir("gpu_twice_b");

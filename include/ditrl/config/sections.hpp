@@ -347,6 +347,7 @@ struct DebugSection {
   std::vector<int64_t> samples{0};
   std::vector<int64_t> steps;  // empty = every trained step
   bool skip_optimizer_step = false;
+  bool forbid_host_sync = false;  // on a GPU: a host sync in a micro-batch's forward/backward is an error
 
   template <class V>
   void fields(V& v) {
@@ -355,6 +356,7 @@ struct DebugSection {
     v("samples", samples, Between{0, 1e9});
     v("steps", steps, Between{0, 1000});
     v("skip_optimizer_step", skip_optimizer_step);
+    v("forbid_host_sync", forbid_host_sync);
   }
 };
 

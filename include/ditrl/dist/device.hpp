@@ -39,4 +39,21 @@ double peak_device_bytes(c10::Device device);
 // queue at each micro-batch and each denoising step.
 at::Tensor host_to_device(const at::Tensor& host, c10::Device device);
 
+// While one lives with `on` and a GPU `device`, a call that makes the host
+// wait for the GPU (an .item(), a copy to or from pageable memory, a stream
+// synchronize) throws LibTorch's error naming it; otherwise it does nothing.
+// `debug.forbid_host_sync` puts each training micro-batch's forward and
+// backward under one.
+class ForbidHostSync {
+ public:
+  ForbidHostSync(bool on, c10::Device device);
+  ~ForbidHostSync();
+  ForbidHostSync(const ForbidHostSync&) = delete;
+  ForbidHostSync& operator=(const ForbidHostSync&) = delete;
+
+ private:
+  bool active_ = false;
+  int previous_ = 0;  // the sync debug mode it replaced
+};
+
 }  // namespace ditrl::dist
