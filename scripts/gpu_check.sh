@@ -115,8 +115,10 @@ export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_ALLOW_RUN_AS_ROOT=1 OM
 source_commit() {
   if git rev-parse --git-dir >/dev/null 2>&1; then
     echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src include tests benchmarks scripts || echo ' (+ uncommitted changes)')"
+  elif [ -n "${DITRL_COMMIT:-}" ]; then
+    echo "$DITRL_COMMIT (from DITRL_COMMIT: the tree has no .git)"
   else
-    if [ -n "${DITRL_COMMIT:-}" ]; then echo "$DITRL_COMMIT (from DITRL_COMMIT: the tree has no .git)"; else echo "unknown (the tree has no .git and DITRL_COMMIT is unset)"; fi
+    echo "unknown (the tree has no .git and DITRL_COMMIT is unset)"
   fi
 }
 

@@ -118,8 +118,12 @@ Cond Cond::index_select(const at::Tensor& index) const {
   // index_select takes its index on the tensor's device (a GPU tensor refuses a host index). The index
   // is host bookkeeping, picked once per micro-batch: it travels through pinned memory, since a copy
   // from pageable memory would make the host wait for the GPU's queue to drain.
-  for (const auto& [name, tensor] : tensors)
-    out.tensors[name] = tensor.index_select(0, dist::host_to_device(index, tensor.device()));
+  at::Tensor device_index;  // copied once for the tensors of one device
+  for (const auto& [name, tensor] : tensors) {
+    if (!device_index.defined() || device_index.device() != tensor.device())
+      device_index = dist::host_to_device(index, tensor.device());
+    out.tensors[name] = tensor.index_select(0, device_index);
+  }
   for (const auto& [name, tensor] : host) out.host[name] = tensor.index_select(0, index.to(at::kCPU));
   return out;
 }

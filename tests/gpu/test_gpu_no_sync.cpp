@@ -1,7 +1,8 @@
-// Work that must not wait for the GPU: LibTorch's sync debug mode, set to
-// error, makes any call that synchronises the host with the device (an
-// .item(), a copy to or from pageable host memory) throw, so each case runs
-// its code under it and then compares the results with the CPU's.
+// Work that must not wait for the GPU: under dist::ForbidHostSync (LibTorch's
+// sync debug mode set to error, as `debug.forbid_host_sync` sets it) any call
+// that synchronises the host with the device (an .item(), a copy to or from
+// pageable host memory) throws, so each case runs its code under it and then
+// compares the results with the CPU's.
 // SKIPPED where no GPU is visible (gpu_main.cpp).
 #include <ditrl/diffusion/sde_step.hpp>
 #include <ditrl/dist/device.hpp>
@@ -12,7 +13,6 @@
 #include <ditrl/shard/grad_norm.hpp>
 
 #include <ATen/ATen.h>
-#include <c10/cuda/CUDAFunctions.h>
 #include <catch2/catch.hpp>
 
 using namespace ditrl;
@@ -20,20 +20,6 @@ using namespace ditrl;
 namespace {
 
 const c10::Device kGpu(c10::kCUDA, 0);
-
-// Host syncs throw while this lives.
-class NoHostSync {
- public:
-  NoHostSync() : previous_(c10::cuda::warning_state().get_sync_debug_mode()) {
-    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
-  }
-  ~NoHostSync() { c10::cuda::warning_state().set_sync_debug_mode(previous_); }
-  NoHostSync(const NoHostSync&) = delete;
-  NoHostSync& operator=(const NoHostSync&) = delete;
-
- private:
-  c10::cuda::SyncDebugMode previous_;
-};
 
 at::Tensor f32(std::vector<float> v) {
   return at::tensor(v, at::kFloat);
@@ -54,7 +40,7 @@ TEST_CASE("gpu: the canonical sum of chunks does not synchronise the host", "[gp
     const at::Tensor chunks = host.to(kGpu);
     at::Tensor out = at::empty({1000}, chunks.options());
     {
-      const NoHostSync strict;
+      const dist::ForbidHostSync strict(true, kGpu);
       CHECK_NOTHROW(dist::tree_sum_of_chunks(chunks, out, /*average=*/false));
     }
     CHECK(at::equal(out.cpu(), expected));
@@ -71,7 +57,7 @@ TEST_CASE("gpu: the gradient norm's square digits stay on the GPU and equal the 
   const at::Tensor on_gpu = host.to(kGpu);
   at::Tensor digits;
   {
-    const NoHostSync strict;
+    const dist::ForbidHostSync strict(true, kGpu);
     CHECK_NOTHROW(digits = shard::square_digits_by_ops(on_gpu, scale));
   }
   REQUIRE(digits.device() == kGpu);
@@ -90,7 +76,7 @@ TEST_CASE("gpu: SFT metrics of a micro-batch stay on the GPU", "[gpu][rl][metric
   rl::record_sft_metrics(on_host, {at::scalar_tensor(0.0), per_pair}, host_sigmas, 4);
   rl::MetricBuffer on_gpu(rl::sft_metric_schema(4), kGpu);
   {
-    const NoHostSync strict;
+    const dist::ForbidHostSync strict(true, kGpu);
     CHECK_NOTHROW(rl::record_sft_metrics(on_gpu, {at::scalar_tensor(0.0, kGpu), per_pair.to(kGpu)}, host_sigmas, 4));
   }
   CHECK(on_gpu.local() == on_host.local());
@@ -107,7 +93,7 @@ TEST_CASE("gpu: host data reaches the GPU without the host waiting", "[gpu][devi
   at::Generator gen = at::detail::createCPUGenerator(9);
   std::vector<at::Tensor> host, on_gpu;
   {
-    const NoHostSync strict;
+    const dist::ForbidHostSync strict(true, kGpu);
     for (int i = 0; i < 64; ++i) {
       host.push_back(at::randn({3, 257}, gen, at::TensorOptions().dtype(at::kFloat)));
       CHECK_NOTHROW(on_gpu.push_back(dist::host_to_device(host.back(), kGpu)));
@@ -132,7 +118,7 @@ TEST_CASE("gpu: conditioning rows are picked by a host index without the host wa
   const at::Tensor index = at::tensor({2, 0, 2}, at::kLong);
   models::Cond picked;
   {
-    const NoHostSync strict;
+    const dist::ForbidHostSync strict(true, kGpu);
     CHECK_NOTHROW(picked = on_gpu.index_select(index));
   }
   const models::Cond expected = host.index_select(index);
@@ -162,7 +148,7 @@ TEST_CASE("gpu: an SDE step's log-prob does not synchronise the host", "[gpu][di
   const at::Tensor gx = x.to(kGpu), gv = v.to(kGpu), g_next = x_next.to(kGpu);
   diffusion::StepResult r;
   {
-    const NoHostSync strict;
+    const dist::ForbidHostSync strict(true, kGpu);
     CHECK_NOTHROW(r = diffusion::sde_step(kernel, gv, gx, on_gpu, diffusion::StepTarget::score(g_next)));
   }
   REQUIRE(r.log_prob.device() == kGpu);
