@@ -6,6 +6,7 @@
 #include <ditrl/dist/log.hpp>
 #include <ditrl/error.hpp>
 #include <ditrl/io/safetensors.hpp>
+#include <ditrl/precision/cpu_half_gemm.hpp>
 #include <ditrl/models/guided.hpp>
 #include <ditrl/models/weights.hpp>
 #include <ditrl/rl/loss_window.hpp>
@@ -106,6 +107,19 @@ void log_load(const config::Config& c, const models::ParameterSource& source, do
                dist::memory_text());
 }
 
+// Set before any forward, so rollout and training run the same GEMMs.
+void use_cpu_half_gemm(const config::Config& c, c10::Device device) {
+  const precision::CpuHalfGemm mode = precision::parse_cpu_half_gemm(c.precision.cpu_half_gemm);
+  precision::set_cpu_half_gemm(mode);
+  const bool widened = mode == precision::CpuHalfGemm::Widened;
+  if (device.is_cpu() && c.precision.forward != "fp32")
+    spdlog::info("{} GEMMs on the CPU: {} (precision.cpu_half_gemm = \"{}\"{})", c.precision.forward,
+                 widened ? "widened to fp32, rounded once" : "LibTorch's own kernels", c.precision.cpu_half_gemm,
+                 c.precision.cpu_half_gemm != "auto" ? ""
+                 : widened                           ? ": this CPU has no AVX512-BF16 / AMX-BF16"
+                                                     : ": this CPU has AVX512-BF16 or AMX-BF16");
+}
+
 }  // namespace
 
 void check_run_inputs(const config::Config& config, int world, bool files) {
@@ -141,6 +155,7 @@ std::unique_ptr<dist::Runtime> start_runtime(const config::Config& config, const
   }
   dist::setup_logging(runtime->world(), log_dir, config.run.log_level);
   at::set_num_threads(threads > 0 ? threads : runtime->default_threads());
+  use_cpu_half_gemm(config, runtime->device());
   // Nothing draws from the default generator; seeding it makes the
   // checkpoints' /rng state a function of the deck too.
   at::manual_seed(static_cast<uint64_t>(config.run.seed));

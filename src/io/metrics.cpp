@@ -2,6 +2,7 @@
 #include <ditrl/error.hpp>
 #include <ditrl/io/h5.hpp>
 #include <ditrl/io/metrics.hpp>
+#include <ditrl/precision/cpu_half_gemm.hpp>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -140,10 +141,14 @@ std::string cpu_kernel_identity() {
     if (key == "flags") flags = " " + value + " ";
   }
   std::string identity = model + ";";
-  for (const char* isa : {"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni", "amx_tile",
-                          "amx_bf16"})
+  for (const char* isa :
+       {"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni", "amx_tile", "amx_bf16"})
     if (flags.find(std::string(" ") + isa + " ") != std::string::npos) identity += std::string(" ") + isa;
-  if (const char* max_isa = std::getenv("ONEDNN_MAX_CPU_ISA")) identity += std::string("; ONEDNN_MAX_CPU_ISA=") + max_isa;
+  if (const char* max_isa = std::getenv("ONEDNN_MAX_CPU_ISA"))
+    identity += std::string("; ONEDNN_MAX_CPU_ISA=") + max_isa;
+  // Half-precision GEMMs other than this CPU's default ones are other kernels too.
+  if (precision::cpu_half_gemm() != precision::parse_cpu_half_gemm("auto"))
+    identity += "; cpu_half_gemm=" + precision::cpu_half_gemm_name(precision::cpu_half_gemm());
   return identity;
 }
 

@@ -1,4 +1,5 @@
 #include <ditrl/error.hpp>
+#include <ditrl/models/widened_gemm.hpp>
 #include <ditrl/models/embeddings.hpp>
 
 #include <ATen/ATen.h>
@@ -42,8 +43,7 @@ PatchProjection::PatchProjection(int64_t in_channels, int64_t dim, const std::ve
 at::Tensor PatchProjection::forward(const at::Tensor& x) const {
   if (x.dim() != static_cast<int64_t>(patch_.size()) + 2)
     fail("patch projection expects a {}-D latent, got shape {}", patch_.size() + 2, c10::str(x.sizes()));
-  if (patch_.size() == 2) return at::conv2d(x, weight, bias, patch_);
-  return at::conv3d(x, weight, bias, patch_);
+  return patch_conv(x, weight, bias, patch_);
 }
 
 namespace {

@@ -1,4 +1,5 @@
 #include <ditrl/error.hpp>
+#include <ditrl/models/widened_gemm.hpp>
 #include <ditrl/models/linear.hpp>
 
 #include <ATen/ATen.h>
@@ -9,9 +10,15 @@ namespace {
 thread_local bool lora_disabled = false;
 }
 
-LoraDisableGuard::LoraDisableGuard() : previous_(lora_disabled) { lora_disabled = true; }
-LoraDisableGuard::~LoraDisableGuard() { lora_disabled = previous_; }
-bool LoraDisableGuard::active() { return lora_disabled; }
+LoraDisableGuard::LoraDisableGuard() : previous_(lora_disabled) {
+  lora_disabled = true;
+}
+LoraDisableGuard::~LoraDisableGuard() {
+  lora_disabled = previous_;
+}
+bool LoraDisableGuard::active() {
+  return lora_disabled;
+}
 
 Linear::Linear(int64_t in_features, int64_t out_features, bool bias, const at::TensorOptions& options) {
   weight = register_parameter("weight", at::empty({out_features, in_features}, options));
@@ -19,11 +26,11 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias, const at::T
 }
 
 at::Tensor Linear::forward(const at::Tensor& x) const {
-  at::Tensor y = at::linear(x, weight, bias);
+  at::Tensor y = models::linear(x, weight, bias);
   if (!lora_A || lora_disabled) return y;
   const at::Tensor& a = lora_A->weight;
   const at::Tensor xa = x.scalar_type() == a.scalar_type() ? x : x.to(a.scalar_type());
-  const at::Tensor delta = at::linear(at::linear(xa, a), lora_B->weight) * lora_scale_;
+  const at::Tensor delta = models::linear(models::linear(xa, a, {}), lora_B->weight, {}) * lora_scale_;
   return y + delta.to(y.scalar_type());
 }
 

@@ -1,6 +1,7 @@
 #include <ditrl/error.hpp>
 #include <ditrl/io/metrics.hpp>
 #include <ditrl/io/standard.hpp>
+#include <ditrl/precision/cpu_half_gemm.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -10,6 +11,7 @@
 
 using namespace ditrl::io;
 using Catch::Matchers::Contains;
+using Catch::Matchers::EndsWith;
 
 namespace {
 
@@ -143,6 +145,15 @@ TEST_CASE("standard: tolerances apply only off the recording CPU / or when force
     write_rows(writer, 0, 1);
   }
   CHECK(read_metrics(dir + "/metrics.h5").cpu == cpu_kernel_identity());
+  // Half GEMMs other than the CPU's default kernels are another identity.
+  using namespace ditrl::precision;
+  const CpuHalfGemm chosen = cpu_half_gemm();
+  CHECK_THAT(cpu_kernel_identity(), !Contains("cpu_half_gemm"));
+  const CpuHalfGemm other =
+      parse_cpu_half_gemm("auto") == CpuHalfGemm::Native ? CpuHalfGemm::Widened : CpuHalfGemm::Native;
+  set_cpu_half_gemm(other);
+  CHECK_THAT(cpu_kernel_identity(), EndsWith("; cpu_half_gemm=" + cpu_half_gemm_name(other)));
+  set_cpu_half_gemm(chosen);
 }
 
 TEST_CASE("standard: `ditrl standard record|check` on a run directory", "[standard][cli]") {

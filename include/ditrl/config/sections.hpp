@@ -132,6 +132,9 @@ struct PrecisionSection {
   std::string reduce = "fp32";
   std::string forward = "bf16";
   std::string attention = "math";
+  // How bf16/fp16 GEMMs run on a CPU (models/cpu_half_gemm.hpp): "auto"
+  // widens them to fp32 GEMMs unless the CPU has AVX512-BF16 or AMX-BF16.
+  std::string cpu_half_gemm = "auto";
   std::vector<OverrideRule> overrides;
   bool family_overrides = true;  // apply the family's default fp32-kept parameters first
   InputPolicySection inputs;
@@ -143,6 +146,7 @@ struct PrecisionSection {
     v("reduce", reduce, dtype);
     v("forward", forward, dtype);
     v("attention", attention, OneOf{"math", "flash", "efficient", "cudnn"});
+    v("cpu_half_gemm", cpu_half_gemm, OneOf{"auto", "native", "widened"});
     v.tables("override", overrides);
     v("family_overrides", family_overrides);
     v.table("inputs", inputs);

@@ -41,8 +41,9 @@ struct MetricsTable {
 
 // What picks this machine's bf16 CPU kernels (oneDNN chooses them by
 // instruction set, and deterministic mode cannot pin it): the CPU model name,
-// the instruction-set flags oneDNN dispatches on, and ONEDNN_MAX_CPU_ISA when
-// set. Two runs with the same identity run the same kernels.
+// the instruction-set flags oneDNN dispatches on, ONEDNN_MAX_CPU_ISA when
+// set, and precision.cpu_half_gemm when it is not this CPU's "auto" choice.
+// Two runs with the same identity run the same kernels.
 std::string cpu_kernel_identity();
 
 // Reads every series of a metrics file (error naming the file if it is not one).

@@ -1,0 +1,65 @@
+#include <ditrl/models/widened_gemm.hpp>
+#include <ditrl/precision/cpu_half_gemm.hpp>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <optional>
+
+namespace ditrl::models {
+
+namespace {
+
+bool widen(const at::Tensor& x) {
+  const c10::ScalarType t = x.scalar_type();
+  return (t == at::kBFloat16 || t == at::kHalf) && x.device().is_cpu() &&
+         precision::cpu_half_gemm() == precision::CpuHalfGemm::Widened;
+}
+
+at::Tensor fp32(const at::Tensor& t) {
+  return t.defined() ? t.to(at::kFloat) : t;
+}
+
+// Saves the half inputs (not their fp32 copies) and widens again in backward.
+struct WidenedLinear : torch::autograd::Function<WidenedLinear> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const std::optional<at::Tensor>& bias) {
+    ctx->save_for_backward({x, weight});
+    if (bias) ctx->saved_data["bias_dtype"] = bias->scalar_type();
+    return at::linear(fp32(x), fp32(weight), bias ? fp32(*bias) : at::Tensor()).to(x.scalar_type());
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor& weight = saved[1];
+    const at::Tensor g = grads[0].to(at::kFloat).reshape({-1, weight.size(0)});
+    at::Tensor grad_x, grad_weight, grad_bias;
+    if (ctx->needs_input_grad(0)) grad_x = g.mm(fp32(weight)).to(x.scalar_type()).view(x.sizes());
+    if (ctx->needs_input_grad(1)) grad_weight = g.t().mm(fp32(x).reshape({-1, x.size(-1)})).to(weight.scalar_type());
+    // An absent bias is no autograd input: its edge index does not exist.
+    if (ctx->saved_data.count("bias_dtype") && ctx->needs_input_grad(2))
+      grad_bias = g.sum(0).to(ctx->saved_data["bias_dtype"].toScalarType());
+    return {grad_x, grad_weight, grad_bias};
+  }
+};
+
+}  // namespace
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  if (!widen(x)) return at::linear(x, weight, bias);
+  return WidenedLinear::apply(x, weight, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt);
+}
+
+at::Tensor patch_conv(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                      const std::vector<int64_t>& patch) {
+  const auto conv = [&patch](const at::Tensor& in, const at::Tensor& w, const at::Tensor& b) {
+    return patch.size() == 2 ? at::conv2d(in, w, b, patch) : at::conv3d(in, w, b, patch);
+  };
+  // One per forward, on the latents: its fp32 copies in the graph are small.
+  if (!widen(x)) return conv(x, weight, bias);
+  return conv(fp32(x), fp32(weight), fp32(bias)).to(x.scalar_type());
+}
+
+}  // namespace ditrl::models
