@@ -10,15 +10,9 @@ namespace {
 thread_local bool lora_disabled = false;
 }
 
-LoraDisableGuard::LoraDisableGuard() : previous_(lora_disabled) {
-  lora_disabled = true;
-}
-LoraDisableGuard::~LoraDisableGuard() {
-  lora_disabled = previous_;
-}
-bool LoraDisableGuard::active() {
-  return lora_disabled;
-}
+LoraDisableGuard::LoraDisableGuard() : previous_(lora_disabled) { lora_disabled = true; }
+LoraDisableGuard::~LoraDisableGuard() { lora_disabled = previous_; }
+bool LoraDisableGuard::active() { return lora_disabled; }
 
 Linear::Linear(int64_t in_features, int64_t out_features, bool bias, const at::TensorOptions& options) {
   weight = register_parameter("weight", at::empty({out_features, in_features}, options));

@@ -132,7 +132,7 @@ struct PrecisionSection {
   std::string reduce = "fp32";
   std::string forward = "bf16";
   std::string attention = "math";
-  // How bf16/fp16 GEMMs run on a CPU (models/cpu_half_gemm.hpp): "auto"
+  // How bf16/fp16 GEMMs run on a CPU (precision/cpu_half_gemm.hpp): "auto"
   // widens them to fp32 GEMMs unless the CPU has AVX512-BF16 or AMX-BF16.
   std::string cpu_half_gemm = "auto";
   std::vector<OverrideRule> overrides;
