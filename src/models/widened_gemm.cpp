@@ -10,9 +10,10 @@ namespace ditrl::models {
 
 namespace {
 
-bool widen(const at::Tensor& x) {
+// Only operands of one half dtype: a mixed pair stays LibTorch's error.
+bool widen(const at::Tensor& x, const at::Tensor& weight) {
   const c10::ScalarType t = x.scalar_type();
-  return (t == at::kBFloat16 || t == at::kHalf) && x.device().is_cpu() &&
+  return (t == at::kBFloat16 || t == at::kHalf) && weight.scalar_type() == t && x.device().is_cpu() &&
          precision::cpu_half_gemm() == precision::CpuHalfGemm::Widened;
 }
 
@@ -48,7 +49,7 @@ struct WidenedLinear : torch::autograd::Function<WidenedLinear> {
 }  // namespace
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  if (!widen(x)) return at::linear(x, weight, bias);
+  if (!widen(x, weight)) return at::linear(x, weight, bias);
   return WidenedLinear::apply(x, weight, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt);
 }
 
@@ -58,7 +59,7 @@ at::Tensor patch_conv(const at::Tensor& x, const at::Tensor& weight, const at::T
     return patch.size() == 2 ? at::conv2d(in, w, b, patch) : at::conv3d(in, w, b, patch);
   };
   // One per forward, on the latents: its fp32 copies in the graph are small.
-  if (!widen(x)) return conv(x, weight, bias);
+  if (!widen(x, weight)) return conv(x, weight, bias);
   return conv(fp32(x), fp32(weight), fp32(bias)).to(x.scalar_type());
 }
 

@@ -64,10 +64,12 @@ TEST_CASE("cpu half gemm: widened is the fp32 GEMM of the half operands rounded 
         CHECK(at::equal(ditrl::models::linear(x, w, bb), at::linear(x, w, bb)));
       }
     }
-    // fp32 operands never widen: the same kernel in both modes.
+    // fp32 operands never widen: the same kernel in both modes; a mixed
+    // pair is LibTorch's dtype error, not a silent cast.
     ModeGuard mode(CpuHalfGemm::Widened);
     const at::Tensor xf = x.to(at::kFloat), wf = w.to(at::kFloat);
     CHECK(at::equal(ditrl::models::linear(xf, wf, at::Tensor()), at::linear(xf, wf)));
+    CHECK_THROWS(ditrl::models::linear(x, wf, at::Tensor()));
   }
 }
 
