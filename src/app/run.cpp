@@ -6,9 +6,9 @@
 #include <ditrl/dist/log.hpp>
 #include <ditrl/error.hpp>
 #include <ditrl/io/safetensors.hpp>
-#include <ditrl/precision/cpu_half_gemm.hpp>
 #include <ditrl/models/guided.hpp>
 #include <ditrl/models/weights.hpp>
+#include <ditrl/precision/cpu_half_gemm.hpp>
 #include <ditrl/rl/loss_window.hpp>
 #include <ditrl/rl/nft_loss.hpp>
 #include <ditrl/rl/sft.hpp>

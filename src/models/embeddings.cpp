@@ -1,6 +1,6 @@
 #include <ditrl/error.hpp>
-#include <ditrl/models/widened_gemm.hpp>
 #include <ditrl/models/embeddings.hpp>
+#include <ditrl/models/widened_gemm.hpp>
 
 #include <ATen/ATen.h>
 

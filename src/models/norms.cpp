@@ -1,4 +1,5 @@
 #include <ditrl/models/norms.hpp>
+#include <ditrl/precision/dtype.hpp>
 
 #include <ATen/ATen.h>
 
@@ -24,8 +25,8 @@ LayerNorm::LayerNorm(int64_t dim, double eps, bool affine, bool fp32, const at::
 
 at::Tensor LayerNorm::forward(const at::Tensor& x) const {
   if (!fp32_) return at::layer_norm(x, {dim_}, weight, bias, eps_);
-  const auto f32 = [](const at::Tensor& t) { return t.defined() ? t.to(at::kFloat) : t; };
-  return at::layer_norm(x.to(at::kFloat), {dim_}, f32(weight), f32(bias), eps_).to(x.scalar_type());
+  return at::layer_norm(x.to(at::kFloat), {dim_}, precision::to_fp32(weight), precision::to_fp32(bias), eps_)
+      .to(x.scalar_type());
 }
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, RmsFlavour flavour) {

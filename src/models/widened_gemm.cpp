@@ -1,5 +1,6 @@
 #include <ditrl/models/widened_gemm.hpp>
 #include <ditrl/precision/cpu_half_gemm.hpp>
+#include <ditrl/precision/dtype.hpp>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -10,15 +11,13 @@ namespace ditrl::models {
 
 namespace {
 
+using precision::to_fp32;
+
 // Only operands of one half dtype: a mixed pair stays LibTorch's error.
 bool widen(const at::Tensor& x, const at::Tensor& weight) {
   const c10::ScalarType t = x.scalar_type();
   return (t == at::kBFloat16 || t == at::kHalf) && weight.scalar_type() == t && x.device().is_cpu() &&
          precision::cpu_half_gemm() == precision::CpuHalfGemm::Widened;
-}
-
-at::Tensor fp32(const at::Tensor& t) {
-  return t.defined() ? t.to(at::kFloat) : t;
 }
 
 // Saves the half inputs (not their fp32 copies) and widens again in backward.
@@ -27,7 +26,7 @@ struct WidenedLinear : torch::autograd::Function<WidenedLinear> {
                             const std::optional<at::Tensor>& bias) {
     ctx->save_for_backward({x, weight});
     if (bias) ctx->saved_data["bias_dtype"] = bias->scalar_type();
-    return at::linear(fp32(x), fp32(weight), bias ? fp32(*bias) : at::Tensor()).to(x.scalar_type());
+    return at::linear(to_fp32(x), to_fp32(weight), bias ? to_fp32(*bias) : at::Tensor()).to(x.scalar_type());
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -37,8 +36,8 @@ struct WidenedLinear : torch::autograd::Function<WidenedLinear> {
     const at::Tensor& weight = saved[1];
     const at::Tensor g = grads[0].to(at::kFloat).reshape({-1, weight.size(0)});
     at::Tensor grad_x, grad_weight, grad_bias;
-    if (ctx->needs_input_grad(0)) grad_x = g.mm(fp32(weight)).to(x.scalar_type()).view(x.sizes());
-    if (ctx->needs_input_grad(1)) grad_weight = g.t().mm(fp32(x).reshape({-1, x.size(-1)})).to(weight.scalar_type());
+    if (ctx->needs_input_grad(0)) grad_x = g.mm(to_fp32(weight)).to(x.scalar_type()).view(x.sizes());
+    if (ctx->needs_input_grad(1)) grad_weight = g.t().mm(to_fp32(x).reshape({-1, x.size(-1)})).to(weight.scalar_type());
     // An absent bias is no autograd input: its edge index does not exist.
     if (ctx->saved_data.count("bias_dtype") && ctx->needs_input_grad(2))
       grad_bias = g.sum(0).to(ctx->saved_data["bias_dtype"].toScalarType());
@@ -60,7 +59,7 @@ at::Tensor patch_conv(const at::Tensor& x, const at::Tensor& weight, const at::T
   };
   // One per forward, on the latents: its fp32 copies in the graph are small.
   if (!widen(x, weight)) return conv(x, weight, bias);
-  return conv(fp32(x), fp32(weight), fp32(bias)).to(x.scalar_type());
+  return conv(to_fp32(x), to_fp32(weight), to_fp32(bias)).to(x.scalar_type());
 }
 
 }  // namespace ditrl::models

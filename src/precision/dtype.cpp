@@ -25,6 +25,10 @@ std::string dtype_name(c10::ScalarType dtype) {
 
 int64_t dtype_bytes(c10::ScalarType dtype) { return static_cast<int64_t>(c10::elementSize(dtype)); }
 
+at::Tensor to_fp32(const at::Tensor& t) {
+  return t.defined() ? t.to(at::kFloat) : t;
+}
+
 InputPolicy InputPolicy::resolve(const std::string& latents, const std::string& cond, const std::string& timestep,
                                  c10::ScalarType forward) {
   auto one = [forward](const std::string& word) -> std::optional<c10::ScalarType> {

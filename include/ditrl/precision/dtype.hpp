@@ -15,6 +15,8 @@ c10::ScalarType parse_dtype(const std::string& name);
 std::string dtype_name(c10::ScalarType dtype);
 // Bytes per element.
 int64_t dtype_bytes(c10::ScalarType dtype);
+// `t` in fp32; an undefined tensor (an absent bias or affine) stays undefined.
+at::Tensor to_fp32(const at::Tensor& t);
 
 // How the DiT's boundary inputs are cast before the forward. Autocast-free
 // code runs element-wise ops at the input dtype, so these casts decide the
