@@ -2,6 +2,7 @@
 #include <ditrl/models/attention.hpp>
 
 #include <ditrl/cuda_build.hpp>
+#include <ditrl/precision/dtype.hpp>
 
 #include <ATen/ATen.h>
 
@@ -18,7 +19,7 @@ namespace {
 // result cast back, a bool mask puts -inf where it is false, a float mask is added.
 at::Tensor math_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask) {
   const c10::ScalarType dtype = q.scalar_type();
-  const bool half = dtype == at::kBFloat16 || dtype == at::kHalf;
+  const bool half = precision::is_half(dtype);
   const auto up = [half](const at::Tensor& t) { return half ? t.to(at::kFloat) : t; };
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
   at::Tensor scores = at::matmul(up(q), up(k).transpose(-2, -1)) * scale;

@@ -5,12 +5,6 @@
 
 namespace ditrl::models {
 
-namespace {
-bool is_half(c10::ScalarType t) {
-  return t == at::kBFloat16 || t == at::kHalf;
-}
-}  // namespace
-
 at::Tensor layer_norm(const at::Tensor& x, double eps) {
   return at::layer_norm(x, {x.size(-1)}, {}, {}, eps);
 }
@@ -34,7 +28,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, R
     const at::Tensor variance = x.to(at::kFloat).pow(2).mean(-1, /*keepdim=*/true);
     at::Tensor y = x * at::rsqrt(variance + eps);
     if (!weight.defined()) return y.to(x.scalar_type());
-    if (is_half(weight.scalar_type())) y = y.to(weight.scalar_type());
+    if (precision::is_half(weight.scalar_type())) y = y.to(weight.scalar_type());
     return y * weight;
   }
   // The op the references call (F.rms_norm / nn.RMSNorm) on this LibTorch: for

@@ -16,7 +16,7 @@ using precision::to_fp32;
 // Only operands of one half dtype: a mixed pair stays LibTorch's error.
 bool widen(const at::Tensor& x, const at::Tensor& weight) {
   const c10::ScalarType t = x.scalar_type();
-  return (t == at::kBFloat16 || t == at::kHalf) && weight.scalar_type() == t && x.device().is_cpu() &&
+  return precision::is_half(t) && weight.scalar_type() == t && x.device().is_cpu() &&
          precision::cpu_half_gemm() == precision::CpuHalfGemm::Widened;
 }
 

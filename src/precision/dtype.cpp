@@ -29,6 +29,10 @@ at::Tensor to_fp32(const at::Tensor& t) {
   return t.defined() ? t.to(at::kFloat) : t;
 }
 
+bool is_half(c10::ScalarType dtype) {
+  return dtype == at::kBFloat16 || dtype == at::kHalf;
+}
+
 InputPolicy InputPolicy::resolve(const std::string& latents, const std::string& cond, const std::string& timestep,
                                  c10::ScalarType forward) {
   auto one = [forward](const std::string& word) -> std::optional<c10::ScalarType> {

@@ -17,6 +17,8 @@ std::string dtype_name(c10::ScalarType dtype);
 int64_t dtype_bytes(c10::ScalarType dtype);
 // `t` in fp32; an undefined tensor (an absent bias or affine) stays undefined.
 at::Tensor to_fp32(const at::Tensor& t);
+// bf16 or fp16.
+bool is_half(c10::ScalarType dtype);
 
 // How the DiT's boundary inputs are cast before the forward. Autocast-free
 // code runs element-wise ops at the input dtype, so these casts decide the
