@@ -91,16 +91,18 @@ std::vector<Entry> entries(const TrainingState& state) {
   return list;
 }
 
-// Fault injection for the e2e suite: DITRL_TEST_KILL_IN_CHECKPOINT="rank:step"
-// kills that rank with SIGKILL halfway through writing that step's checkpoint,
-// which must leave `latest` on the previous, loadable checkpoint.
-void kill_point(MPI_Comm comm, int64_t step) {
-  const char* spec = std::getenv("DITRL_TEST_KILL_IN_CHECKPOINT");
+// Fault injection for the e2e and fault suites, "rank:step" in
+// DITRL_TEST_KILL_IN_CHECKPOINT: SIGKILL halfway through writing that step's
+// checkpoint, which must leave `latest` on the previous, loadable checkpoint;
+// DITRL_TEST_STOP_IN_CHECKPOINT: SIGSTOP before its attributes, whose writes
+// the other ranks must not wait in forever.
+void fault_point(const char* variable, int signal, MPI_Comm comm, int64_t step) {
+  const char* spec = std::getenv(variable);
   if (!spec) return;
   int rank = -1;
   long long at_step = -1;
   if (std::sscanf(spec, "%d:%lld", &rank, &at_step) == 2 && rank == comm_rank(comm) && at_step == step)
-    std::raise(SIGKILL);
+    std::raise(signal);
 }
 
 void fsync_file(const std::string& path) {
@@ -315,7 +317,7 @@ std::string save_checkpoint(const std::string& out_dir, const TrainingState& sta
               write_hashed(tmp_path.string(), slabs, {at::get_num_threads() + 1, /*direct=*/true, device}).digests;
         },
         [&] { abandon(file, tmp_path, root); });
-    kill_point(comm, meta.step);
+    fault_point("DITRL_TEST_KILL_IN_CHECKPOINT", SIGKILL, comm, meta.step);
     std::string manifest = gather_manifest(list, digests, comm);
 
     // Rank 0's generator states land (Dataset::write); their digests are shared.
@@ -329,6 +331,7 @@ std::string save_checkpoint(const std::string& out_dir, const TrainingState& sta
       rng_set.write(rng);
       manifest += fmt::format("{} 0 {} {}\n", path, rng.numel(), digest(rng));
     }
+    fault_point("DITRL_TEST_STOP_IN_CHECKPOINT", SIGSTOP, comm, meta.step);
     file.set_attr("sha256_manifest", manifest);
 
     file.set_attr("format", kFormat);

@@ -284,11 +284,18 @@ Handle open_attr(const Object& object, const std::string& name) {
                 H5Aclose);
 }
 
-Handle replace_attr(Object& object, const std::string& name, hid_t type, hid_t space) {
+// Replaces attribute `name` with `data` (nullptr: created, nothing written).
+// In a parallel file this is collective metadata, and parallel HDF5 may
+// communicate anywhere in it (a variable-length string write barriers), up to
+// the attribute's close: all of it runs under the watchdog.
+void write_attr(Object& object, const std::string& name, hid_t file_type, hid_t mem_type, const Dataspace& space,
+                const void* data) {
+  dist::WaitScope waiting("io", "H5Awrite(" + name + ") " + object.context(), object.parallel());
   if (object.has_attr(name)) checked(H5Adelete(object.id(), name.c_str()), object.context(), "H5Adelete");
-  return Handle(checked_id(H5Acreate2(object.id(), name.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT),
-                           object.context(), "H5Acreate2(" + name + ")"),
-                H5Aclose);
+  Handle attr(checked_id(H5Acreate2(object.id(), name.c_str(), file_type, space.id(), H5P_DEFAULT, H5P_DEFAULT),
+                         object.context(), "H5Acreate2(" + name + ")"),
+              H5Aclose);
+  if (data) checked(H5Awrite(attr.id(), mem_type, data), object.context(), "H5Awrite(" + name + ")");
 }
 
 }  // namespace
@@ -297,28 +304,21 @@ void Object::set_attr(const std::string& name, const std::string& value) {
   Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
   H5Tset_size(type.id(), H5T_VARIABLE);
   H5Tset_cset(type.id(), H5T_CSET_UTF8);
-  Dataspace space = Dataspace::scalar();
-  Handle attr = replace_attr(*this, name, type.id(), space.id());
   const char* text = value.c_str();
-  checked(H5Awrite(attr.id(), type.id(), &text), context(), "H5Awrite");
+  write_attr(*this, name, type.id(), type.id(), Dataspace::scalar(), &text);
 }
 
 void Object::set_attr(const std::string& name, int64_t value) {
-  Dataspace space = Dataspace::scalar();
-  Handle attr = replace_attr(*this, name, H5T_STD_I64LE, space.id());
-  checked(H5Awrite(attr.id(), H5T_NATIVE_INT64, &value), context(), "H5Awrite");
+  write_attr(*this, name, H5T_STD_I64LE, H5T_NATIVE_INT64, Dataspace::scalar(), &value);
 }
 
 void Object::set_attr(const std::string& name, double value) {
-  Dataspace space = Dataspace::scalar();
-  Handle attr = replace_attr(*this, name, H5T_IEEE_F64LE, space.id());
-  checked(H5Awrite(attr.id(), H5T_NATIVE_DOUBLE, &value), context(), "H5Awrite");
+  write_attr(*this, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, Dataspace::scalar(), &value);
 }
 
 void Object::set_attr(const std::string& name, const std::vector<int64_t>& value) {
-  Dataspace space = Dataspace::simple({static_cast<hsize_t>(value.size())});
-  Handle attr = replace_attr(*this, name, H5T_STD_I64LE, space.id());
-  if (!value.empty()) checked(H5Awrite(attr.id(), H5T_NATIVE_INT64, value.data()), context(), "H5Awrite");
+  write_attr(*this, name, H5T_STD_I64LE, H5T_NATIVE_INT64, Dataspace::simple({static_cast<hsize_t>(value.size())}),
+             value.empty() ? nullptr : value.data());
 }
 
 std::string Object::string_attr(const std::string& name) const {
@@ -609,6 +609,7 @@ bool Group::exists(const std::string& path) const {
 }
 
 Group Group::create_group(const std::string& path) {
+  dist::WaitScope waiting("io", "H5Gcreate2(" + path + ") " + context(), parallel());
   Handle lcpl = link_create_intermediate();
   const hid_t g = H5Gcreate2(id(), path.c_str(), lcpl.id(), H5P_DEFAULT, H5P_DEFAULT);
   return Group(checked_id(g, context(), "H5Gcreate2(" + path + ")"), H5Gclose, file_name(), child_path(path), comm());
@@ -626,6 +627,7 @@ Group Group::require_group(const std::string& path) {
 
 Dataset Group::create_dataset(const std::string& path, c10::ScalarType dtype, const std::vector<hsize_t>& dims,
                               const DatasetOptions& options) {
+  dist::WaitScope waiting("io", "H5Dcreate2(" + path + ") " + context(), parallel());
   Handle type = datatype_for(dtype);
   Dataspace space = Dataspace::simple(dims, options.max_dims);
   Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
@@ -676,6 +678,7 @@ Handle utf8_vlen_string() {
 }  // namespace
 
 void Group::write_strings(const std::string& path, const std::vector<std::string>& values) {
+  dist::WaitScope waiting("io", "H5Dwrite(" + path + ") " + context(), parallel());
   Handle type = utf8_vlen_string();
   Dataspace space = Dataspace::simple({static_cast<hsize_t>(values.size())});
   Handle lcpl = link_create_intermediate();

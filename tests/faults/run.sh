@@ -121,6 +121,23 @@ case $SCENARIO in
     pass "$tries/$tries tries ended within ${timeout} s + 10 s, naming the stopped rank ($table)"
     ;;
 
+  stopped_rank_in_checkpoint)
+    # Stopped inside a checkpoint, before its attributes: the live rank's
+    # attribute write is collective metadata that parallel HDF5 turns into MPI
+    # calls of its own, which the watchdog must cover too.
+    timeout=5
+    DITRL_TEST_STOP_IN_CHECKPOINT=1:2 start --set parallel.collective_timeout_s=$timeout
+    finish 120
+    [[ $rc == hung ]] && fail "the job did not end within $took s"
+    (( rc != 0 )) || fail "exit code 0 after a stopped rank"
+    grep -q "collective timeout on rank 0: waited [0-9.]* s in io H5Awrite(sha256_manifest)" "$OUT/job.log" ||
+      fail "no watchdog message naming the attribute write"
+    grep -q "rank 1 (not responding" "$OUT/job.log" || fail "the message does not name rank 1"
+    [[ $(latest_step) == step-1.h5 ]] || fail "latest is '$(latest_step)', not step-1.h5"
+    check_resumes
+    pass "ended $took s after the start, rc $rc, $(grep -o 'waited [0-9.]* s in [^;]*' "$OUT/job.log" | head -1)"
+    ;;
+
   stopped_rank_startup)
     # Stopped before training starts: startup_timeout_s applies.
     timeout=6

@@ -110,7 +110,10 @@ class Object : public Handle {
 
   const std::string& file_name() const { return file_; }
   const std::string& path() const { return path_; }
-  // Opened through MPI-IO: dataset transfers are collective.
+  // Opened through MPI-IO: dataset transfers are collective, and so is every
+  // call that changes metadata (creating objects, writing attributes), which
+  // parallel HDF5 may turn into MPI collectives (a variable-length attribute
+  // write barriers): they run under the collective watchdog.
   bool parallel() const { return comm_ != MPI_COMM_NULL; }
   MPI_Comm comm() const { return comm_; }
   std::string context() const;  // "file:path" for messages
