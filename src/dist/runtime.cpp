@@ -14,6 +14,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdlib>
 #include <iostream>
 #include <optional>
@@ -124,12 +125,18 @@ bool MpiRuntime::active() {
 }
 
 Runtime::Runtime(const RuntimeOptions& options)
-    : bring_up_(std::make_unique<BringUpTimer>(options.startup_timeout_s)), mpi_(nullptr, nullptr), options_(options) {
+    : deadline_(std::make_unique<ExitDeadline>(
+          options.startup_timeout_s,
+          fmt::format("MPI start-up did not finish within {:g} s ([parallel] startup_timeout_s): a peer is stopped, "
+                      "hung or dead before the watchdog could start; exiting",
+                      options.startup_timeout_s))),
+      mpi_(nullptr, nullptr),
+      options_(options) {
   WatchdogOptions watch;
   watch.startup_timeout_s = options_.startup_timeout_s;
   watch.collective_timeout_s = options_.collective_timeout_s;
   watchdog_ = std::make_unique<Watchdog>(mpi_.comm(), watch);
-  bring_up_->disarm();
+  deadline_->disarm();
   host_ = make_mpi_communicator(mpi_.comm(), "host");
   device_ = on_every_rank(*host_, [&] { return choose_device(options_.device, world()); });
   data_ = on_every_rank(*host_, [&] { return make_data_communicator(); });
@@ -151,7 +158,17 @@ std::unique_ptr<Communicator> Runtime::make_data_communicator() const {
 #endif
 }
 
-Runtime::~Runtime() = default;
+Runtime::~Runtime() {
+  if (std::uncaught_exceptions() > 0) return;  // no MPI_Finalize then (MpiRuntime)
+  // Test hook of tests/faults/run.sh: this rank stops before the teardown.
+  if (const char* rank = std::getenv("DITRL_TEST_STOP_BEFORE_FINALIZE"); rank && std::atoi(rank) == world().rank)
+    std::raise(SIGSTOP);
+  deadline_ = std::make_unique<ExitDeadline>(
+      options_.collective_timeout_s,
+      fmt::format("MPI_Finalize did not finish within {:g} s ([parallel] collective_timeout_s): a peer is stopped, "
+                  "hung or dead; this rank's work is complete; exiting",
+                  options_.collective_timeout_s));
+}
 
 std::unique_ptr<Runtime> Runtime::create(const RuntimeOptions& options) {
   return std::unique_ptr<Runtime>(new Runtime(options));

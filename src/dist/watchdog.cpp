@@ -294,30 +294,26 @@ bool Watchdog::running() {
   return g_running.load();
 }
 
-struct BringUpTimer::State {
+struct ExitDeadline::State {
   std::mutex mutex;
   std::condition_variable wake;
   bool disarmed = false;
 };
 
-BringUpTimer::BringUpTimer(double seconds) : state_(std::make_shared<State>()) {
-  std::thread([state = state_, seconds] {
+ExitDeadline::ExitDeadline(double seconds, std::string message) : state_(std::make_shared<State>()) {
+  std::thread([state = state_, seconds, message = std::move(message)] {
     std::unique_lock<std::mutex> lock(state->mutex);
     if (state->wake.wait_for(lock, std::chrono::duration<double>(seconds), [&] { return state->disarmed; })) return;
-    std::cerr << fmt::format(
-                     "ditrl: MPI start-up did not finish within {:g} s ([parallel] startup_timeout_s): a peer is "
-                     "stopped, hung or dead before the watchdog could start; exiting",
-                     seconds)
-              << std::endl;
+    std::cerr << "ditrl: " << message << std::endl;
     _exit(124);
   }).detach();
 }
 
-BringUpTimer::~BringUpTimer() {
+ExitDeadline::~ExitDeadline() {
   disarm();
 }
 
-void BringUpTimer::disarm() {
+void ExitDeadline::disarm() {
   {
     std::lock_guard<std::mutex> lock(state_->mutex);
     state_->disarmed = true;

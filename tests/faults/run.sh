@@ -138,6 +138,22 @@ case $SCENARIO in
     pass "ended $took s after the start, rc $rc, $(grep -o 'waited [0-9.]* s in [^;]*' "$OUT/job.log" | head -1)"
     ;;
 
+  stopped_rank_at_exit)
+    # Stopped after its work, before MPI_Finalize, which waits for every
+    # peer; the watchdog is gone by then: a deadline ends the live rank.
+    timeout=5
+    DITRL_TEST_STOP_BEFORE_FINALIZE=1 start --set parallel.collective_timeout_s=$timeout --set train.num_rollouts=2
+    finish 120
+    [[ $rc == hung ]] && fail "the job did not end within $took s"
+    grep -q "training complete: 2 rollouts" "$OUT/job.log" || fail "the run did not complete its 2 rollouts"
+    (( rc == 124 )) || fail "exit code $rc, expected 124 (timed out)"
+    grep -q "MPI_Finalize did not finish within $timeout s (\[parallel\] collective_timeout_s)" "$OUT/job.log" ||
+      fail "no message naming MPI_Finalize and collective_timeout_s"
+    [[ $(latest_step) == step-2.h5 ]] || fail "latest is '$(latest_step)', not step-2.h5"
+    check_resumes
+    pass "ended $took s after the start, rc $rc, latest step-2.h5 resumes"
+    ;;
+
   stopped_rank_startup)
     # Stopped before training starts: startup_timeout_s applies.
     timeout=6

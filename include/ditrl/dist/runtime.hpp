@@ -25,7 +25,7 @@
 namespace ditrl::dist {
 
 class Watchdog;  // dist/watchdog.hpp
-class BringUpTimer;
+class ExitDeadline;
 
 struct WorldInfo {
   int rank = 0;
@@ -100,8 +100,10 @@ class Runtime {
   explicit Runtime(const RuntimeOptions& options);
   std::unique_ptr<Communicator> make_data_communicator() const;
 
-  // Covers MPI_Init and the watchdog's start, before the watchdog exists.
-  std::unique_ptr<BringUpTimer> bring_up_;
+  // Covers MPI_Init and the watchdog's start, before the watchdog exists;
+  // re-armed by ~Runtime for the teardown after it (MPI_Finalize waits for
+  // every peer).
+  std::unique_ptr<ExitDeadline> deadline_;
   MpiRuntime mpi_;
   RuntimeOptions options_;
   // Started before the communicators exist, stopped after they are gone.

@@ -53,16 +53,16 @@ class Watchdog {
   std::unique_ptr<Impl> impl_;
 };
 
-// Before MPI is up there is no side channel and no peer to ask: a process
-// whose MPI bring-up (MPI_Init, the watchdog's own communicator) has not
-// finished within `seconds` (a peer stopped or dead before it) is ended with
-// exit code 124 and a message, and the launcher ends the rest.
-class BringUpTimer {
+// Where the watchdog cannot help, a deadline: before MPI is up (no side
+// channel, no peer to ask) and once the watchdog is gone (MPI_Finalize, which
+// waits for every peer). A process whose deadline passes before disarm()
+// prints "ditrl: <message>" and exits with code 124; the launcher ends the rest.
+class ExitDeadline {
  public:
-  explicit BringUpTimer(double seconds);
-  ~BringUpTimer();  // disarms it
-  BringUpTimer(const BringUpTimer&) = delete;
-  BringUpTimer& operator=(const BringUpTimer&) = delete;
+  ExitDeadline(double seconds, std::string message);
+  ~ExitDeadline();  // disarms it
+  ExitDeadline(const ExitDeadline&) = delete;
+  ExitDeadline& operator=(const ExitDeadline&) = delete;
   void disarm();
 
  private:
