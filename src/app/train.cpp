@@ -19,6 +19,7 @@
 #include <ditrl/dist/device.hpp>
 #include <ditrl/dist/watchdog.hpp>
 #include <ditrl/error.hpp>
+#include <ditrl/fault_injection.hpp>
 #include <ditrl/io/metrics.hpp>
 #include <ditrl/rl/loss_window.hpp>
 
@@ -30,8 +31,6 @@
 #include <atomic>
 #include <cmath>
 #include <csignal>
-#include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 
 namespace ditrl::app {
@@ -43,17 +42,6 @@ namespace {
 std::atomic<int> stop_signal{0};
 extern "C" void request_stop(int signal) {
   stop_signal = signal;
-}
-
-// Fault injection for the e2e suite: DITRL_TEST_NONFINITE_LOSS="rank:step"
-// makes that rank's loss NaN at that optimizer step (as a sample gone bad
-// would), so the agreed skip or stop of train.on_nonfinite runs end to end.
-bool nonfinite_point(int rank, int64_t step) {
-  const char* spec = std::getenv("DITRL_TEST_NONFINITE_LOSS");
-  if (!spec) return false;
-  int at_rank = -1;
-  long long at_step = -1;
-  return std::sscanf(spec, "%d:%lld", &at_rank, &at_step) == 2 && at_rank == rank && at_step == step;
 }
 
 std::string trajectory_path(const std::string& pattern, int64_t rollout_id) {
@@ -146,7 +134,9 @@ class Trainer {
     run_.params->begin_step();
     const rl::PreparedBatch b = rl::prepare_batch(data.slice(mb), run_.runtime->device());
     at::Tensor loss_sum = run_.algorithm->micro_batch_loss(rollout, data, b, index, metrics);
-    if (nonfinite_point(run_.runtime->world().rank, global_step_)) loss_sum = loss_sum * std::nan("");
+    // A sample gone bad (a test's NaN loss on one rank): train.on_nonfinite's agreed skip or stop runs.
+    if (fault_requested("DITRL_TEST_NONFINITE_LOSS", run_.runtime->world().rank, global_step_))
+      loss_sum = loss_sum * std::nan("");
     const at::Tensor objective = rl::window_objective(loss_sum, window_pairs);
     times.forward.stop();
     times.backward.start();

@@ -3,6 +3,7 @@
 #include <ditrl/dist/runtime.hpp>
 #include <ditrl/dist/watchdog.hpp>
 #include <ditrl/error.hpp>
+#include <ditrl/fault_injection.hpp>
 
 #ifdef DITRL_CUDA
 #include <ditrl/dist/nccl_communicator.hpp>
@@ -160,9 +161,8 @@ std::unique_ptr<Communicator> Runtime::make_data_communicator() const {
 
 Runtime::~Runtime() {
   if (std::uncaught_exceptions() > 0) return;  // no MPI_Finalize then (MpiRuntime)
-  // Test hook of tests/faults/run.sh: this rank stops before the teardown.
-  if (const char* rank = std::getenv("DITRL_TEST_STOP_BEFORE_FINALIZE"); rank && std::atoi(rank) == world().rank)
-    std::raise(SIGSTOP);
+  // A rank stopped before the teardown (tests/faults): the others' deadline below ends them.
+  if (fault_requested("DITRL_TEST_STOP_BEFORE_FINALIZE", world().rank)) std::raise(SIGSTOP);
   deadline_ = std::make_unique<ExitDeadline>(
       options_.collective_timeout_s,
       fmt::format("MPI_Finalize did not finish within {:g} s ([parallel] collective_timeout_s): a peer is stopped, "

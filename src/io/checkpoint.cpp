@@ -1,6 +1,7 @@
 #include <ditrl/dist/runtime.hpp>
 #include <ditrl/dist/watchdog.hpp>
 #include <ditrl/error.hpp>
+#include <ditrl/fault_injection.hpp>
 #include <ditrl/io/checkpoint.hpp>
 #include <ditrl/io/h5.hpp>
 #include <ditrl/io/hashed_write.hpp>
@@ -16,8 +17,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <csignal>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -89,20 +88,6 @@ std::vector<Entry> entries(const TrainingState& state) {
       add("/extra/" + state.extra_sets[k] + "/" + t.name, mine ? t.extra.at(k) : at::Tensor());
   }
   return list;
-}
-
-// Fault injection for the e2e and fault suites, "rank:step" in
-// DITRL_TEST_KILL_IN_CHECKPOINT: SIGKILL halfway through writing that step's
-// checkpoint, which must leave `latest` on the previous, loadable checkpoint;
-// DITRL_TEST_STOP_IN_CHECKPOINT: SIGSTOP before its attributes, whose writes
-// the other ranks must not wait in forever.
-void fault_point(const char* variable, int signal, MPI_Comm comm, int64_t step) {
-  const char* spec = std::getenv(variable);
-  if (!spec) return;
-  int rank = -1;
-  long long at_step = -1;
-  if (std::sscanf(spec, "%d:%lld", &rank, &at_step) == 2 && rank == comm_rank(comm) && at_step == step)
-    std::raise(signal);
 }
 
 void fsync_file(const std::string& path) {
@@ -317,7 +302,8 @@ std::string save_checkpoint(const std::string& out_dir, const TrainingState& sta
               write_hashed(tmp_path.string(), slabs, {at::get_num_threads() + 1, /*direct=*/true, device}).digests;
         },
         [&] { abandon(file, tmp_path, root); });
-    fault_point("DITRL_TEST_KILL_IN_CHECKPOINT", SIGKILL, comm, meta.step);
+    // A rank killed halfway through: `latest` must stay on the previous, loadable checkpoint.
+    if (fault_requested("DITRL_TEST_KILL_IN_CHECKPOINT", comm_rank(comm), meta.step)) std::raise(SIGKILL);
     std::string manifest = gather_manifest(list, digests, comm);
 
     // Rank 0's generator states land (Dataset::write); their digests are shared.
@@ -331,7 +317,8 @@ std::string save_checkpoint(const std::string& out_dir, const TrainingState& sta
       rng_set.write(rng);
       manifest += fmt::format("{} 0 {} {}\n", path, rng.numel(), digest(rng));
     }
-    fault_point("DITRL_TEST_STOP_IN_CHECKPOINT", SIGSTOP, comm, meta.step);
+    // A rank stopped before the attributes: the others must not wait in their writes forever.
+    if (fault_requested("DITRL_TEST_STOP_IN_CHECKPOINT", comm_rank(comm), meta.step)) std::raise(SIGSTOP);
     file.set_attr("sha256_manifest", manifest);
 
     file.set_attr("format", kFormat);
