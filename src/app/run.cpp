@@ -66,6 +66,11 @@ void check_files(const config::Config& c) {
       fail("{}: model.{} = \"{}\": no such file", c.source, key, path);
   if (!c.data.prompts.empty() && !std::filesystem::exists(c.data.prompts))
     fail("{}: data.prompts = \"{}\": no such file", c.source, c.data.prompts);
+  const std::string& resume = c.checkpoint.resume;
+  if (!resume.empty() && resume != "latest" && resume != "auto" && resume != "none" &&
+      !std::filesystem::is_regular_file(resume))
+    fail("{}: checkpoint.resume = \"{}\": no such file (expected \"latest\", \"auto\", \"none\" or a checkpoint file)",
+         c.source, resume);
 }
 
 // Each rank writes its own samples' forwards to its own serial file, in

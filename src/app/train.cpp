@@ -190,7 +190,8 @@ int train(const TrainCli& cli) {
   sigaddset(&stops, SIGTERM);
   sigaddset(&stops, SIGUSR1);
   sigprocmask(SIG_UNBLOCK, &stops, nullptr);  // blocked across the deterministic re-exec
-  const config::Config config = config::load_deck(cli.deck, cli.overrides);
+  config::Config config = config::load_deck(cli.deck, cli.overrides);
+  if (!cli.resume.empty()) config.checkpoint.resume = cli.resume;  // the flag overrides the deck's key
   const std::unique_ptr<dist::Runtime> runtime = start_runtime(config, config.run.out_dir);
   spdlog::info("ditrl train {} on {} rank(s), {} intra-op thread(s){}", cli.deck, runtime->world().size,
                at::get_num_threads(), config.run.deterministic ? ", deterministic: " + cpu_kernel_pins() : "");
@@ -199,7 +200,7 @@ int train(const TrainCli& cli) {
   Run run = open_run(config, *runtime);
   Trainer trainer(run, cli);
   RunCheckpoints checkpoints(run, cli.allow_changed_deck);
-  const int64_t first_rollout = checkpoints.resume(cli.resume.empty() ? config.checkpoint.resume : cli.resume);
+  const int64_t first_rollout = checkpoints.resume(config.checkpoint.resume);
   trainer.resume_at(checkpoints.resumed_step());
   dist::Watchdog::mark_started();
   if (stopped_during_start_up(*run.runtime)) {

@@ -88,7 +88,10 @@ std::string show(double v) {
 std::string show(const std::string& v) { return "\"" + v + "\""; }
 
 std::string describe(const Between& c) { return fmt::format("a value in [{}, {}]", show(c.lo), show(c.hi)); }
-std::string describe(const Above& c) { return fmt::format("a value > {}", show(c.lo)); }
+std::string describe(const Above& c) {
+  if (c.hi == kFp32Max) return fmt::format("a finite value > {} within fp32's range (<= 3.4e38)", show(c.lo));
+  return fmt::format("a value > {} and <= {}", show(c.lo), show(c.hi));
+}
 std::string describe(const OneOf& c) {
   std::string s = "one of";
   for (size_t i = 0; i < c.values.size(); ++i) s += (i ? ", \"" : " \"") + c.values[i] + "\"";
@@ -96,7 +99,7 @@ std::string describe(const OneOf& c) {
 }
 
 bool satisfies(double v, const Between& c) { return v >= c.lo && v <= c.hi; }
-bool satisfies(double v, const Above& c) { return v > c.lo; }
+bool satisfies(double v, const Above& c) { return v > c.lo && v <= c.hi; }
 bool satisfies(const std::string& v, const OneOf& c) {
   return std::find(c.values.begin(), c.values.end(), v) != c.values.end();
 }

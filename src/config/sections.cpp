@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <set>
+
 namespace ditrl::config {
 
 void Checker::error(const std::string& key, const std::string& message) const {
@@ -46,10 +48,15 @@ void RolloutSection::validate(const Checker& c) const {
   } else if (sde_steps > steps) {
     c.error("sde_steps", fmt::format("must not exceed steps ({})", steps));
   }
+  if (strategy != "ode_and_return_last" && sde_steps < 1)
+    c.error("sde_steps", fmt::format("must be >= 1 for strategy \"{}\" (the SDE steps trained per sample)", strategy));
   if (strategy == "epoch_global_random_choice") {
     if (candidate_steps.empty()) c.error("candidate_steps", "is required by strategy \"epoch_global_random_choice\"");
-    for (int64_t s : candidate_steps)
+    std::set<int64_t> seen;
+    for (int64_t s : candidate_steps) {
       if (s >= steps) c.error("candidate_steps", fmt::format("entry {} is not a step index below {}", s, steps));
+      if (!seen.insert(s).second) c.error("candidate_steps", fmt::format("lists step {} twice", s));
+    }
   }
   if (sde != "ode" && strategy != "ode_and_return_last" && noise_level <= 0)
     c.error("noise_level", "must be > 0 for stochastic (sde/cps) sampling");

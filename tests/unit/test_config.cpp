@@ -79,7 +79,28 @@ TEST_CASE("config: out-of-range values name key / value and range", "[config]") 
   const std::string error = deck_error(std::string(kMinimal) + "[rollout]\nsteps = 0\n");
   CHECK_THAT(error, Contains("deck.toml:5:9"));
   CHECK_THAT(error, Contains("'rollout.steps' = 0 is out of range: expected a value in [1, 1000]"));
-  CHECK_THAT(deck_error(std::string(kMinimal) + "[train]\nlr = -1e-4\n"), Contains("expected a value > 0"));
+  CHECK_THAT(deck_error(std::string(kMinimal) + "[train]\nlr = -1e-4\n"), Contains("expected a finite value > 0"));
+}
+
+TEST_CASE("config: numbers must be finite and fit fp32 / timeouts must fit a deadline", "[config]") {
+  const auto with = [](const std::string& section, const std::string& assignment) {
+    return deck_error(std::string(kMinimal) + "[" + section + "]\n" + assignment + "\n");
+  };
+  // A value that passed check and then stopped the run after the model load
+  // ("value cannot be converted to type float without overflow") or NaN'd it.
+  CHECK_THAT(with("train", "lr = 1e300"), Contains("'train.lr' = 1e+300 is out of range: expected a finite value > 0 "
+                                                   "within fp32's range"));
+  CHECK_THAT(with("train", "clip_range = inf"), Contains("'train.clip_range' = inf is out of range"));
+  CHECK_THAT(with("rollout", "shift = nan"), Contains("'rollout.shift' = nan is out of range"));
+  CHECK_THAT(with("model.lora", "alpha = inf"), Contains("'model.lora.alpha' = inf is out of range"));
+  CHECK(with("train", "lr = 3e38").empty());
+  // A huge timeout overflowed the deadline and ended the job at once as if a peer hung.
+  CHECK_THAT(with("parallel", "startup_timeout_s = 1e12"),
+             Contains("'parallel.startup_timeout_s' = 1000000000000 is out of range: expected a value > 0 and <= "
+                      "1000000000"));
+  CHECK_THAT(with("parallel", "collective_timeout_s = inf"), Contains("'parallel.collective_timeout_s' = inf"));
+  CHECK_THAT(with("reward", "timeout_s = 1e10"), Contains("'reward.timeout_s' = 10000000000 is out of range"));
+  CHECK(with("parallel", "collective_timeout_s = 1e9").empty());
 }
 
 TEST_CASE("config: a value outside a fixed set lists the choices", "[config]") {
@@ -192,6 +213,13 @@ TEST_CASE("config: section rules report the offending key", "[config]") {
              Contains("'rollout.window' must be [lo, hi)"));
   CHECK_THAT(deck_error(std::string(kMinimal) + "[rollout]\nstrategy = \"epoch_global_random_choice\"\n"),
              Contains("'rollout.candidate_steps' is required"));
+  // Both passed check and failed in the first rollout.
+  CHECK_THAT(deck_error(std::string(kMinimal) + "[rollout]\nsde_steps = 0\n"),
+             Contains("'rollout.sde_steps' must be >= 1 for strategy \"sde_window\""));
+  CHECK(deck_error(std::string(kMinimal) + "[rollout]\nsde_steps = 0\nstrategy = \"ode_and_return_last\"\n").empty());
+  CHECK_THAT(deck_error(std::string(kMinimal) +
+                        "[rollout]\nstrategy = \"epoch_global_random_choice\"\ncandidate_steps = [1, 3, 1]\n"),
+             Contains("'rollout.candidate_steps' lists step 1 twice"));
   CHECK_THAT(deck_error(std::string(kMinimal) + "[reward]\nkind = \"torchscript\"\n"),
              Contains("'reward.module' is required"));
   if (!ditrl::kCudaBuild) {
@@ -257,6 +285,12 @@ TEST_CASE("config: `ditrl check` rejects what train start would: batch splits / 
   const auto preset = ditrl::test::run_process(check + " --set model.preset=nonesuch --set run.out_dir=" + dir);
   CHECK(preset.exit_code != 0);
   CHECK_THAT(preset.output, Contains("nonesuch"));
+
+  // It passed check and failed only after the model was built.
+  const auto resume =
+      ditrl::test::run_process(check + " --set checkpoint.resume=" + dir + "/absent.h5 --set run.out_dir=" + dir);
+  CHECK(resume.exit_code != 0);
+  CHECK_THAT(resume.output, Contains("checkpoint.resume = \"" + dir + "/absent.h5\": no such file"));
 
   const auto out_dir = ditrl::test::run_process(check + " --set run.out_dir=" + good + "/run");
   CHECK(out_dir.exit_code != 0);

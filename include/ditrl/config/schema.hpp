@@ -23,9 +23,13 @@ namespace ditrl::config {
 struct Between {
   double lo, hi;
 };
-// Strictly greater than lo.
+// The largest finite fp32: most unbounded deck numbers end up in fp32 tensors.
+constexpr double kFp32Max = 3.4028234663852886e38;
+
+// Strictly greater than lo, and at most hi.
 struct Above {
   double lo;
+  double hi = kFp32Max;
 };
 // A string drawn from a fixed set.
 struct OneOf {

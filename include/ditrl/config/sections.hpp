@@ -28,6 +28,8 @@ class Checker {
 };
 
 constexpr double kIntMax = 9.0e15;  // keeps integer ranges exact in a double
+// Timeouts become std::chrono nanosecond deadlines, which a larger value would overflow.
+constexpr double kTimeoutMax = 1.0e9;
 
 struct RunSection {
   std::string name = "ditrl";
@@ -174,8 +176,8 @@ struct ParallelSection {
     v("prefetch", prefetch);
     v("rollout_keep_gathered", rollout_keep_gathered);
     v("recompute", recompute);
-    v("startup_timeout_s", startup_timeout_s, Above{0});
-    v("collective_timeout_s", collective_timeout_s, Above{0});
+    v("startup_timeout_s", startup_timeout_s, Above{0, kTimeoutMax});
+    v("collective_timeout_s", collective_timeout_s, Above{0, kTimeoutMax});
     v("sequence_parallel", sequence_parallel, Between{1, 65536});
   }
 };
@@ -243,7 +245,7 @@ struct RewardSection {
     v("module", module);
     v("command", command);
     v("target_seed", target_seed, Between{0, kIntMax});
-    v("timeout_s", timeout_s, Above{0});
+    v("timeout_s", timeout_s, Above{0, kTimeoutMax});
   }
   void validate(const Checker& c) const;
 };
