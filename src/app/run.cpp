@@ -1,4 +1,5 @@
 #include <ditrl/app/determinism.hpp>
+#include <ditrl/app/memory_check.hpp>
 #include <ditrl/app/options.hpp>
 #include <ditrl/app/run.hpp>
 #include <ditrl/clock.hpp>
@@ -177,6 +178,7 @@ Run open_run(const config::Config& config, dist::Runtime& runtime, const std::st
   const int world = runtime.world().size;
   run.traits = rl::algorithm_traits(c.train.loss);
   check_run_inputs(c, world);
+  check_memory_fits(c, runtime.world(), runtime.device());
 
   const auto load_start = Clock::now();
   // The run's forwards are all at the deck's grid: SD3's pos_embed holds its crop only.

@@ -8,6 +8,8 @@
 #ifdef DITRL_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
 #endif
 
 #include <cmath>
@@ -86,6 +88,19 @@ double peak_device_bytes(c10::Device device) {
       stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak);
 #else
   return std::nan("");
+#endif
+}
+
+int64_t free_device_bytes(c10::Device device) {
+  if (!device.is_cuda()) return -1;
+#ifdef DITRL_CUDA
+  c10::cuda::CUDAGuard guard(device.index());
+  size_t free = 0, total = 0;
+  if (const cudaError_t status = cudaMemGetInfo(&free, &total); status != cudaSuccess)
+    fail("cudaMemGetInfo on {}: {}", device.str(), cudaGetErrorString(status));
+  return static_cast<int64_t>(free);
+#else
+  return -1;
 #endif
 }
 

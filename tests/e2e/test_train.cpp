@@ -209,7 +209,14 @@ TEST_CASE("train: bad decks fail before any rank does work", "[e2e][deck]") {
   const auto ranks = test::train(kDeck, out + "/d", 3, "");
   CHECK(ranks.exit_code != 0);
   CHECK_THAT(ranks.output, Contains("train.global_batch = 8 is not divisible by the 3 ranks"));
-  for (const char* d : {"a", "b", "c", "d"}) CHECK_FALSE(std::filesystem::exists(out + "/" + d + "/metrics.h5"));
+  // `ditrl plan` predicts ~3.3 TB per rank (attention scores of 262144 tokens): refused before loading.
+  const auto memory =
+      test::train(kDeck, out + "/e", 2, "--set model.family=wan --set rollout.height=1024 --set rollout.width=1024");
+  CHECK(memory.exit_code != 0);
+  CHECK_THAT(memory.output, Contains("GB per rank (`ditrl plan`'s predicted peak") && Contains("this node has") &&
+                                Contains("run.check_memory = false to start anyway"));
+  CHECK_THAT(memory.output, !Contains("[load]"));
+  for (const char* d : {"a", "b", "c", "d", "e"}) CHECK_FALSE(std::filesystem::exists(out + "/" + d + "/metrics.h5"));
 }
 
 TEST_CASE("train: wrong or partial weights fail before any work naming the tensor", "[e2e][deck][weights]") {

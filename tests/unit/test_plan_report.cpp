@@ -1,3 +1,4 @@
+#include <ditrl/app/memory_check.hpp>
 #include <ditrl/app/memory_plan.hpp>
 #include <ditrl/app/options.hpp>
 #include <ditrl/config/deck.hpp>
@@ -9,6 +10,8 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+
+#include <unistd.h>
 
 #include "block_stack.hpp"
 
@@ -240,4 +243,34 @@ micro_batch = 2
   CHECK_THAT(m.text(), Contains("# predicted peak per rank: ") && Contains(std::to_string(m.peak()) + " B)"));
   CHECK_THAT(m.text(), Contains("allocator's predicted peak per rank (all but the process): ") &&
                            Contains(std::to_string(m.device_peak()) + " B)"));
+}
+
+TEST_CASE("memory check: a plan over the node's budget per rank fails naming the numbers / one that fits passes",
+          "[plan][memory]") {
+  const config::Config c = config::parse_deck("[model]\nfamily = \"sd3\"\n", "memory check deck");
+  app::MemoryPlan plan;
+  plan.state = 2'000'000'000;  // peak 2.18 GB with the process baseline
+  const app::MemoryBudget node{8'000'000'000, "test budget"};
+  CHECK_NOTHROW(app::check_plan_fits(c, plan, node, /*local_ranks=*/3, /*device=*/false));
+  try {
+    app::check_plan_fits(c, plan, node, /*local_ranks=*/4, /*device=*/false);
+    FAIL("4 ranks x 2.18 GB fit in 8 GB");
+  } catch (const Error& e) {
+    CHECK_THAT(e.what(),
+               Contains("memory check deck: the run needs about 2.18 GB per rank") &&
+                   Contains("this node has 8.00 GB available for its 4 rank(s), 2.00 GB each (test budget)") &&
+                   Contains("run.check_memory = false"));
+  }
+  // On a GPU the process's host baseline is not on the device, and each rank has its own device.
+  CHECK_NOTHROW(app::check_plan_fits(c, plan, {2'000'000'000, "free on cuda:0"}, 8, /*device=*/true));
+  CHECK_THROWS_WITH(app::check_plan_fits(c, plan, {1'999'999'999, "free on cuda:0"}, 8, /*device=*/true),
+                    Contains("the GPU has 2.00 GB available (free on cuda:0)"));
+}
+
+TEST_CASE("memory check: the host budget is at most the machine's memory", "[plan][memory]") {
+  const std::optional<app::MemoryBudget> budget = app::host_memory_budget();
+  REQUIRE(budget);
+  CHECK(budget->bytes > 0);
+  CHECK(budget->bytes <= static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE));
+  CHECK_FALSE(budget->source.empty());
 }

@@ -45,6 +45,9 @@ struct RunSection {
   std::string log_level = "info";
   // "auto": the rank's GPU when this is a CUDA build and one is visible.
   std::string device = "auto";
+  // Refuse to start when `ditrl plan`'s predicted peak per rank exceeds the
+  // memory the rank can have (app/memory_check.hpp).
+  bool check_memory = true;
 
   template <class V>
   void fields(V& v) {
@@ -56,6 +59,7 @@ struct RunSection {
     v("threads", threads, Between{0, 4096});
     v("log_level", log_level, OneOf{"trace", "debug", "info", "warn", "error"});
     v("device", device, OneOf{"auto", "cpu", "cuda"});
+    v("check_memory", check_memory);
   }
   void validate(const Checker& c) const;
 };

@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include <cstdint>
 #include <string>
 
 namespace ditrl::dist {
@@ -32,6 +33,10 @@ c10::Device choose_device(const std::string& request, const WorldInfo& world);
 // predict on a GPU; the allocator's reserve on top is fragmentation); NaN
 // on the CPU, whose peak is the resident set (app/progress.hpp).
 double peak_device_bytes(c10::Device device);
+
+// Free bytes on a GPU `device` (cudaMemGetInfo: what other processes and
+// this one's caching allocator hold is gone); -1 on the CPU.
+int64_t free_device_bytes(c10::Device device);
 
 // `host` (a CPU tensor) on `device`. To a GPU it travels through pinned
 // memory without the host waiting: a copy from pageable memory waits for
