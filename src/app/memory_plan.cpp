@@ -154,7 +154,7 @@ MemoryPlan memory_plan(const config::Config& c, const models::Family& family, co
   // family casts what it gets.
   plan.rollout_inputs = microgroup * ((cfg ? 2 * stored : 0) + halves * cast);
   // Training takes its rows with index_select (copies, negative ones too).
-  plan.training_inputs = c.train.micro_batch * (halves * stored + (cfg ? 2 * stored : 0) + halves * cast);
+  plan.training_inputs = training_micro_batch(c) * (halves * stored + (cfg ? 2 * stored : 0) + halves * cast);
 
   if (const auto geometry = models::activation_geometry(family, latent_grid(c))) {
     plan.activations_modelled = true;
@@ -164,7 +164,7 @@ MemoryPlan memory_plan(const config::Config& c, const models::Family& family, co
     o.math_attention = c.precision.attention == "math";
     o.batch = sampler_options(c).microgroup * (cfg ? 2 : 1);
     plan.rollout = models::estimate_forward(*geometry, o);
-    o.batch = c.train.micro_batch * (cfg ? 2 : 1);
+    o.batch = training_micro_batch(c) * (cfg ? 2 : 1);
     o.recompute = c.parallel.recompute;
     plan.training = models::estimate_training(*geometry, o);
   }

@@ -108,6 +108,10 @@ rollout::SamplerOptions sampler_options(const config::Config& c) {
   return o;
 }
 
+int64_t training_micro_batch(const config::Config& c) {
+  return rl::algorithm_traits(c.train.loss).microgroup_batches ? sampler_options(c).microgroup : c.train.micro_batch;
+}
+
 rl::StepStrategyOptions strategy_options(const config::Config& c) {
   rl::StepStrategyOptions o;
   // Algorithms that train on no SDE transition sample with the ODE alone (algorithms.md §4.1).

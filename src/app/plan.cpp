@@ -28,7 +28,7 @@ std::string activation_table(const config::Config& c, const models::Family& fami
   const auto geometry = models::activation_geometry(family, latent_grid(c));
   if (!geometry) return "# activations per rank: no model for family '" + family.family_name() + "'\n";
   models::ActivationOptions o;
-  o.batch = c.train.micro_batch;
+  o.batch = training_micro_batch(c);
   o.element_bytes = c.precision.forward == "fp32" ? 4 : 2;
   o.math_attention = c.precision.attention == "math";
   std::set<int64_t> sizes = {1, c.parallel.sequence_parallel};
@@ -36,7 +36,7 @@ std::string activation_table(const config::Config& c, const models::Family& fami
     if (geometry->heads % n == 0 && geometry->tokens % n == 0) sizes.insert(n);
   std::string out = fmt::format(
       "# training activations per rank (models/activation_memory.hpp): {} tokens + {} text tokens, "
-      "train.micro_batch = {} (without CFG), {} forward, {} attention\n",
+      "micro-batch {} (without CFG), {} forward, {} attention\n",
       geometry->tokens, geometry->text_tokens, o.batch, c.precision.forward, c.precision.attention);
   for (const int64_t n : sizes) {
     if (geometry->heads % n != 0 || geometry->tokens % n != 0) continue;

@@ -60,6 +60,10 @@ void RolloutSection::validate(const Checker& c) const {
   }
   if (sde != "ode" && strategy != "ode_and_return_last" && noise_level <= 0)
     c.error("noise_level", "must be > 0 for stochastic (sde/cps) sampling");
+  if (sde == "cps" && noise_level > 1)
+    c.error("noise_level", fmt::format("= {} must be in (0, 1] for sde = \"cps\" (the noise angle in units of "
+                                       "pi/2)",
+                                       noise_level));
 }
 
 void RewardSection::validate(const Checker& c) const {

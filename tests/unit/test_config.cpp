@@ -220,6 +220,8 @@ TEST_CASE("config: section rules report the offending key", "[config]") {
   CHECK_THAT(deck_error(std::string(kMinimal) +
                         "[rollout]\nstrategy = \"epoch_global_random_choice\"\ncandidate_steps = [1, 3, 1]\n"),
              Contains("'rollout.candidate_steps' lists step 1 twice"));
+  CHECK_THAT(deck_error(std::string(kMinimal) + "[rollout]\nsde = \"cps\"\nnoise_level = 1.5\n"),
+             Contains("'rollout.noise_level' = 1.5 must be in (0, 1] for sde = \"cps\""));
   CHECK_THAT(deck_error(std::string(kMinimal) + "[reward]\nkind = \"torchscript\"\n"),
              Contains("'reward.module' is required"));
   if (!ditrl::kCudaBuild) {

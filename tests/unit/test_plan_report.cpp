@@ -245,6 +245,21 @@ micro_batch = 2
                            Contains(std::to_string(m.device_peak()) + " B)"));
 }
 
+TEST_CASE("memory plan: GRPO trains a rollout micro-group per forward whatever train.micro_batch says",
+          "[plan][memory]") {
+  const auto plan_with = [](const std::string& micro_batch) {
+    const config::Config c = config::parse_deck(
+        "[model]\nfamily = \"sd3\"\n[rollout]\nmicrogroup = 1\n[train]\nmicro_batch = " + micro_batch + "\n", "deck");
+    const std::shared_ptr<models::Family> family = app::plan_family(c);
+    const shard::Layout layout = shard::build_layout(*family, family->wrap_units(), app::compiled_plan(c, *family), 1);
+    return app::memory_plan(c, *family, layout);
+  };
+  const app::MemoryPlan one = plan_with("1"), eight = plan_with("8");
+  CHECK(one.training.total() == eight.training.total());
+  CHECK(one.training_inputs == eight.training_inputs);
+  CHECK(one.training.total() > 0);
+}
+
 TEST_CASE("memory check: a plan over the node's budget per rank fails naming the numbers / one that fits passes",
           "[plan][memory]") {
   const config::Config c = config::parse_deck("[model]\nfamily = \"sd3\"\n", "memory check deck");

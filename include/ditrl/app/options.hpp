@@ -59,6 +59,10 @@ precision::CompiledPlan compiled_plan(const config::Config& c, models::Family& f
 shard::ShardOptions shard_options(const config::Config& c, c10::Device device);
 rollout::RewardOptions reward_options(const config::Config& c, c10::Device device);
 rollout::SamplerOptions sampler_options(const config::Config& c);
+// Pairs per training forward: GRPO trains each rollout micro-group as one
+// micro-batch (rollout.microgroup, else train.micro_batch); NFT and SFT
+// take train.micro_batch.
+int64_t training_micro_batch(const config::Config& c);
 rl::StepStrategyOptions strategy_options(const config::Config& c);
 rl::AdvantageOptions advantage_options(const config::Config& c);
 rl::AlgorithmOptions algorithm_options(const config::Config& c);

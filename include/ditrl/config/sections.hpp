@@ -323,7 +323,7 @@ struct DataSection {
   template <class V>
   void fields(V& v) {
     v("prompts", prompts);
-    v("synthetic_prompts", synthetic_prompts, Between{1, 1 << 30});
+    v("synthetic_prompts", synthetic_prompts, Between{1, 1 << 20});  // each rollout draws a permutation of them
     v("seed", seed, Between{0, kIntMax});
     v("sft_latents", sft_latents);
   }
