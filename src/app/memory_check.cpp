@@ -1,13 +1,16 @@
 #include <ditrl/app/memory_check.hpp>
 #include <ditrl/app/options.hpp>
+#include <ditrl/dist/communicator.hpp>
 #include <ditrl/dist/device.hpp>
 #include <ditrl/error.hpp>
 #include <ditrl/shard/layout.hpp>
 
+#include <ATen/ATen.h>
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <sstream>
 
@@ -73,7 +76,7 @@ std::optional<MemoryBudget> cgroup_budget() {
 std::optional<MemoryBudget> device_memory_budget(c10::Device device) {
   const int64_t free = dist::free_device_bytes(device);
   if (free < 0) return std::nullopt;
-  return MemoryBudget{free, fmt::format("free on {}", device.str())};
+  return MemoryBudget{free, fmt::format("cudaMemGetInfo on {}", device.str())};
 }
 
 }  // namespace
@@ -88,29 +91,36 @@ std::optional<MemoryBudget> host_memory_budget() {
   return budget;
 }
 
-void check_plan_fits(const config::Config& c, const MemoryPlan& plan, const MemoryBudget& budget, int local_ranks,
-                     bool device) {
+void check_plan_fits(const config::Config& c, const MemoryPlan& plan, const MemoryShare& share, bool device) {
   const int64_t need = device ? plan.device_peak() : plan.peak();
-  const int64_t ranks = device ? 1 : std::max(local_ranks, 1);
-  if (need <= budget.bytes / ranks) return;
+  if (need <= share.bytes) return;
   fail(
-      "{}: the run needs about {} per rank (`ditrl plan`'s predicted peak{}: load {}, rollout {}, training {}) but "
-      "{} {} available{} ({}); lower train.micro_batch or rollout.microgroup or the latent grid, keep "
-      "parallel.recompute = true, use precision.attention = \"flash\" or more ranks, or set run.check_memory = false "
-      "to start anyway",
+      "{}: the run needs about {} per rank (`ditrl plan`'s predicted peak{}: load {}, rollout {}, training {}) but {}; "
+      "lower train.micro_batch or rollout.microgroup or the latent grid, keep parallel.recompute = true, use "
+      "precision.attention = \"flash\" or more ranks, or set run.check_memory = false to start anyway",
       c.source, gb(need), device ? " on the GPU" : "", gb(plan.load_peak()), gb(plan.rollout_peak()),
-      gb(plan.training_peak()), device ? "the GPU has" : "this node has", gb(budget.bytes),
-      device ? "" : fmt::format(" for its {} rank(s), {} each", ranks, gb(budget.bytes / ranks)), budget.source);
+      gb(plan.training_peak()), share.description);
 }
 
-void check_memory_fits(const config::Config& c, const dist::WorldInfo& world, c10::Device device) {
+void check_memory_fits(const config::Config& c, dist::Runtime& runtime) {
   if (!c.run.check_memory) return;
+  const c10::Device device = runtime.device();
   const std::optional<MemoryBudget> budget = device.is_cuda() ? device_memory_budget(device) : host_memory_budget();
-  if (!budget) return;
+  const int sharing = device.is_cuda() ? 1 : std::max(runtime.world().local_size, 1);
+  const int64_t mine = budget ? budget->bytes / sharing : std::numeric_limits<int64_t>::max();
+  at::Tensor least = at::full({1}, static_cast<double>(mine), at::kDouble);
+  runtime.host().all_reduce(least, dist::ReduceOp::Min);
+  const auto bytes = static_cast<int64_t>(least.item<double>());
+  if (bytes == std::numeric_limits<int64_t>::max()) return;
+  std::string description = fmt::format("a rank on another node has {} (its share of that node's memory)", gb(bytes));
+  if (budget && mine == bytes)
+    description = device.is_cuda() ? fmt::format("the GPU has {} free ({})", gb(bytes), budget->source)
+                                   : fmt::format("this node has {} available for its {} rank(s), {} each ({})",
+                                                 gb(budget->bytes), sharing, gb(bytes), budget->source);
   const std::shared_ptr<models::Family> family = plan_family(c);
   const shard::Layout layout =
-      shard::build_layout(*family, family->wrap_units(), compiled_plan(c, *family), world.size);
-  check_plan_fits(c, memory_plan(c, *family, layout), *budget, world.local_size, device.is_cuda());
+      shard::build_layout(*family, family->wrap_units(), compiled_plan(c, *family), runtime.world().size);
+  check_plan_fits(c, memory_plan(c, *family, layout), {bytes, description}, device.is_cuda());
 }
 
 }  // namespace ditrl::app

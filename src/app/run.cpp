@@ -178,7 +178,7 @@ Run open_run(const config::Config& config, dist::Runtime& runtime, const std::st
   const int world = runtime.world().size;
   run.traits = rl::algorithm_traits(c.train.loss);
   check_run_inputs(c, world);
-  check_memory_fits(c, runtime.world(), runtime.device());
+  check_memory_fits(c, runtime);
 
   const auto load_start = Clock::now();
   // The run's forwards are all at the deck's grid: SD3's pos_embed holds its crop only.

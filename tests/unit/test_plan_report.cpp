@@ -260,26 +260,25 @@ TEST_CASE("memory plan: GRPO trains a rollout micro-group per forward whatever t
   CHECK(one.training.total() > 0);
 }
 
-TEST_CASE("memory check: a plan over the node's budget per rank fails naming the numbers / one that fits passes",
+TEST_CASE("memory check: a plan over a rank's share fails naming the numbers / one that fits passes",
           "[plan][memory]") {
   const config::Config c = config::parse_deck("[model]\nfamily = \"sd3\"\n", "memory check deck");
   app::MemoryPlan plan;
   plan.state = 2'000'000'000;  // peak 2.18 GB with the process baseline
-  const app::MemoryBudget node{8'000'000'000, "test budget"};
-  CHECK_NOTHROW(app::check_plan_fits(c, plan, node, /*local_ranks=*/3, /*device=*/false));
+  CHECK_NOTHROW(app::check_plan_fits(c, plan, {2'180'000'000, "share"}, /*device=*/false));
   try {
-    app::check_plan_fits(c, plan, node, /*local_ranks=*/4, /*device=*/false);
-    FAIL("4 ranks x 2.18 GB fit in 8 GB");
+    app::check_plan_fits(c, plan, {2'000'000'000, "this node has 8.00 GB for its 4 rank(s)"}, /*device=*/false);
+    FAIL("2.18 GB fit in 2 GB");
   } catch (const Error& e) {
-    CHECK_THAT(e.what(),
-               Contains("memory check deck: the run needs about 2.18 GB per rank") &&
-                   Contains("this node has 8.00 GB available for its 4 rank(s), 2.00 GB each (test budget)") &&
-                   Contains("run.check_memory = false"));
+    CHECK_THAT(e.what(), Contains("memory check deck: the run needs about 2.18 GB per rank (`ditrl plan`'s predicted "
+                                  "peak: load 2.18 GB") &&
+                             Contains("but this node has 8.00 GB for its 4 rank(s); lower train.micro_batch") &&
+                             Contains("run.check_memory = false"));
   }
-  // On a GPU the process's host baseline is not on the device, and each rank has its own device.
-  CHECK_NOTHROW(app::check_plan_fits(c, plan, {2'000'000'000, "free on cuda:0"}, 8, /*device=*/true));
-  CHECK_THROWS_WITH(app::check_plan_fits(c, plan, {1'999'999'999, "free on cuda:0"}, 8, /*device=*/true),
-                    Contains("the GPU has 2.00 GB available (free on cuda:0)"));
+  // On a GPU the process's host baseline is not on the device.
+  CHECK_NOTHROW(app::check_plan_fits(c, plan, {2'000'000'000, "free"}, /*device=*/true));
+  CHECK_THROWS_WITH(app::check_plan_fits(c, plan, {1'999'999'999, "the GPU has 2.00 GB free"}, /*device=*/true),
+                    Contains("needs about 2.00 GB per rank (`ditrl plan`'s predicted peak on the GPU"));
 }
 
 TEST_CASE("memory check: the host budget is at most the machine's memory", "[plan][memory]") {

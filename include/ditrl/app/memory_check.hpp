@@ -29,14 +29,20 @@ struct MemoryBudget {
 // has left. Empty when neither can be read.
 std::optional<MemoryBudget> host_memory_budget();
 
-// Fails when `plan.peak()` for each of the node's `local_ranks` ranks
-// exceeds `budget` (on a GPU: `plan.device_peak()` against the device's
-// free memory, one rank per device).
-void check_plan_fits(const config::Config& c, const MemoryPlan& plan, const MemoryBudget& budget, int local_ranks,
-                     bool device);
+// What one rank may use, and where that figure came from.
+struct MemoryShare {
+  int64_t bytes = 0;
+  std::string description;
+};
 
-// The deck's plan at the world size, against this rank's host or GPU budget
-// (skipped when run.check_memory = false or the budget is unknown).
-void check_memory_fits(const config::Config& c, const dist::WorldInfo& world, c10::Device device);
+// Fails when the plan's predicted peak per rank (`plan.device_peak()` on a
+// GPU, else `plan.peak()`) exceeds `share`.
+void check_plan_fits(const config::Config& c, const MemoryPlan& plan, const MemoryShare& share, bool device);
+
+// The deck's plan at the world size against the smallest share any rank has:
+// its node's host budget over the node's ranks, or its GPU's free memory.
+// Every rank reads its budget before any rank loads, and all decide on the
+// same figure. Skipped when run.check_memory = false or no budget is known.
+void check_memory_fits(const config::Config& c, dist::Runtime& runtime);
 
 }  // namespace ditrl::app
