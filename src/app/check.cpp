@@ -38,7 +38,7 @@ int check(const std::string& deck, const std::vector<std::string>& overrides, in
   check_run_inputs(config, ranks, files);
   const std::shared_ptr<models::Family> family = models::create_family(family_options(config, c10::kMeta));
   compiled_plan(config, *family);
-  family->latent_shape(1, latent_grid(config));  // the family's geometry rules (patch multiples, position tables)
+  check_latent_grid(config, *family);
   check_sequence_parallel(config, *family);
   check_writable(config);
   std::cout << "# effective configuration of " << deck << " (checked for " << ranks << " rank(s))\n"

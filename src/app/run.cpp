@@ -35,8 +35,10 @@ void check_batching(const config::Config& c, const rl::AlgorithmTraits& traits, 
   const int64_t samples_per_rank = c.rollout.batch * c.rollout.samples_per_prompt / world;
   const int64_t microgroup = sampler_options(c).microgroup;
   if (samples_per_rank % microgroup != 0)
-    fail("{}: a rank's {} rollout samples do not split into micro-groups of {}", c.source, samples_per_rank,
-         microgroup);
+    fail(
+        "{}: a rank's {} rollout samples (rollout.batch x rollout.samples_per_prompt / ranks) do not split into "
+        "micro-groups of {} (rollout.microgroup, else train.micro_batch)",
+        c.source, samples_per_rank, microgroup);
   // A window trains whole chunks (rl/loss_window.hpp), which keeps its
   // samples and summation tree the same at every rank count.
   if (traits.microgroup_batches) {
@@ -140,6 +142,16 @@ void check_run_inputs(const config::Config& config, int world, bool files) {
   if (files) check_files(config);
 }
 
+void check_latent_grid(const config::Config& config, const models::Family& family) {
+  const models::LatentGrid grid = latent_grid(config);
+  try {
+    family.latent_shape(1, grid);
+  } catch (const Error& e) {
+    fail("{}: the latent grid rollout.frames x rollout.height x rollout.width = {}x{}x{}: {}", config.source,
+         grid.frames, grid.height, grid.width, e.what());
+  }
+}
+
 void check_sequence_parallel(const config::Config& config, const models::Family& family) {
   try {
     family.check_sequence_parallel(config.parallel.sequence_parallel, latent_grid(config));
@@ -178,6 +190,11 @@ Run open_run(const config::Config& config, dist::Runtime& runtime, const std::st
   const int world = runtime.world().size;
   run.traits = rl::algorithm_traits(c.train.loss);
   check_run_inputs(c, world);
+  {
+    const std::shared_ptr<models::Family> meta = models::create_family(family_options(c, c10::kMeta));
+    check_latent_grid(c, *meta);
+    check_sequence_parallel(c, *meta);
+  }
   check_memory_fits(c, runtime);
 
   const auto load_start = Clock::now();
@@ -185,7 +202,6 @@ Run open_run(const config::Config& config, dist::Runtime& runtime, const std::st
   SlicedModel model = sliced_deck_model(c, runtime.device(), GridTables::DeckCrop);
   const double build_s = seconds_since(load_start);
   run.family = std::move(model.family);
-  check_sequence_parallel(c, *run.family);
   const dist::SequenceGroups& sequence = runtime.sequence();
   if (sequence.layout().size > 1) run.ulysses = std::make_unique<models::Ulysses>(sequence.group());
   run.prompts = c.data.prompts.empty()

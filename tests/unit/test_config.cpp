@@ -305,5 +305,10 @@ TEST_CASE("config: `ditrl check` rejects what train start would: batch splits / 
   CHECK_THAT(odd.output, Contains("must be multiples of patch_size 2"));
   const auto huge = ditrl::test::run_process(quickstart + " --set rollout.height=4096 --set run.out_dir=" + dir);
   CHECK(huge.exit_code != 0);
-  CHECK_THAT(huge.output, Contains("exceeds pos_embed_max_size"));
+  CHECK_THAT(huge.output, Contains("the latent grid rollout.frames x rollout.height x rollout.width = 1x4096x8: ") &&
+                              Contains("exceeds pos_embed_max_size"));
+  const auto groups = ditrl::test::run_process(quickstart + " --set rollout.microgroup=32 --set run.out_dir=" + dir);
+  CHECK(groups.exit_code != 0);
+  CHECK_THAT(groups.output,
+             Contains("do not split into micro-groups of 32 (rollout.microgroup, else train.micro_batch)"));
 }

@@ -54,6 +54,9 @@ Run open_run(const config::Config& config, dist::Runtime& runtime, const std::st
 // data split is over world / sequence_parallel groups) and (files) the
 // deck's input files.
 void check_run_inputs(const config::Config& config, int world, bool files = true);
+// The family's geometry rules on the deck's latent grid (patch multiples,
+// position tables), the error naming the rollout keys.
+void check_latent_grid(const config::Config& config, const models::Family& family);
 // The family's own limits on parallel.sequence_parallel (heads, tokens).
 void check_sequence_parallel(const config::Config& config, const models::Family& family);
 
