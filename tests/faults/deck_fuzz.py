@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Deck fuzz: every key of the given decks (all of them, defaults included, as `ditrl check` prints the
 effective deck) set to wrong and extreme values, one at a time through --set. Each case runs `ditrl check`;
-when check accepts the deck, a one-rollout `ditrl train` of it. A case fails when:
+when check accepts the deck, `ditrl train --max-rollouts 1` of it. A case fails when:
   - check exits with anything but 0 or 1, or rejects the value without naming the key;
   - train fails, times out or dies of a signal after check accepted the deck (check exists to find, before a
     job waits in a queue, what the run would refuse; the failures a run may still meet at start-up are
@@ -68,9 +68,8 @@ def run_case(ditrl, workdir, env, index, deck, key, value):
     if check.returncode != 0:
         case['message'] = message[-400:]
         return case
-    rollouts = [] if key == 'train.num_rollouts' else ['--set', 'train.num_rollouts=1']
     try:
-        train = subprocess.run([ditrl, 'train', deck] + sets + rollouts, capture_output=True, text=True,
+        train = subprocess.run([ditrl, 'train', deck, '--max-rollouts', '1'] + sets, capture_output=True, text=True,
                                timeout=300, env=env)
         case['train_rc'] = train.returncode
         case['message'] = (train.stdout + train.stderr)[-600:]
