@@ -67,8 +67,10 @@ void check_files(const config::Config& c) {
                                   {"lora.weights", c.model.lora.weights}})
     if (!path.empty() && !std::filesystem::exists(path))
       fail("{}: model.{} = \"{}\": no such file", c.source, key, path);
-  if (!c.data.prompts.empty() && !std::filesystem::exists(c.data.prompts))
-    fail("{}: data.prompts = \"{}\": no such file", c.source, c.data.prompts);
+  for (const auto& [key, path] :
+       {std::pair<const char*, std::string>{"prompts", c.data.prompts}, {"sft_latents", c.data.sft_latents}})
+    if (!path.empty() && !std::filesystem::exists(path))
+      fail("{}: data.{} = \"{}\": no such file", c.source, key, path);
   const std::string& resume = c.checkpoint.resume;
   if (!resume.empty() && resume != "latest" && resume != "auto" && resume != "none" &&
       !std::filesystem::is_regular_file(resume))

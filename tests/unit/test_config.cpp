@@ -288,11 +288,15 @@ TEST_CASE("config: `ditrl check` rejects what train start would: batch splits / 
   CHECK(preset.exit_code != 0);
   CHECK_THAT(preset.output, Contains("nonesuch"));
 
-  // It passed check and failed only after the model was built.
+  // These passed check and failed only after the model was built.
   const auto resume =
       ditrl::test::run_process(check + " --set checkpoint.resume=" + dir + "/absent.h5 --set run.out_dir=" + dir);
   CHECK(resume.exit_code != 0);
   CHECK_THAT(resume.output, Contains("checkpoint.resume = \"" + dir + "/absent.h5\": no such file"));
+  const auto latents =
+      ditrl::test::run_process(check + " --set data.sft_latents=" + dir + "/absent.h5 --set run.out_dir=" + dir);
+  CHECK(latents.exit_code != 0);
+  CHECK_THAT(latents.output, Contains("data.sft_latents = \"" + dir + "/absent.h5\": no such file"));
 
   const auto out_dir = ditrl::test::run_process(check + " --set run.out_dir=" + good + "/run");
   CHECK(out_dir.exit_code != 0);
