@@ -36,6 +36,7 @@ void check_writable(const config::Config& config) {
 int check(const std::string& deck, const std::vector<std::string>& overrides, int ranks, bool files) {
   const config::Config config = config::load_deck(deck, overrides);
   check_run_inputs(config, ranks, files);
+  check_trainable(config);
   const std::shared_ptr<models::Family> family = models::create_family(family_options(config, c10::kMeta));
   compiled_plan(config, *family);
   check_latent_grid(config, *family);

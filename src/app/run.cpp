@@ -144,6 +144,16 @@ void check_run_inputs(const config::Config& config, int world, bool files) {
   if (files) check_files(config);
 }
 
+void check_trainable(const config::Config& config) {
+  if (!rl::algorithm_traits(config.train.loss).sde_rollout) return;
+  if (config.rollout.sde == "ode" || config.rollout.strategy == "ode_and_return_last")
+    fail(
+        "{}: train.loss = \"{}\" trains on the rollout's SDE steps, and rollout.sde = \"{}\" with rollout.strategy "
+        "= \"{}\" samples none (use sde = \"sde\" or \"cps\" and an SDE strategy; `ditrl rollout` writes pure-ODE "
+        "rollouts)",
+        config.source, config.train.loss, config.rollout.sde, config.rollout.strategy);
+}
+
 void check_latent_grid(const config::Config& config, const models::Family& family) {
   const models::LatentGrid grid = latent_grid(config);
   try {

@@ -192,6 +192,7 @@ int train(const TrainCli& cli) {
   sigprocmask(SIG_UNBLOCK, &stops, nullptr);  // blocked across the deterministic re-exec
   config::Config config = config::load_deck(cli.deck, cli.overrides);
   if (!cli.resume.empty()) config.checkpoint.resume = cli.resume;  // the flag overrides the deck's key
+  check_trainable(config);
   const std::unique_ptr<dist::Runtime> runtime = start_runtime(config, config.run.out_dir);
   spdlog::info("ditrl train {} on {} rank(s), {} intra-op thread(s){}", cli.deck, runtime->world().size,
                at::get_num_threads(), config.run.deterministic ? ", deterministic: " + cpu_kernel_pins() : "");

@@ -48,8 +48,11 @@ void RolloutSection::validate(const Checker& c) const {
   } else if (sde_steps > steps) {
     c.error("sde_steps", fmt::format("must not exceed steps ({})", steps));
   }
-  if (strategy != "ode_and_return_last" && sde_steps < 1)
-    c.error("sde_steps", fmt::format("must be >= 1 for strategy \"{}\" (the SDE steps trained per sample)", strategy));
+  // sde = "ode" samples no SDE step whatever the strategy (a pure-ODE rollout writes an empty SDE set).
+  if (sde != "ode" && strategy != "ode_and_return_last" && sde_steps < 1)
+    c.error("sde_steps", fmt::format("must be >= 1 for strategy \"{}\" with sde = \"{}\" (the SDE steps "
+                                     "trained per sample)",
+                                     strategy, sde));
   if (strategy == "epoch_global_random_choice") {
     if (candidate_steps.empty()) c.error("candidate_steps", "is required by strategy \"epoch_global_random_choice\"");
     std::set<int64_t> seen;

@@ -215,7 +215,8 @@ TEST_CASE("config: section rules report the offending key", "[config]") {
              Contains("'rollout.candidate_steps' is required"));
   // Both passed check and failed in the first rollout.
   CHECK_THAT(deck_error(std::string(kMinimal) + "[rollout]\nsde_steps = 0\n"),
-             Contains("'rollout.sde_steps' must be >= 1 for strategy \"sde_window\""));
+             Contains("'rollout.sde_steps' must be >= 1 for strategy \"sde_window\" with sde = \"sde\""));
+  CHECK(deck_error(std::string(kMinimal) + "[rollout]\nsde_steps = 0\nsde = \"ode\"\n").empty());
   CHECK(deck_error(std::string(kMinimal) + "[rollout]\nsde_steps = 0\nstrategy = \"ode_and_return_last\"\n").empty());
   CHECK_THAT(deck_error(std::string(kMinimal) +
                         "[rollout]\nstrategy = \"epoch_global_random_choice\"\ncandidate_steps = [1, 3, 1]\n"),
@@ -293,6 +294,12 @@ TEST_CASE("config: `ditrl check` rejects what train start would: batch splits / 
       ditrl::test::run_process(check + " --set checkpoint.resume=" + dir + "/absent.h5 --set run.out_dir=" + dir);
   CHECK(resume.exit_code != 0);
   CHECK_THAT(resume.output, Contains("checkpoint.resume = \"" + dir + "/absent.h5\": no such file"));
+  // Both failed after the first rollout: "grpo pairs: the rollout has no SDE step to train".
+  for (const char* ode : {"rollout.sde=ode", "rollout.strategy=ode_and_return_last"}) {
+    const auto grpo = ditrl::test::run_process(check + " --set " + std::string(ode) + " --set run.out_dir=" + dir);
+    CHECK(grpo.exit_code != 0);
+    CHECK_THAT(grpo.output, Contains("train.loss = \"grpo\" trains on the rollout's SDE steps"));
+  }
   const auto latents =
       ditrl::test::run_process(check + " --set data.sft_latents=" + dir + "/absent.h5 --set run.out_dir=" + dir);
   CHECK(latents.exit_code != 0);

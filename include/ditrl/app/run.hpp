@@ -54,6 +54,8 @@ Run open_run(const config::Config& config, dist::Runtime& runtime, const std::st
 // data split is over world / sequence_parallel groups) and (files) the
 // deck's input files.
 void check_run_inputs(const config::Config& config, int world, bool files = true);
+// What `train` refuses and `rollout` takes: GRPO on rollouts with no SDE step.
+void check_trainable(const config::Config& config);
 // The family's geometry rules on the deck's latent grid (patch multiples,
 // position tables), the error naming the rollout keys.
 void check_latent_grid(const config::Config& config, const models::Family& family);
