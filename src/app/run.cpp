@@ -62,15 +62,12 @@ void check_batching(const config::Config& c, const rl::AlgorithmTraits& traits, 
 }
 
 void check_files(const config::Config& c) {
-  for (const auto& [key, path] : {std::pair<const char*, std::string>{"weights", c.model.weights},
-                                  {"weights_2", c.model.weights_2},
-                                  {"lora.weights", c.model.lora.weights}})
-    if (!path.empty() && !std::filesystem::exists(path))
-      fail("{}: model.{} = \"{}\": no such file", c.source, key, path);
-  for (const auto& [key, path] :
-       {std::pair<const char*, std::string>{"prompts", c.data.prompts}, {"sft_latents", c.data.sft_latents}})
-    if (!path.empty() && !std::filesystem::exists(path))
-      fail("{}: data.{} = \"{}\": no such file", c.source, key, path);
+  for (const auto& [key, path] : {std::pair<const char*, std::string>{"model.weights", c.model.weights},
+                                  {"model.weights_2", c.model.weights_2},
+                                  {"model.lora.weights", c.model.lora.weights},
+                                  {"data.prompts", c.data.prompts},
+                                  {"data.sft_latents", c.data.sft_latents}})
+    if (!path.empty() && !std::filesystem::exists(path)) fail("{}: {} = \"{}\": no such file", c.source, key, path);
   const std::string& resume = c.checkpoint.resume;
   if (!resume.empty() && resume != "latest" && resume != "auto" && resume != "none" &&
       !std::filesystem::is_regular_file(resume))
@@ -146,7 +143,7 @@ void check_run_inputs(const config::Config& config, int world, bool files) {
 
 void check_trainable(const config::Config& config) {
   if (!rl::algorithm_traits(config.train.loss).sde_rollout) return;
-  if (config.rollout.sde == "ode" || config.rollout.strategy == "ode_and_return_last")
+  if (strategy_options(config).strategy == "ode_and_return_last")
     fail(
         "{}: train.loss = \"{}\" trains on the rollout's SDE steps, and rollout.sde = \"{}\" with rollout.strategy "
         "= \"{}\" samples none (use sde = \"sde\" or \"cps\" and an SDE strategy; `ditrl rollout` writes pure-ODE "

@@ -285,25 +285,21 @@ TEST_CASE("config: `ditrl check` rejects what train start would: batch splits / 
   CHECK(split.exit_code != 0);
   CHECK_THAT(split.output, Contains("holds 4 samples (train.global_batch / ranks), not whole chunks of 8 samples"));
 
-  const auto preset = ditrl::test::run_process(check + " --set model.preset=nonesuch --set run.out_dir=" + dir);
-  CHECK(preset.exit_code != 0);
-  CHECK_THAT(preset.output, Contains("nonesuch"));
-
+  // `check` with `settings` exits non-zero with `message`.
+  const auto refused = [&](const std::string& settings, const std::string& message) {
+    const auto r = ditrl::test::run_process(check + " " + settings + " --set run.out_dir=" + dir);
+    INFO(settings);
+    CHECK(r.exit_code != 0);
+    CHECK_THAT(r.output, Contains(message));
+  };
+  refused("--set model.preset=nonesuch", "nonesuch");
   // These passed check and failed only after the model was built.
-  const auto resume =
-      ditrl::test::run_process(check + " --set checkpoint.resume=" + dir + "/absent.h5 --set run.out_dir=" + dir);
-  CHECK(resume.exit_code != 0);
-  CHECK_THAT(resume.output, Contains("checkpoint.resume = \"" + dir + "/absent.h5\": no such file"));
+  refused("--set checkpoint.resume=" + dir + "/absent.h5",
+          "checkpoint.resume = \"" + dir + "/absent.h5\": no such file");
+  refused("--set data.sft_latents=" + dir + "/absent.h5", "data.sft_latents = \"" + dir + "/absent.h5\": no such file");
   // Both failed after the first rollout: "grpo pairs: the rollout has no SDE step to train".
-  for (const char* ode : {"rollout.sde=ode", "rollout.strategy=ode_and_return_last"}) {
-    const auto grpo = ditrl::test::run_process(check + " --set " + std::string(ode) + " --set run.out_dir=" + dir);
-    CHECK(grpo.exit_code != 0);
-    CHECK_THAT(grpo.output, Contains("train.loss = \"grpo\" trains on the rollout's SDE steps"));
-  }
-  const auto latents =
-      ditrl::test::run_process(check + " --set data.sft_latents=" + dir + "/absent.h5 --set run.out_dir=" + dir);
-  CHECK(latents.exit_code != 0);
-  CHECK_THAT(latents.output, Contains("data.sft_latents = \"" + dir + "/absent.h5\": no such file"));
+  for (const char* ode : {"--set rollout.sde=ode", "--set rollout.strategy=ode_and_return_last"})
+    refused(ode, "train.loss = \"grpo\" trains on the rollout's SDE steps");
 
   const auto out_dir = ditrl::test::run_process(check + " --set run.out_dir=" + good + "/run");
   CHECK(out_dir.exit_code != 0);
