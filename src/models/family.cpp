@@ -154,6 +154,15 @@ at::Tensor Family::cfg_combine(const at::Tensor& pos, const at::Tensor& neg, con
   return neg + guidance_scale(g, timestep) * (pos - neg);
 }
 
+void require_input_shape(const char* family, const at::Tensor& t, const char* name, const std::vector<int64_t>& shape) {
+  bool ok = t.dim() == static_cast<int64_t>(shape.size());
+  for (size_t i = 0; ok && i < shape.size(); ++i) ok = shape[i] < 0 || t.size(static_cast<int64_t>(i)) == shape[i];
+  if (ok) return;
+  std::vector<std::string> dims;
+  for (int64_t d : shape) dims.push_back(d < 0 ? "*" : std::to_string(d));
+  fail("{}: input '{}' has shape {}, expected [{}]", family, name, c10::str(t.sizes()), fmt::join(dims, ", "));
+}
+
 std::vector<std::string> family_names() {
   std::vector<std::string> names;
   for (const auto& [name, factory] : registry()) names.push_back(name);

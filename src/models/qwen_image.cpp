@@ -16,16 +16,6 @@ namespace {
 
 constexpr double kNormEps = 1e-6;
 
-void require_shape(const at::Tensor& t, const char* name, const std::vector<int64_t>& shape) {
-  bool ok = t.dim() == static_cast<int64_t>(shape.size());
-  for (size_t i = 0; ok && i < shape.size(); ++i) ok = shape[i] < 0 || t.size(static_cast<int64_t>(i)) == shape[i];
-  if (!ok) {
-    std::vector<std::string> dims;
-    for (int64_t d : shape) dims.push_back(d < 0 ? "*" : std::to_string(d));
-    fail("qwen_image: input '{}' has shape {}, expected [{}]", name, c10::str(t.sizes()), fmt::join(dims, ", "));
-  }
-}
-
 bool is_note(const std::string& key) {
   return key.size() >= 5 && key.compare(key.size() - 5, 5, "_note") == 0;
 }
@@ -250,16 +240,18 @@ QwenImage::QwenImage(const QwenImageConfig& config, const FamilyOptions& options
 void QwenImage::check_inputs(const at::Tensor& hidden_states, const at::Tensor& encoder_hidden_states,
                              const at::Tensor& encoder_hidden_states_mask, const at::Tensor& timestep,
                              const std::array<int64_t, 3>& img_shape) const {
-  require_shape(hidden_states, "hidden_states", {-1, -1, config_.in_channels});
+  require_input_shape("qwen_image", hidden_states, "hidden_states", {-1, -1, config_.in_channels});
   const int64_t batch = hidden_states.size(0);
-  require_shape(encoder_hidden_states, "encoder_hidden_states", {batch, -1, config_.joint_attention_dim});
+  require_input_shape("qwen_image", encoder_hidden_states, "encoder_hidden_states",
+                      {batch, -1, config_.joint_attention_dim});
   if (encoder_hidden_states_mask.defined()) {
-    require_shape(encoder_hidden_states_mask, "encoder_hidden_states_mask", {batch, encoder_hidden_states.size(1)});
+    require_input_shape("qwen_image", encoder_hidden_states_mask, "encoder_hidden_states_mask",
+                        {batch, encoder_hidden_states.size(1)});
     if (encoder_hidden_states_mask.is_floating_point())
       fail("qwen_image: encoder_hidden_states_mask must be integer or bool (1 = valid token), got {}",
            c10::toString(encoder_hidden_states_mask.scalar_type()));
   }
-  require_shape(timestep, "timestep", {batch});
+  require_input_shape("qwen_image", timestep, "timestep", {batch});
   for (int64_t n : img_shape)
     if (n <= 0) fail("qwen_image: img_shapes ({}, {}, {}) must be positive", img_shape[0], img_shape[1], img_shape[2]);
   if (img_shape[0] * img_shape[1] * img_shape[2] != hidden_states.size(1))
@@ -327,7 +319,7 @@ at::Tensor QwenImage::noise_pred(const at::Tensor& latents, const at::Tensor& /*
   // Qwen-Image reads the sigma snapshot in [0, 1]; the trajectory timesteps
   // are never read (sigma * 1000 and t differ in the last ulp).
   const int64_t p = config_.patch_size;
-  require_shape(latents, "latents", {-1, config_.in_channels / (p * p), -1, -1});
+  require_input_shape("qwen_image", latents, "latents", {-1, config_.in_channels / (p * p), -1, -1});
   if (latents.size(2) % p != 0 || latents.size(3) % p != 0)
     fail("qwen_image: latent height and width {}x{} must be multiples of patch_size {}", latents.size(2),
          latents.size(3), p);

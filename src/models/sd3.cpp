@@ -29,16 +29,6 @@ SD3Config real_config(int64_t layers, int64_t heads, int64_t pos_embed_max_size,
   return c;
 }
 
-void require_shape(const at::Tensor& t, const char* name, const std::vector<int64_t>& shape) {
-  bool ok = t.dim() == static_cast<int64_t>(shape.size());
-  for (size_t i = 0; ok && i < shape.size(); ++i) ok = shape[i] < 0 || t.size(static_cast<int64_t>(i)) == shape[i];
-  if (!ok) {
-    std::vector<std::string> dims;
-    for (int64_t d : shape) dims.push_back(d < 0 ? "*" : std::to_string(d));
-    fail("sd3: input '{}' has shape {}, expected [{}]", name, c10::str(t.sizes()), fmt::join(dims, ", "));
-  }
-}
-
 }  // namespace
 
 bool SD3Config::dual(int64_t layer) const {
@@ -229,11 +219,11 @@ SD3::SD3(const SD3Config& config, const FamilyOptions& options) : config_(config
 
 void SD3::check_inputs(const at::Tensor& hidden_states, const at::Tensor& encoder_hidden_states,
                        const at::Tensor& pooled_projections, const at::Tensor& timestep) const {
-  require_shape(hidden_states, "hidden_states", {-1, config_.in_channels, -1, -1});
+  require_input_shape("sd3", hidden_states, "hidden_states", {-1, config_.in_channels, -1, -1});
   const int64_t batch = hidden_states.size(0);
-  require_shape(encoder_hidden_states, "encoder_hidden_states", {batch, -1, config_.joint_attention_dim});
-  require_shape(pooled_projections, "pooled_projections", {batch, config_.pooled_projection_dim});
-  require_shape(timestep, "timestep", {batch});
+  require_input_shape("sd3", encoder_hidden_states, "encoder_hidden_states", {batch, -1, config_.joint_attention_dim});
+  require_input_shape("sd3", pooled_projections, "pooled_projections", {batch, config_.pooled_projection_dim});
+  require_input_shape("sd3", timestep, "timestep", {batch});
   const int64_t p = config_.patch_size;
   if (hidden_states.size(2) % p != 0 || hidden_states.size(3) % p != 0)
     fail("sd3: latent height and width {}x{} must be multiples of patch_size {}", hidden_states.size(2),

@@ -36,16 +36,6 @@ WanConfig tiny_config(int64_t experts) {
   return c;
 }
 
-void require_shape(const at::Tensor& t, const char* name, const std::vector<int64_t>& shape) {
-  bool ok = t.dim() == static_cast<int64_t>(shape.size());
-  for (size_t i = 0; ok && i < shape.size(); ++i) ok = shape[i] < 0 || t.size(static_cast<int64_t>(i)) == shape[i];
-  if (!ok) {
-    std::vector<std::string> dims;
-    for (int64_t d : shape) dims.push_back(d < 0 ? "*" : std::to_string(d));
-    fail("wan: input '{}' has shape {}, expected [{}]", name, c10::str(t.sizes()), fmt::join(dims, ", "));
-  }
-}
-
 // diffusers FP32LayerNorm without affine, applied to x.float().
 at::Tensor fp32_layer_norm(const at::Tensor& x, double eps) {
   return layer_norm(x.to(at::kFloat), eps);
@@ -205,9 +195,9 @@ WanTransformer::WanTransformer(torch::nn::Module& host, const WanConfig& config,
 
 void WanTransformer::check_inputs(const at::Tensor& hidden_states, const at::Tensor& timestep,
                                   const at::Tensor& encoder_hidden_states) const {
-  require_shape(hidden_states, "hidden_states", {-1, config_.in_channels, -1, -1, -1});
+  require_input_shape("wan", hidden_states, "hidden_states", {-1, config_.in_channels, -1, -1, -1});
   const int64_t batch = hidden_states.size(0);
-  require_shape(encoder_hidden_states, "encoder_hidden_states", {batch, -1, config_.text_dim});
+  require_input_shape("wan", encoder_hidden_states, "encoder_hidden_states", {batch, -1, config_.text_dim});
   const char* axes[] = {"frames", "height", "width"};
   int64_t tokens = 1;
   for (int64_t i = 0; i < 3; ++i) {
@@ -216,9 +206,9 @@ void WanTransformer::check_inputs(const at::Tensor& hidden_states, const at::Ten
     tokens *= n / p;
   }
   if (timestep.dim() == 2)
-    require_shape(timestep, "timestep", {batch, tokens});
+    require_input_shape("wan", timestep, "timestep", {batch, tokens});
   else
-    require_shape(timestep, "timestep", {batch});
+    require_input_shape("wan", timestep, "timestep", {batch});
   const c10::ScalarType weights = patch_embedding->weight.scalar_type();
   if (hidden_states.scalar_type() != weights)
     fail("wan: input 'hidden_states' is {} but the patch embedding weights are {} (pass inputs in the forward dtype)",

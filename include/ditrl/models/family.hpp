@@ -184,4 +184,8 @@ class Family : public torch::nn::Module {
 std::shared_ptr<Family> create_family(const FamilyOptions& options);
 std::vector<std::string> family_names();
 
+// Refuses a forward input whose shape is not `shape` (-1: any size there),
+// naming the family, the input and both shapes.
+void require_input_shape(const char* family, const at::Tensor& t, const char* name, const std::vector<int64_t>& shape);
+
 }  // namespace ditrl::models
