@@ -2,6 +2,7 @@
 #include <ditrl/models/qwen_rope.hpp>
 
 #include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
 
 namespace ditrl::models {
 
@@ -32,6 +33,10 @@ std::pair<at::Tensor, at::Tensor> QwenRope::freqs(int64_t frames, int64_t height
          text_len, kPositions);
   auto it = cache_.find(device.str());
   if (it == cache_.end()) {
+    // Built once and kept, and the text frequencies are a view of them: built
+    // inside a rollout's inference mode they would be inference tensors, which
+    // the training forward cannot save for backward.
+    const c10::InferenceMode normal_tensors(false);
     const auto i64 = at::TensorOptions().dtype(at::kLong).device(device);
     const at::Tensor pos_index = at::arange(kPositions, i64);
     const at::Tensor neg_index = at::arange(kPositions, i64).flip(0) * -1 - 1;

@@ -4,7 +4,7 @@
 #include <ditrl/rollout/sampler.hpp>
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/grad_mode.h>
+#include <c10/core/InferenceMode.h>
 
 #include <algorithm>
 #include <functional>
@@ -111,7 +111,6 @@ Trajectories sample(models::Family& family, const models::ForwardContext& ctx, c
   const int64_t n = static_cast<int64_t>(batch.seeds.size());
   if (options.microgroup <= 0 || n % options.microgroup != 0)
     fail("rollout: {} samples on this rank do not split into micro-groups of {}", n, options.microgroup);
-  torch::NoGradGuard no_grad;
 
   std::vector<at::Tensor> kept, log_probs, outputs, finals;
   for (int64_t begin = 0; begin < n; begin += options.microgroup) {
@@ -130,8 +129,16 @@ Trajectories sample(models::Family& family, const models::ForwardContext& ctx, c
       return options.dump->tap(rl::DumpSide::Rollout, batch.rollout_id, sample_ids,
                                std::vector<int64_t>(sample_ids.size(), step), trained);
     };
-    GroupResult g = denoise(family, ctx, schedule, steps, cond, batch.negative ? &negative : nullptr, generators,
-                            batch.latent_shape, options, step_tap);
+    GroupResult g;
+    {
+      // Not just no-grad: inference mode also skips every op's autograd and
+      // view bookkeeping (7% of a tiny rollout).
+      const c10::InferenceMode inference;
+      g = denoise(family, ctx, schedule, steps, cond, batch.negative ? &negative : nullptr, generators,
+                  batch.latent_shape, options, step_tap);
+    }
+    // Outside inference mode the stacks copy the group into normal tensors,
+    // which training may save for backward (inference tensors refuse that).
     kept.push_back(at::stack(g.kept, 1));
     if (!g.log_probs.empty()) {
       log_probs.push_back(at::stack(g.log_probs, 1));

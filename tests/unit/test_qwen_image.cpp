@@ -4,6 +4,7 @@
 #include <ditrl/models/reference.hpp>
 #include <ditrl/models/weights.hpp>
 
+#include <c10/core/InferenceMode.h>
 #include <fmt/format.h>
 #include <catch2/catch.hpp>
 
@@ -389,4 +390,21 @@ TEST_CASE("qwen_image: MSRoPE tables: centred image rows and columns / text afte
   CHECK(at::equal(at::view_as_real(image), at::view_as_real(image2)));
   CHECK(at::equal(at::view_as_real(txt), at::view_as_real(txt2)));
   CHECK_THROWS_WITH(rope.freqs(1, 4, 4, 4095, at::kCPU), Contains("positions beyond 4096"));
+}
+
+// A rollout runs in inference mode and may be the first to build the tables;
+// the training forward then saves them for backward.
+TEST_CASE("qwen_image: rope tables first built in inference mode can be saved for backward",
+          "[models][qwen_image][rope]") {
+  const models::QwenRope rope({4, 6, 6});
+  {
+    const c10::InferenceMode inference;
+    rope.freqs(1, 4, 4, 8, at::kCPU);
+  }
+  const auto [image, text] = rope.freqs(1, 4, 4, 8, at::kCPU);
+  const at::Tensor x = at::randn({1, 16, 2, 16}).requires_grad_();
+  const at::Tensor c = at::randn({1, 8, 2, 16}).requires_grad_();
+  CHECK_NOTHROW(models::QwenRope::apply(x, image).sum().backward());
+  CHECK_NOTHROW(models::QwenRope::apply(c, text).sum().backward());
+  CHECK(c.grad().defined());
 }

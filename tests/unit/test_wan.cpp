@@ -5,6 +5,7 @@
 #include <ditrl/models/wan.hpp>
 #include <ditrl/models/weights.hpp>
 
+#include <c10/core/InferenceMode.h>
 #include <fmt/format.h>
 #include <catch2/catch.hpp>
 
@@ -455,4 +456,18 @@ TEST_CASE("wan: the guided velocity runs each phase's expert with that phase's g
     const at::Tensor vp = family->noise_pred(x, t, sigma, pos, {}), vn = family->noise_pred(x, t, sigma, neg, {});
     CHECK(max_abs_diff(v, vn + scale * (vp - vn)) <= 1e-5);
   }
+}
+
+// A rollout runs in inference mode and may be the first to build the tables;
+// the training forward then saves them for backward.
+TEST_CASE("wan: rope tables first built in inference mode can be saved for backward", "[models][wan][rope]") {
+  const models::WanRope rope(32, 64);
+  {
+    const c10::InferenceMode inference;
+    rope.tables(1, 4, 4, at::kCPU);
+  }
+  const auto [cos, sin] = rope.tables(1, 4, 4, at::kCPU);
+  const at::Tensor x = at::randn({1, 16, 2, 32}).requires_grad_();
+  CHECK_NOTHROW(models::WanRope::apply(x, cos, sin).sum().backward());
+  CHECK(x.grad().defined());
 }
