@@ -38,6 +38,9 @@ GroupResult denoise(models::Family& family, const models::ForwardContext& ctx, c
                     const rl::StepSelection& steps, const models::Cond& cond, const models::Cond* negative,
                     std::vector<at::Generator>& generators, const std::vector<int64_t>& latent_shape,
                     const SamplerOptions& options, const StepTap& step_tap) {
+  // Not just no-grad: inference mode also skips every op's autograd and view
+  // bookkeeping (7% of a tiny rollout).
+  const c10::InferenceMode inference;
   const int64_t m = static_cast<int64_t>(generators.size());
   const auto f32 = at::TensorOptions().dtype(at::kFloat);
   std::vector<at::Tensor> initial;
@@ -129,14 +132,8 @@ Trajectories sample(models::Family& family, const models::ForwardContext& ctx, c
       return options.dump->tap(rl::DumpSide::Rollout, batch.rollout_id, sample_ids,
                                std::vector<int64_t>(sample_ids.size(), step), trained);
     };
-    GroupResult g;
-    {
-      // Not just no-grad: inference mode also skips every op's autograd and
-      // view bookkeeping (7% of a tiny rollout).
-      const c10::InferenceMode inference;
-      g = denoise(family, ctx, schedule, steps, cond, batch.negative ? &negative : nullptr, generators,
-                  batch.latent_shape, options, step_tap);
-    }
+    GroupResult g = denoise(family, ctx, schedule, steps, cond, batch.negative ? &negative : nullptr, generators,
+                            batch.latent_shape, options, step_tap);
     // Outside inference mode the stacks copy the group into normal tensors,
     // which training may save for backward (inference tensors refuse that).
     kept.push_back(at::stack(g.kept, 1));
