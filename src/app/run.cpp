@@ -1,4 +1,5 @@
 #include <ditrl/app/determinism.hpp>
+#include <ditrl/app/host_malloc.hpp>
 #include <ditrl/app/memory_check.hpp>
 #include <ditrl/app/options.hpp>
 #include <ditrl/app/run.hpp>
@@ -181,6 +182,7 @@ std::unique_ptr<dist::Runtime> start_runtime(const config::Config& config, const
     runtime->host().barrier();
   }
   dist::setup_logging(runtime->world(), log_dir, config.run.log_level);
+  if (!keep_freed_host_memory()) spdlog::debug("malloc: the environment's settings kept (GLIBC_TUNABLES / MALLOC_*_)");
   at::set_num_threads(threads > 0 ? threads : runtime->default_threads());
   use_cpu_half_gemm(config, runtime->device());
   // Nothing draws from the default generator; seeding it makes the
