@@ -4,6 +4,8 @@
 // the Python peer process, the alternating timing of the two sides, and the
 // machine facts their results files record.
 
+#include <ditrl/app/host_malloc.hpp>
+
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <torch/nn/module.h>
@@ -79,7 +81,7 @@ Timing train_steps(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
 // page faults on every allocation. Python keeps the previous step's tensors
 // alive longer than C++ does; the "tuned" mode raises both thresholds on
 // both sides to show how much of the gap is that rather than the framework.
-constexpr int kMmapThreshold = 32 << 20;  // glibc's maximum
+constexpr int kMmapThreshold = 32 << 20;  // where glibc's dynamic threshold stops
 constexpr int kTrimThreshold = 1 << 30;
 
 // The Python peer as a child process answering "<n>" with n timed steps.
@@ -239,10 +241,13 @@ struct Options {
   bool skip_tuned = false;
 };
 
-// fn(tuned) under glibc's default malloc, then (unless skip_tuned) with the
-// tuned thresholds: default first, as mallopt() cannot be undone in a process.
+// fn(tuned) with each side's malloc as it ships (ditrl's own thresholds,
+// app/host_malloc.hpp, in this process; glibc's defaults in the Python
+// child), then (unless skip_tuned) with the tuned thresholds on both sides:
+// default first, as mallopt() cannot be undone in a process.
 template <class Fn>
 void for_each_malloc_mode(bool skip_tuned, const Fn& fn) {
+  ditrl::app::keep_freed_host_memory();
   fn(false);
   if (skip_tuned) return;
   mallopt(M_MMAP_THRESHOLD, kMmapThreshold);
