@@ -12,11 +12,13 @@
 // ShardedParams::adamw_step), framework (autograd engine and scope self time,
 // and the step's time no op covers). The ceiling: the best of a few large
 // single-thread at::mm shapes in the step's dtype, timed here in the same
-// process right after the steps.
+// process right after the steps. malloc runs with ditrl's thresholds
+// (app/host_malloc.hpp), as under `ditrl train`.
 //
 //   bench_step_profile [--family sd3] [--case big|tiny|tiny2] [--compute fp32|bf16] [--attention math|flash]
 //                      [--no-recompute] [--fused-adamw] [--steps 2] [--out FILE.md]
 
+#include <ditrl/app/host_malloc.hpp>
 #include <ditrl/dist/communicator.hpp>
 #include <ditrl/dist/runtime.hpp>
 #include <ditrl/shard/sharded_params.hpp>
@@ -179,6 +181,7 @@ int main(int argc, char** argv) {
   app.add_option("--work", work, "directory for the weights / inputs files");
   app.add_option("--out", out, "append the markdown section to this file (default: stdout only)");
   CLI11_PARSE(app, argc, argv);
+  app::keep_freed_host_memory();
   const c10::ScalarType compute = compute_name == "bf16" ? at::kBFloat16 : at::kFloat;
   at::set_num_threads(1);
   const auto comm = dist::make_mpi_communicator();
