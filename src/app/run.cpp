@@ -182,7 +182,9 @@ std::unique_ptr<dist::Runtime> start_runtime(const config::Config& config, const
     runtime->host().barrier();
   }
   dist::setup_logging(runtime->world(), log_dir, config.run.log_level);
-  if (!keep_freed_host_memory()) spdlog::debug("malloc: the environment's settings kept (GLIBC_TUNABLES / MALLOC_*_)");
+  if (!keep_freed_host_memory())
+    spdlog::debug(
+        "malloc: ditrl's thresholds not set (GLIBC_TUNABLES / MALLOC_*_ set malloc's own, or mallopt refused)");
   at::set_num_threads(threads > 0 ? threads : runtime->default_threads());
   use_cpu_half_gemm(config, runtime->device());
   // Nothing draws from the default generator; seeding it makes the
