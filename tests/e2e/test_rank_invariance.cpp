@@ -106,18 +106,22 @@ TEST_CASE("ranks: proxy_ltx23_grpo at 1 2 4 ranks is bitwise equal", "[e2e][rank
 }
 
 TEST_CASE(
-    "ranks: proxy_sd3_grpo on the CPU flash attention kernel at 1 2 4 ranks is bitwise equal / with "
+    "ranks: proxy_sd3_grpo on the CPU flash attention kernel in fp32 and bf16 at 1 2 4 ranks is bitwise equal / with "
     "rollout-train parity",
     "[e2e][ranks][parity]") {
-  const std::string out =
-      check_rank_counts("sd3_grpo_flash", "tests/standards/proxy_sd3_grpo.toml", 2, "--set precision.attention=flash");
-  const io::MetricsTable m = test::metrics_of(out);
-  const std::vector<double>& step = m.series.at("rollout/step");
-  for (size_t row = 0; row < step.size(); ++row)
-    if (row == 0 || step[row] != step[row - 1]) {  // a rollout's first optimizer step, before any update
-      CHECK(m.series.at("train/log_prob_mean_abs_diff")[row] == 0.0);
-      CHECK(m.series.at("train/model_output_max_abs_diff")[row] == 0.0);
-    }
+  // bf16: the half kernel's forward, the widened fp32 backward at these sizes.
+  for (const std::string forward : {"fp32", "bf16"}) {
+    CAPTURE(forward);
+    const std::string out = check_rank_counts("sd3_grpo_flash_" + forward, "tests/standards/proxy_sd3_grpo.toml", 2,
+                                              "--set precision.attention=flash --set precision.forward=" + forward);
+    const io::MetricsTable m = test::metrics_of(out);
+    const std::vector<double>& step = m.series.at("rollout/step");
+    for (size_t row = 0; row < step.size(); ++row)
+      if (row == 0 || step[row] != step[row - 1]) {  // a rollout's first optimizer step, before any update
+        CHECK(m.series.at("train/log_prob_mean_abs_diff")[row] == 0.0);
+        CHECK(m.series.at("train/model_output_max_abs_diff")[row] == 0.0);
+      }
+  }
 }
 
 TEST_CASE("ranks: a run stopped at 4 ranks and resumed at 2 continues the 1-rank run bitwise", "[e2e][ranks][resume]") {

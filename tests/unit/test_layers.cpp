@@ -7,6 +7,7 @@
 #include <ditrl/models/feed_forward.hpp>
 #include <ditrl/models/norms.hpp>
 #include <ditrl/models/weights.hpp>
+#include <ditrl/precision/cpu_half_gemm.hpp>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -16,6 +17,9 @@
 #include "model_fixtures.hpp"
 
 #include <cmath>
+#include <optional>
+#include <utility>
+#include <vector>
 
 using namespace ditrl::models;
 using Catch::Matchers::Contains;
@@ -325,6 +329,85 @@ TEST_CASE(
   };
   const std::vector<at::Tensor> one = run(1), two = run(2);
   for (size_t i = 0; i < one.size(); ++i) CHECK(at::equal(one[i], two[i]));
+}
+
+TEST_CASE(
+    "layers: flash attention at bf16 on the CPU / below 192 query tokens x 64 head dims the backward is the fp32 "
+    "kernel's rounded "
+    "once / the forward stays the bf16 kernel's bit for bit",
+    "[models][layers]") {
+  using ditrl::precision::CpuHalfGemm;
+  at::manual_seed(4);
+  // (B, L, H, Dh) transposed to (B, H, L, Dh), as the attention modules pass them.
+  const auto heads_first = [](int64_t tokens, int64_t head_dim = 16) {
+    return at::randn({2, tokens, 3, head_dim}).to(at::kBFloat16).transpose(1, 2).requires_grad_(true);
+  };
+  const auto native_half = [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              const std::optional<at::Tensor>& additive, const at::Tensor& g) {
+    const auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, false, additive);
+    return std::make_pair(
+        out, at::_scaled_dot_product_flash_attention_for_cpu_backward(g, q, k, v, out, lse, 0.0, false, additive));
+  };
+  const auto grads_of = [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                           const at::Tensor& g) {
+    for (const at::Tensor& t : {q, k, v}) t.mutable_grad() = at::Tensor();
+    const at::Tensor out = scaled_dot_product_attention(q, k, v, mask, AttentionBackend::Flash);
+    out.backward(g);
+    return std::make_pair(out.detach(), std::vector<at::Tensor>{q.grad(), k.grad(), v.grad()});
+  };
+  for (const bool masked : {false, true}) {
+    CAPTURE(masked);
+    const at::Tensor q = heads_first(72), k = heads_first(72), v = heads_first(72);
+    const at::Tensor g = at::randn({2, 3, 72, 16}).to(at::kBFloat16);
+    const at::Tensor keep = masked ? at::arange(72).lt(50).reshape({1, 1, 1, 72}) : at::Tensor();
+    const std::optional<at::Tensor> bias16 =
+        masked ? std::optional<at::Tensor>(at::where(keep, at::zeros({1}), at::full({1}, -INFINITY)).to(at::kBFloat16))
+               : std::nullopt;
+    const auto [out, grads] = grads_of(q, k, v, keep, g);
+    const auto [native_out, native_grads] = native_half(q.detach(), k.detach(), v.detach(), bias16, g);
+    CHECK(at::equal(out, native_out));
+    // The fp32 backward of the bf16 forward's output and logsumexp.
+    const auto [_, lse] =
+        at::_scaled_dot_product_flash_attention_for_cpu(q.detach(), k.detach(), v.detach(), 0.0, false, bias16);
+    const std::optional<at::Tensor> bias32 = bias16 ? std::optional<at::Tensor>(bias16->to(at::kFloat)) : std::nullopt;
+    const auto widened = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+        g.to(at::kFloat), q.detach().to(at::kFloat), k.detach().to(at::kFloat), v.detach().to(at::kFloat),
+        out.to(at::kFloat), lse, 0.0, false, bias32);
+    CHECK(at::equal(grads[0], std::get<0>(widened).to(at::kBFloat16)));
+    CHECK(at::equal(grads[1], std::get<1>(widened).to(at::kBFloat16)));
+    CHECK(at::equal(grads[2], std::get<2>(widened).to(at::kBFloat16)));
+    CHECK_FALSE(at::equal(grads[0], std::get<0>(native_grads)));  // the bf16 kernel's dq differs
+    // Within bf16 rounding of the exact gradient (double, softmax attention).
+    const at::Tensor qd = q.detach().to(at::kDouble).requires_grad_(true),
+                     kd = k.detach().to(at::kDouble).requires_grad_(true),
+                     vd = v.detach().to(at::kDouble).requires_grad_(true);
+    at::Tensor scores = at::matmul(qd, kd.transpose(-2, -1)) / 4.0;
+    if (masked) scores = scores + bias32->to(at::kDouble);
+    at::matmul(at::softmax(scores, -1), vd).backward(g.to(at::kDouble));
+    CHECK(max_abs_diff(grads[0], qd.grad()) < 3e-2);
+    CHECK(max_abs_diff(grads[1], kd.grad()) < 3e-2);
+    CHECK(max_abs_diff(grads[2], vd.grad()) < 3e-2);
+    // Deterministic at any thread count.
+    const int before = at::get_num_threads();
+    at::set_num_threads(2);
+    const auto [out2, grads2] = grads_of(q, k, v, keep, g);
+    at::set_num_threads(before);
+    for (size_t i = 0; i < grads.size(); ++i) CHECK(at::equal(grads[i], grads2[i]));
+  }
+
+  // From 192 query tokens x 64 LibTorch's bf16 backward, unless half GEMMs widen.
+  const at::Tensor q = heads_first(192, 64), k = heads_first(192, 64), v = heads_first(192, 64);
+  const at::Tensor g = at::randn({2, 3, 192, 64}).to(at::kBFloat16);
+  const auto [native_out, native_grads] = native_half(q.detach(), k.detach(), v.detach(), std::nullopt, g);
+  const CpuHalfGemm mode = ditrl::precision::cpu_half_gemm();
+  ditrl::precision::set_cpu_half_gemm(CpuHalfGemm::Native);
+  const auto [out, grads] = grads_of(q, k, v, {}, g);
+  CHECK(at::equal(grads[0], std::get<0>(native_grads)));
+  ditrl::precision::set_cpu_half_gemm(CpuHalfGemm::Widened);
+  const auto [out_w, grads_w] = grads_of(q, k, v, {}, g);
+  ditrl::precision::set_cpu_half_gemm(mode);
+  CHECK(at::equal(out_w, native_out));
+  CHECK_FALSE(at::equal(grads_w[0], std::get<0>(native_grads)));
 }
 
 TEST_CASE("layers: parameter names follow the checkpoints", "[models][layers]") {

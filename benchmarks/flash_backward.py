@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""LibTorch's CPU flash attention backward at bf16 against the same kernel at
+fp32 on widened copies (what ditrl's `flash` backend runs below its size rule,
+src/models/fused_attention.cpp), one thread, per head layout and token count.
+
+The bf16 kernel is what a user gets from SDPA in PyTorch (diffusers' attention
+under bf16 autocast); both sides take the bf16 forward's output and logsumexp.
+Alternating rounds, median per side. Appends a markdown section to --out.
+
+  benchmarks/flash_backward.py [--rounds 7] [--out benchmarks/results/flash_backward.md]
+"""
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+
+# (heads, head_dim): the tiny presets (SD3 / Qwen-Image 4 x 16, Wan 2 x 32) and
+# the ~100M peer configs (SD3 12 x 64, Wan / Qwen-Image 6 x 128).
+LAYOUTS = [(4, 16), (2, 32), (12, 64), (6, 128)]
+TOKENS = [24, 72, 128, 160, 191, 192, 256, 384, 768]
+NATIVE_FROM_WORK = 12288  # ditrl's rule: tokens x head_dim below this widen
+
+
+def cpu_name():
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def backward(widen, g, q, k, v, out, lse):
+    op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+    if not widen:
+        return op(g, q, k, v, out, lse, 0.0, False)
+    grads = op(g.float(), q.float(), k.float(), v.float(), out.float(), lse, 0.0, False)
+    return [x.to(q.dtype) for x in grads]
+
+
+def measure(heads, head_dim, tokens, rounds):
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, g = (torch.randn(2, heads, tokens, head_dim, generator=gen).to(torch.bfloat16) for _ in range(4))
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)
+    calls = max(2, int(2e6 / (tokens * tokens * head_dim * heads)))
+    times = {False: [], True: []}
+    for widen in (False, True):
+        backward(widen, g, q, k, v, out, lse)
+    for _ in range(rounds):
+        for widen in (False, True):
+            start = time.perf_counter()
+            for _ in range(calls):
+                backward(widen, g, q, k, v, out, lse)
+            times[widen].append((time.perf_counter() - start) / calls * 1e3)
+    return statistics.median(times[False]), statistics.median(times[True])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--out", default="")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    load_start = os.getloadavg()[0]
+    start = datetime.datetime.now(datetime.timezone.utc)
+    rows = []
+    for heads, head_dim in LAYOUTS:
+        for tokens in TOKENS:
+            native, widened = measure(heads, head_dim, tokens, args.rounds)
+            ditrl = "widened" if tokens * head_dim < NATIVE_FROM_WORK else "native"
+            rows.append(f"| 2 x {heads} x {head_dim} | {tokens} | {tokens * head_dim} | {native:.3f} | {widened:.3f} | "
+                        f"**{native / widened:.2f}x** | {ditrl} |")
+            print(rows[-1], flush=True)
+    flags = sorted({w for line in open("/proc/cpuinfo") if line.startswith("flags")
+                    for w in line.split() if w.startswith(("avx512_bf16", "amx_bf16", "avx2"))})
+    section = [
+        f"## bf16 backward vs widened fp32 backward, {start:%Y-%m-%d %H:%M} UTC",
+        "",
+        f"- Command: `{' '.join([os.path.relpath(sys.argv[0])] + sys.argv[1:])}`",
+        f"- Machine: {cpu_name()} ({', '.join(flags)}), {os.cpu_count()} hardware threads; 1-minute load average "
+        f"{load_start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end; 1 thread",
+        f"- torch {torch.__version__} (the LibTorch ditrl links); {args.rounds} alternating rounds, median ms per call",
+        "",
+        "| batch x heads x head dim | query = key tokens | tokens x head dim | bf16 kernel ms | widened fp32 ms | "
+        "bf16 / widened | ditrl takes |",
+        "|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+    ]
+    text = "\n".join(section)
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write("\n" + text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
