@@ -65,7 +65,7 @@ class SdpBackendGuard {
 // each call pays a fixed oneDNN set-up. While a block's work (query tokens x
 // head dim) is small that cost dominates and the fp32 kernel on widened
 // copies is faster (and its gradients are the more accurate): at bf16,
-// 1.26-9.0x below 12288 = 192 x 64, 0.59-1.37x from there, on an AMD EPYC
+// 1.26-9.0x below 12288 = 192 x 64, 0.50-1.37x from there, on an AMD EPYC
 // with AVX512-BF16 (benchmarks/results/flash_backward.md).
 // Where half GEMMs widen anyway (precision.cpu_half_gemm), at every size.
 constexpr int64_t kNativeHalfBackwardFromWork = 12288;
