@@ -4,7 +4,7 @@
 set -euo pipefail
 
 PACKAGES=(
-  build-essential cmake ccache git xz-utils
+  build-essential cmake ccache git xz-utils libtcmalloc-minimal4
   libopenmpi-dev openmpi-bin
   libhdf5-openmpi-dev hdf5-tools
   libboost-json1.81-dev libtomlplusplus-dev catch2 libcli11-dev libspdlog-dev

@@ -1,5 +1,8 @@
 #include <ditrl/app/host_malloc.hpp>
 
+#include <dlfcn.h>
+#include <fmt/format.h>
+#include <gnu/libc-version.h>
 #include <malloc.h>
 
 #include <cstdlib>
@@ -25,10 +28,24 @@ bool user_sets_malloc() {
   return false;
 }
 
+// gperftools' own version call; present exactly when tcmalloc is loaded
+// (linked into the executable, so ahead of glibc's malloc).
+using TcVersion = const char* (*)(int*, int*, const char**);
+
+TcVersion tcmalloc_version() {
+  return reinterpret_cast<TcVersion>(dlsym(RTLD_DEFAULT, "tc_version"));
+}
+
 }  // namespace
 
+std::string host_malloc_name() {
+  if (const TcVersion version = tcmalloc_version())
+    return fmt::format("tcmalloc ({})", version(nullptr, nullptr, nullptr));
+  return fmt::format("glibc {}", gnu_get_libc_version());
+}
+
 bool keep_freed_host_memory() {
-  if (user_sets_malloc()) return false;
+  if (tcmalloc_version() || user_sets_malloc()) return false;
   return mallopt(M_MMAP_THRESHOLD, kMmapThreshold) == 1 && mallopt(M_TRIM_THRESHOLD, kTrimThreshold) == 1;
 }
 

@@ -1,16 +1,17 @@
 #include <ditrl/app/commands.hpp>
+#include <ditrl/app/host_malloc.hpp>
 #include <ditrl/build_info.hpp>
 
 #include <ATen/Parallel.h>
 #include <ATen/Version.h>
-#include <CLI/Version.hpp>
-#include <boost/version.hpp>
 #include <fmt/format.h>
 #include <hdf5.h>
 #include <mpi.h>
 #include <spdlog/version.h>
 #include <toml++/toml.h>
 #include <torch/version.h>
+#include <CLI/Version.hpp>
+#include <boost/version.hpp>
 #ifdef DITRL_CUDA
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -72,6 +73,7 @@ std::string version_text() {
                       BOOST_VERSION % 100);
   text += fmt::format("  toml++     {}.{}.{}\n", TOML_LIB_MAJOR, TOML_LIB_MINOR, TOML_LIB_PATCH);
   text += fmt::format("  CLI11      {}\n", CLI11_VERSION);
+  text += fmt::format("  malloc     {}\n", host_malloc_name());
   text += fmt::format("  spdlog     {}.{}.{} (fmt {}.{}.{})\n", SPDLOG_VER_MAJOR, SPDLOG_VER_MINOR, SPDLOG_VER_PATCH,
                       FMT_VERSION / 10000, FMT_VERSION / 100 % 100, FMT_VERSION % 100);
 #ifdef DITRL_CUDA

@@ -6,10 +6,13 @@
 
 #include <catch2/catch.hpp>
 
+#include "process.hpp"
+
 #include <malloc.h>
 
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 namespace {
 
@@ -51,4 +54,13 @@ TEST_CASE("host malloc: the user's GLIBC_TUNABLES or MALLOC_ variables win", "[m
   clear_malloc_environment();
   setenv("MALLOC_TRIM_THRESHOLD_", "131072", 1);
   CHECK_FALSE(ditrl::app::keep_freed_host_memory());
+}
+
+TEST_CASE("host malloc: the test binaries run glibc's malloc / the ditrl binary runs tcmalloc when the build links it",
+          "[malloc][cli]") {
+  CHECK(ditrl::app::host_malloc_name().rfind("glibc ", 0) == 0);
+  const auto version = ditrl::test::run_process(std::string(DITRL_BINARY) + " --version");
+  REQUIRE(version.exit_code == 0);
+  CHECK_THAT(version.output,
+             Catch::Matchers::Contains(DITRL_TCMALLOC ? "malloc     tcmalloc (gperftools " : "malloc     glibc "));
 }
