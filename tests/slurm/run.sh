@@ -64,15 +64,18 @@ check "quickstart ran 2 ranks under srun" grep -q "on 2 rank(s)" "quick-$job.out
 [[ $failures == 0 ]] || { tail -n 30 "quick-$job.out"; }
 
 # 2. Preemption: USR1 to the batch shell mid-run, self-requeue, resume.
+# 20 slower rollouts (40 steps at 16x16, ~0.3 s each on a 2-core VM): the
+# signal must land before the run ends (5 rollouts of the plain deck took
+# 0.4 s in all, less than the polling and scancel's delivery).
 deck=$ROOT/tests/e2e/decks/tiny_grpo.toml
-export DITRL_SET="train.num_rollouts=5 checkpoint.every=100"
+export DITRL_SET="train.num_rollouts=20 checkpoint.every=100 rollout.steps=40 rollout.height=16 rollout.width=16"
 ref=$(sbatch --parsable "${SIZE[@]}" -J ref -o ref-%j.out --wait "$ROOT/slurm/train.sbatch" "$deck")
 check "uninterrupted reference job $ref completed" grep -qx complete "runs/ref-$ref/status"
 
 job=$(sbatch --parsable "${SIZE[@]}" -J pre -o pre-%j.out "$ROOT/slurm/train.sbatch" "$deck")
 out=$WORKDIR/runs/pre-$job
 # Signal once the first rollout is done, so the checkpoint lands mid-run.
-check "preemption run reached rollout 1/5" waitfor 120 grep -qs "rollout 1/5" "pre-$job.out"
+check "preemption run reached rollout 1/20" waitfor 120 grep -qs "rollout 1/20" "pre-$job.out"
 scancel --signal=USR1 --batch "$job"
 check "preempted job requeued itself (PENDING)" waitfor 90 state_is "$job" PENDING
 grep -h "status\|requeue\|signal" "pre-$job.out" | head -5
@@ -83,7 +86,7 @@ check "preempted run wrote status preempted and a checkpoint" \
 scontrol update JobId="$job" StartTime=now+2
 check "requeued job finished" waitfor 120 bash -c "[[ -z \$(squeue -h -j $job 2>/dev/null) ]] || [[ \$(squeue -h -j $job -o %T) == COMPLETED ]]"
 check "job came back with SLURM_RESTART_COUNT=1" grep -q "restart 1:" "pre-$job.out"
-check "rerun resumed from latest mid-run" grep -Eq "resumed from .*rollout [1-4]," "pre-$job.out"
+check "rerun resumed from latest mid-run" grep -Eq "resumed from .*rollout ([1-9]|1[0-9])," "pre-$job.out"
 check "Restarts=1, COMPLETED, ExitCode 0:0" \
   test "$(job_field "$job" Restarts) $(job_field "$job" JobState) $(job_field "$job" ExitCode)" = "1 COMPLETED 0:0"
 check "preempted run status complete" grep -qx complete "$out/status"

@@ -2,9 +2,10 @@
 
 // The host malloc. The ditrl executables link gperftools' tcmalloc (CMake
 // option DITRL_TCMALLOC, on by default): a step of a small model makes
-// thousands of short-lived allocations, and glibc's malloc spent 20-30% of
-// the quickstart's time in them (malloc_consolidate, memalign; tcmalloc:
-// 1.12-1.27x the whole run, benchmarks/results/peer_forward.md).
+// thousands of short-lived allocations, and glibc's malloc and free had
+// 20-26% of the quickstart's perf samples (malloc_consolidate, memalign).
+// With tcmalloc the quickstart takes 0.76-0.79x the time and the tiny peer
+// steps 0.71-0.95x (README, benchmarks/results/peer_forward.md).
 //
 // Under glibc's malloc (a build without tcmalloc) freed memory goes back to
 // the kernel: glibc trims the heap's top once more than the trim threshold
