@@ -245,6 +245,19 @@ struct Options {
 // app/host_malloc.hpp, in this process; glibc's defaults in the Python
 // child), then (unless skip_tuned) with the tuned thresholds on both sides:
 // default first, as mallopt() cannot be undone in a process.
+// The `malloc` column's modes as this build runs them (mallopt is a no-op
+// under tcmalloc, so `tuned` then reaches the Python side only).
+inline std::string malloc_modes_text() {
+  if (ditrl::app::tcmalloc_in_use())
+    return fmt::format(
+        "`malloc` = `default`: each side's malloc as it ships (ditrl: {}; Python: glibc's defaults); `tuned`: "
+        "M_MMAP_THRESHOLD = 32 MiB and M_TRIM_THRESHOLD = 1 GiB on the Python side (tcmalloc ignores them).",
+        ditrl::app::host_malloc_name());
+  return "`malloc` = `default`: each side's malloc as it ships (ditrl: glibc with its 32 MiB mmap / 64 MiB trim "
+         "thresholds; Python: glibc's defaults); `tuned`: M_MMAP_THRESHOLD = 32 MiB and M_TRIM_THRESHOLD = 1 GiB on "
+         "both sides.";
+}
+
 template <class Fn>
 void for_each_malloc_mode(bool skip_tuned, const Fn& fn) {
   ditrl::app::keep_freed_host_memory();

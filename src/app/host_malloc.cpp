@@ -38,6 +38,10 @@ TcVersion tcmalloc_version() {
 
 }  // namespace
 
+bool tcmalloc_in_use() {
+  return tcmalloc_version() != nullptr;
+}
+
 std::string host_malloc_name() {
   if (const TcVersion version = tcmalloc_version())
     return fmt::format("tcmalloc ({})", version(nullptr, nullptr, nullptr));
@@ -45,7 +49,7 @@ std::string host_malloc_name() {
 }
 
 bool keep_freed_host_memory() {
-  if (tcmalloc_version() || user_sets_malloc()) return false;
+  if (tcmalloc_in_use() || user_sets_malloc()) return false;
   return mallopt(M_MMAP_THRESHOLD, kMmapThreshold) == 1 && mallopt(M_TRIM_THRESHOLD, kTrimThreshold) == 1;
 }
 

@@ -182,14 +182,13 @@ std::unique_ptr<dist::Runtime> start_runtime(const config::Config& config, const
     runtime->host().barrier();
   }
   dist::setup_logging(runtime->world(), log_dir, config.run.log_level);
-  const std::string malloc_name = host_malloc_name();
   if (keep_freed_host_memory())
-    spdlog::debug("malloc: {}, mmap / trim thresholds 32 / 64 MiB", malloc_name);
-  else if (malloc_name.rfind("glibc", 0) == 0)
-    spdlog::debug("malloc: {}, its own thresholds (GLIBC_TUNABLES / MALLOC_*_ set, or mallopt refused ditrl's)",
-                  malloc_name);
+    spdlog::debug("malloc: {}, mmap / trim thresholds 32 / 64 MiB", host_malloc_name());
+  else if (tcmalloc_in_use())
+    spdlog::debug("malloc: {}", host_malloc_name());
   else
-    spdlog::debug("malloc: {}", malloc_name);
+    spdlog::debug("malloc: {}, its own thresholds (GLIBC_TUNABLES / MALLOC_*_ set, or mallopt refused ditrl's)",
+                  host_malloc_name());
   at::set_num_threads(threads > 0 ? threads : runtime->default_threads());
   use_cpu_half_gemm(config, runtime->device());
   // Nothing draws from the default generator; seeding it makes the

@@ -131,11 +131,11 @@ at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, const at::T
         "attention backend \"flash\" takes no mask (this model's attention is masked); use \"efficient\", \"cudnn\" "
         "or \"math\"");
   SdpBackendGuard guard(backend);
+  const std::optional<at::Tensor> attn_mask = mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt;
   try {
     if (backend == AttentionBackend::Flash && widen_backward(q, k, v, mask))
-      return WidenedBackwardFlash::apply(q, k, v, mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt);
-    return at::scaled_dot_product_attention(q, k, v, mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt,
-                                            0.0, false);
+      return WidenedBackwardFlash::apply(q, k, v, attn_mask);
+    return at::scaled_dot_product_attention(q, k, v, attn_mask, 0.0, false);
   } catch (const c10::Error& e) {
     fail("attention backend \"{}\" cannot take q {}, k {}, v {}{}: {}", name, describe(q), describe(k), describe(v),
          mask.defined() ? " with mask " + describe(mask) : std::string(), e.what_without_backtrace());

@@ -20,6 +20,9 @@
 
 namespace ditrl::app {
 
+// Whether tcmalloc serves this process's malloc (linked into the executable).
+bool tcmalloc_in_use();
+
 // "tcmalloc (gperftools X.Y)" or "glibc X.Y".
 std::string host_malloc_name();
 
