@@ -27,6 +27,7 @@
 #include <ditrl/io/safetensors.hpp>
 #include <ditrl/models/family.hpp>
 #include <ditrl/models/weights.hpp>
+#include <ditrl/precision/cpu_fp32_gemm.hpp>
 #include <ditrl/precision/plan.hpp>
 #include <ditrl/shard/sharded_params.hpp>
 
@@ -215,6 +216,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> variant_names = {"fp32-eager", "fp32-sharded", "bf16-sharded"};
   std::string attention = "math";
   bool fused_adamw = false;
+  std::string fp32_gemm = "auto";
   CLI::App app{"ditrl vs diffusers (PyTorch eager): forward+backward+AdamW step time per model family"};
   app.add_option("--families", families, "model families to measure (default: all)")->delimiter(',');
   app.add_option("--variants", variant_names,
@@ -224,8 +226,13 @@ int main(int argc, char** argv) {
   app.add_option("--attention", attention, "ditrl's attention backend: math | flash")
       ->check(CLI::IsMember({"math", "flash"}));
   app.add_flag("--fused-adamw", fused_adamw, "ditrl's sharded variants use LibTorch's fused AdamW kernel");
+  app.add_option("--cpu-fp32-gemm", fp32_gemm,
+                 "ditrl's fp32 GEMMs (precision.cpu_fp32_gemm of a deck that is not deterministic): auto | blas | "
+                 "onednn")
+      ->check(CLI::IsMember({"auto", "blas", "onednn"}));
   o.add_to(app);
   CLI11_PARSE(app, argc, argv);
+  ditrl::precision::set_cpu_fp32_gemm(ditrl::precision::parse_cpu_fp32_gemm(fp32_gemm, false));
   o.sort_threads();
   std::vector<Variant> variants;
   for (const std::string& name : variant_names) {
@@ -294,7 +301,11 @@ int main(int argc, char** argv) {
      << (attention == "math" ? "matmul, softmax, matmul" : "LibTorch's CPU flash kernel, as the peer's SDPA picks")
      << "), sharded variants' AdamW: "
      << (fused_adamw ? "LibTorch's fused kernel (`train.fused_adamw`)" : "ditrl's chunked passes over the flat slices")
-     << "\n"
+     << ", fp32 GEMMs: "
+     << (ditrl::precision::cpu_fp32_gemm() == ditrl::precision::CpuFp32Gemm::Onednn
+             ? "oneDNN's from 2^20 multiply-adds up"
+             : "LibTorch's BLAS")
+     << " (`precision.cpu_fp32_gemm = \"" << fp32_gemm << "\"`)\n"
      << "- diffusers peer: " << o.python << ", torch " << peer::python_torch_version(o.python) << ", diffusers "
      << peer::python_module_version(o.python, "diffusers")
      << " (the torch wheel whose LibTorch ditrl links), benchmarks/peer_diffusers.py: "

@@ -10,6 +10,7 @@
 #include <ditrl/io/safetensors.hpp>
 #include <ditrl/models/guided.hpp>
 #include <ditrl/models/weights.hpp>
+#include <ditrl/precision/cpu_fp32_gemm.hpp>
 #include <ditrl/precision/cpu_half_gemm.hpp>
 #include <ditrl/rl/loss_window.hpp>
 #include <ditrl/rl/nft_loss.hpp>
@@ -116,16 +117,27 @@ void log_load(const config::Config& c, const models::ParameterSource& source, do
 }
 
 // Set before any forward, so rollout and training run the same GEMMs.
-void use_cpu_half_gemm(const config::Config& c, c10::Device device) {
-  const precision::CpuHalfGemm mode = precision::parse_cpu_half_gemm(c.precision.cpu_half_gemm);
-  precision::set_cpu_half_gemm(mode);
-  const bool widened = mode == precision::CpuHalfGemm::Widened;
-  if (device.is_cpu() && c.precision.forward != "fp32")
+void use_cpu_gemms(const config::Config& c, c10::Device device) {
+  const precision::CpuHalfGemm half = precision::parse_cpu_half_gemm(c.precision.cpu_half_gemm);
+  precision::set_cpu_half_gemm(half);
+  const precision::CpuFp32Gemm fp32 = precision::parse_cpu_fp32_gemm(c.precision.cpu_fp32_gemm, c.run.deterministic);
+  precision::set_cpu_fp32_gemm(fp32);
+  if (!device.is_cpu()) return;
+  const bool widened = half == precision::CpuHalfGemm::Widened;
+  if (c.precision.forward != "fp32")
     spdlog::info("{} GEMMs on the CPU: {} (precision.cpu_half_gemm = \"{}\"{})", c.precision.forward,
                  widened ? "widened to fp32, rounded once" : "LibTorch's own kernels", c.precision.cpu_half_gemm,
                  c.precision.cpu_half_gemm != "auto" ? ""
                  : widened                           ? ": this CPU has no AVX512-BF16 / AMX-BF16"
                                                      : ": this CPU has AVX512-BF16 or AMX-BF16");
+  const bool onednn = fp32 == precision::CpuFp32Gemm::Onednn;
+  spdlog::info("fp32 GEMMs on the CPU: {} (precision.cpu_fp32_gemm = \"{}\"{})",
+               onednn ? "oneDNN's matmul from 2^20 multiply-adds up, LibTorch's BLAS below" : "LibTorch's BLAS",
+               c.precision.cpu_fp32_gemm,
+               c.precision.cpu_fp32_gemm != "auto" ? ""
+               : onednn                            ? ": not deterministic, not an Intel CPU"
+               : c.run.deterministic               ? ": deterministic runs keep the BLAS MKL_CBWR pins"
+                                                   : ": an Intel CPU, or no oneDNN in this LibTorch");
 }
 
 }  // namespace
@@ -190,7 +202,7 @@ std::unique_ptr<dist::Runtime> start_runtime(const config::Config& config, const
     spdlog::debug("malloc: {}, its own thresholds (GLIBC_TUNABLES / MALLOC_*_ set, or mallopt refused ditrl's)",
                   host_malloc_name());
   at::set_num_threads(threads > 0 ? threads : runtime->default_threads());
-  use_cpu_half_gemm(config, runtime->device());
+  use_cpu_gemms(config, runtime->device());
   // Nothing draws from the default generator; seeding it makes the
   // checkpoints' /rng state a function of the deck too.
   at::manual_seed(static_cast<uint64_t>(config.run.seed));

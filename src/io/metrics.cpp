@@ -2,6 +2,7 @@
 #include <ditrl/error.hpp>
 #include <ditrl/io/h5.hpp>
 #include <ditrl/io/metrics.hpp>
+#include <ditrl/precision/cpu_fp32_gemm.hpp>
 #include <ditrl/precision/cpu_half_gemm.hpp>
 
 #include <ATen/ATen.h>
@@ -149,6 +150,8 @@ std::string cpu_kernel_identity() {
   // Half-precision GEMMs other than this CPU's default ones are other kernels too.
   if (precision::cpu_half_gemm() != precision::parse_cpu_half_gemm("auto"))
     identity += "; cpu_half_gemm=" + precision::cpu_half_gemm_name(precision::cpu_half_gemm());
+  // Every standard so far recorded LibTorch's BLAS; oneDNN's sums run in another order.
+  if (precision::cpu_fp32_gemm() == precision::CpuFp32Gemm::Onednn) identity += "; cpu_fp32_gemm=onednn";
   return identity;
 }
 

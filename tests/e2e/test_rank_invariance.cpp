@@ -75,6 +75,18 @@ std::string check_rank_counts(const std::string& name, const std::string& deck, 
   return reference;
 }
 
+// A rollout's first optimizer step, before any update: the training
+// forward reproduces the rollout's bit for bit.
+void check_rollout_train_parity(const std::string& out) {
+  const io::MetricsTable m = test::metrics_of(out);
+  const std::vector<double>& step = m.series.at("rollout/step");
+  for (size_t row = 0; row < step.size(); ++row)
+    if (row == 0 || step[row] != step[row - 1]) {
+      CHECK(m.series.at("train/log_prob_mean_abs_diff")[row] == 0.0);
+      CHECK(m.series.at("train/model_output_max_abs_diff")[row] == 0.0);
+    }
+}
+
 }  // namespace
 
 TEST_CASE("ranks: the quickstart at 1 2 4 ranks is bitwise equal", "[e2e][ranks]") {
@@ -114,14 +126,23 @@ TEST_CASE(
     CAPTURE(forward);
     const std::string out = check_rank_counts("sd3_grpo_flash_" + forward, "tests/standards/proxy_sd3_grpo.toml", 2,
                                               "--set precision.attention=flash --set precision.forward=" + forward);
-    const io::MetricsTable m = test::metrics_of(out);
-    const std::vector<double>& step = m.series.at("rollout/step");
-    for (size_t row = 0; row < step.size(); ++row)
-      if (row == 0 || step[row] != step[row - 1]) {  // a rollout's first optimizer step, before any update
-        CHECK(m.series.at("train/log_prob_mean_abs_diff")[row] == 0.0);
-        CHECK(m.series.at("train/model_output_max_abs_diff")[row] == 0.0);
-      }
+    check_rollout_train_parity(out);
   }
+}
+
+TEST_CASE(
+    "ranks: proxy_sd3_grpo at 16x16 on oneDNN's fp32 GEMMs at 1 2 4 ranks is bitwise equal / with rollout-train "
+    "parity",
+    "[e2e][ranks][parity]") {
+  // 16x16 latents: 64 image tokens, so the layers' products reach the 2^20
+  // multiply-adds from which linear takes oneDNN (models/widened_gemm.cpp).
+  const std::string out =
+      check_rank_counts("sd3_grpo_onednn", "tests/standards/proxy_sd3_grpo.toml", 2,
+                        "--set precision.cpu_fp32_gemm=onednn --set rollout.height=16 --set rollout.width=16");
+  check_rollout_train_parity(out);
+  CHECK_THAT(test::metrics_of(out).cpu, Catch::Matchers::EndsWith("; cpu_fp32_gemm=onednn"));
+  const std::string log = test::read_file(out + "/logs/rank-0.log");
+  CHECK_THAT(log, Catch::Matchers::Contains("fp32 GEMMs on the CPU: oneDNN's matmul"));
 }
 
 TEST_CASE("ranks: a run stopped at 4 ranks and resumed at 2 continues the 1-rank run bitwise", "[e2e][ranks][resume]") {

@@ -1,6 +1,7 @@
 #include <ditrl/error.hpp>
 #include <ditrl/io/metrics.hpp>
 #include <ditrl/io/standard.hpp>
+#include <ditrl/precision/cpu_fp32_gemm.hpp>
 #include <ditrl/precision/cpu_half_gemm.hpp>
 
 #include <catch2/catch.hpp>
@@ -148,12 +149,19 @@ TEST_CASE("standard: tolerances apply only off the recording CPU / or when force
   // Half GEMMs other than the CPU's default kernels are another identity.
   using namespace ditrl::precision;
   const CpuHalfGemm chosen = cpu_half_gemm();
+  const CpuFp32Gemm fp32 = cpu_fp32_gemm();
+  set_cpu_fp32_gemm(CpuFp32Gemm::Blas);
   CHECK_THAT(cpu_kernel_identity(), !Contains("cpu_half_gemm"));
   const CpuHalfGemm other =
       parse_cpu_half_gemm("auto") == CpuHalfGemm::Native ? CpuHalfGemm::Widened : CpuHalfGemm::Native;
   set_cpu_half_gemm(other);
   CHECK_THAT(cpu_kernel_identity(), EndsWith("; cpu_half_gemm=" + cpu_half_gemm_name(other)));
   set_cpu_half_gemm(chosen);
+  // So are oneDNN's fp32 GEMMs: every standard so far ran LibTorch's BLAS.
+  CHECK_THAT(cpu_kernel_identity(), !Contains("cpu_fp32_gemm"));
+  set_cpu_fp32_gemm(CpuFp32Gemm::Onednn);
+  CHECK_THAT(cpu_kernel_identity(), EndsWith("; cpu_fp32_gemm=onednn"));
+  set_cpu_fp32_gemm(fp32);
 }
 
 TEST_CASE("standard: `ditrl standard record|check` on a run directory", "[standard][cli]") {

@@ -141,6 +141,9 @@ struct PrecisionSection {
   // How bf16/fp16 GEMMs run on a CPU (precision/cpu_half_gemm.hpp): "auto"
   // widens them to fp32 GEMMs unless the CPU has AVX512-BF16 or AMX-BF16.
   std::string cpu_half_gemm = "auto";
+  // Which kernel runs fp32 GEMMs on a CPU (precision/cpu_fp32_gemm.hpp):
+  // "auto" takes oneDNN's unless the run is deterministic or the CPU is Intel's.
+  std::string cpu_fp32_gemm = "auto";
   std::vector<OverrideRule> overrides;
   bool family_overrides = true;  // apply the family's default fp32-kept parameters first
   InputPolicySection inputs;
@@ -153,6 +156,7 @@ struct PrecisionSection {
     v("forward", forward, dtype);
     v("attention", attention, OneOf{"math", "flash", "efficient", "cudnn"});
     v("cpu_half_gemm", cpu_half_gemm, OneOf{"auto", "native", "widened"});
+    v("cpu_fp32_gemm", cpu_fp32_gemm, OneOf{"auto", "blas", "onednn"});
     v.tables("override", overrides);
     v("family_overrides", family_overrides);
     v.table("inputs", inputs);

@@ -42,7 +42,8 @@ struct MetricsTable {
 // What picks this machine's bf16 CPU kernels (oneDNN chooses them by
 // instruction set, and deterministic mode cannot pin it): the CPU model name,
 // the instruction-set flags oneDNN dispatches on, ONEDNN_MAX_CPU_ISA when
-// set, and precision.cpu_half_gemm when it is not this CPU's "auto" choice.
+// set, precision.cpu_half_gemm when it is not this CPU's "auto" choice, and
+// precision.cpu_fp32_gemm when it runs oneDNN's fp32 matmul.
 // Two runs with the same identity run the same kernels.
 std::string cpu_kernel_identity();
 
