@@ -11,7 +11,7 @@
 // norms / elementwise (every other aten op), optimizer (anything under
 // ShardedParams::adamw_step), framework (autograd engine and scope self time,
 // and the step's time no op covers). The ceiling: the best of a few large
-// single-thread at::mm shapes in the step's dtype, timed here in the same
+// single-thread shapes of ditrl's linear in the step's dtype, timed here in the same
 // process right after the steps. malloc runs with ditrl's thresholds
 // (app/host_malloc.hpp), as under `ditrl train`.
 //
@@ -21,6 +21,8 @@
 #include <ditrl/app/host_malloc.hpp>
 #include <ditrl/dist/communicator.hpp>
 #include <ditrl/dist/runtime.hpp>
+#include <ditrl/models/widened_gemm.hpp>
+#include <ditrl/precision/cpu_fp32_gemm.hpp>
 #include <ditrl/shard/sharded_params.hpp>
 
 #include "peer_cases.hpp"
@@ -59,7 +61,8 @@ const std::set<std::string> kGemm = {"aten::mm",
                                      "aten::mkldnn_convolution",
                                      "aten::convolution_backward",
                                      "aten::_mkl_linear",
-                                     "aten::mkldnn_linear"};
+                                     "aten::mkldnn_linear",
+                                     "mkldnn::_linear_pointwise"};
 const std::set<std::string> kAttention = {"aten::_softmax",
                                           "aten::_softmax_backward_data",
                                           "aten::masked_fill",
@@ -138,18 +141,31 @@ Profile attribute(const std::vector<Op>& events, double step_seconds) {
   return p;
 }
 
-// Best single-thread GFLOP/s of at::mm over a few large shapes (the step's
-// biggest GEMMs are of this size), median of 5 timings each.
+// The profiler counts no FLOPs for oneDNN's linear (models/onednn_linear.hpp):
+// 2 x input elements x output features, from the recorded shapes.
+uint64_t op_flops(const prof::KinetoEvent& e) {
+  if (e.name() != "mkldnn::_linear_pointwise" || !e.hasShapes()) return e.flops();
+  const auto shapes = e.shapes();
+  if (shapes.size() < 2 || shapes[1].size() != 2) return e.flops();
+  int64_t input = 1;
+  for (int64_t d : shapes[0]) input *= d;
+  return static_cast<uint64_t>(2 * input * shapes[1][0]);
+}
+
+// Best single-thread GFLOP/s of ditrl's linear (the kernel the step's layers
+// run: precision.cpu_half_gemm / cpu_fp32_gemm) over a few large shapes (the
+// step's biggest GEMMs are of this size), median of 5 timings each.
 double gemm_ceiling_gflops(c10::ScalarType dtype, std::string& shapes) {
   double best = 0;
   const std::vector<std::array<int64_t, 3>> sizes = {{1024, 1024, 1024}, {768, 768, 3072}, {768, 3072, 768}};
+  const at::NoGradGuard no_grad;
   for (const auto& [m, k, n] : sizes) {
-    const at::Tensor a = at::randn({m, k}).to(dtype), b = at::randn({k, n}).to(dtype);
-    at::mm(a, b);
+    const at::Tensor a = at::randn({m, k}).to(dtype), w = at::randn({n, k}).to(dtype);
+    models::linear(a, w, at::Tensor());
     std::vector<double> seconds;
     for (int i = 0; i < 5; ++i) {
       const auto start = std::chrono::steady_clock::now();
-      at::mm(a, b);
+      models::linear(a, w, at::Tensor());
       seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
     const double gflops = 2.0 * m * k * n / peer::median(seconds) / 1e9;
@@ -233,7 +249,7 @@ int main(int argc, char** argv) {
   std::vector<Op> events;
   for (const prof::KinetoEvent& e : result->events())
     if (e.deviceType() == c10::DeviceType::CPU && e.endNs() > e.startNs())
-      events.push_back({e.name(), e.startNs(), e.endNs(), e.startThreadId(), e.flops()});
+      events.push_back({e.name(), e.startNs(), e.endNs(), e.startThreadId(), op_flops(e)});
   const Profile p = attribute(events, seconds);
   std::string shapes;
   const double ceiling = gemm_ceiling_gflops(compute, shapes);
@@ -272,11 +288,12 @@ int main(int argc, char** argv) {
     md += fmt::format("{}{} {}", i ? ", " : "", calls[i].first, calls[i].second / steps);
   const double achieved = p.gemm_flops / steps / per_step / 1e9;
   md += fmt::format(
-      "\n\nGEMM ceiling ({} at::mm, 1 thread, GFLOP/s by shape m x k x n): {}; ceiling {:.1f} GFLOP/s. "
+      "\n\nGEMM ceiling ({} `models::linear`, fp32 GEMMs on {}, 1 thread, GFLOP/s by shape m x k x n): {}; ceiling "
+      "{:.1f} GFLOP/s. "
       "The step's GEMMs: {:.1f} GFLOP per step in {:.3f} s, {:.1f} GFLOP/s inside GEMMs = {:.0f}% of the "
       "ceiling; over the whole step {:.1f} GFLOP/s = **{:.0f}% of the ceiling**.\n\n",
-      compute_name, shapes, ceiling, p.gemm_flops / steps / 1e9, gemm_seconds / steps,
-      gemm_seconds > 0 ? p.gemm_flops / gemm_seconds / 1e9 : 0.0,
+      compute_name, precision::cpu_fp32_gemm_name(precision::cpu_fp32_gemm()), shapes, ceiling,
+      p.gemm_flops / steps / 1e9, gemm_seconds / steps, gemm_seconds > 0 ? p.gemm_flops / gemm_seconds / 1e9 : 0.0,
       gemm_seconds > 0 ? 100 * p.gemm_flops / gemm_seconds / 1e9 / ceiling : 0.0, achieved, 100 * achieved / ceiling);
   std::cout << md;
   if (!out.empty()) std::ofstream(out, std::ios::app) << md;
