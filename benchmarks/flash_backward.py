@@ -11,14 +11,12 @@ Alternating rounds, median per side. Appends a markdown section to --out.
 """
 
 import argparse
-import datetime
-import os
-import platform
 import statistics
-import sys
 import time
 
 import torch
+
+from kernel_section import Section
 
 # (heads, head_dim): the tiny presets (SD3 / Qwen-Image 4 x 16, Wan 2 x 32) and
 # the ~100M peer configs (SD3 12 x 64, Wan / Qwen-Image 6 x 128).
@@ -26,13 +24,6 @@ LAYOUTS = [(4, 16), (2, 32), (12, 64), (6, 128)]
 TOKENS = [24, 72, 128, 160, 191, 192, 256, 384, 768]
 NATIVE_FROM_WORK = 12288  # ditrl's rule: tokens x head_dim below this widen
 
-
-def cpu_name():
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def backward(widen, g, q, k, v, out, lse):
@@ -75,8 +66,7 @@ def main():
     parser.add_argument("--out", default="")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    load_start = os.getloadavg()[0]
-    start = datetime.datetime.now(datetime.timezone.utc)
+    section = Section("bf16 backward vs widened fp32 backward")
     rows = []
     for heads, head_dim in LAYOUTS:
         for tokens in TOKENS:
@@ -85,27 +75,10 @@ def main():
             rows.append(f"| 2 x {heads} x {head_dim} | {tokens} | {tokens * head_dim} | {native:.3f} | {widened:.3f} | "
                         f"**{native / widened:.2f}x** | {native_error:.1e} / {widened_error:.1e} | {ditrl} |")
             print(rows[-1], flush=True)
-    flags = sorted({w for line in open("/proc/cpuinfo") if line.startswith("flags")
-                    for w in line.split() if w.startswith(("avx512_bf16", "amx_bf16", "avx2"))})
-    section = [
-        f"## bf16 backward vs widened fp32 backward, {start:%Y-%m-%d %H:%M} UTC",
-        "",
-        f"- Command: `{' '.join([os.path.relpath(sys.argv[0])] + sys.argv[1:])}`",
-        f"- Machine: {cpu_name()} ({', '.join(flags)}), {os.cpu_count()} hardware threads; 1-minute load average "
-        f"{load_start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end; 1 thread",
-        f"- torch {torch.__version__} (the LibTorch ditrl links); {args.rounds} alternating rounds, median ms per call",
-        "",
-        "| batch x heads x head dim | query = key tokens | tokens x head dim | bf16 kernel ms | widened fp32 ms | "
-        "bf16 / widened | max abs error vs float64, bf16 / widened | ditrl takes |",
-        "|---|---|---|---|---|---|---|---|",
-        *rows,
-        "",
-    ]
-    text = "\n".join(section)
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write("\n" + text)
-    print(text)
+    section.write(args.out, ("avx512_bf16", "amx_bf16", "avx2"),
+                  f"{args.rounds} alternating rounds, median ms per call",
+                  "| batch x heads x head dim | query = key tokens | tokens x head dim | bf16 kernel ms | widened fp32 ms | "
+                  "bf16 / widened | max abs error vs float64, bf16 / widened | ditrl takes |", rows)
 
 
 if __name__ == "__main__":

@@ -10,27 +10,18 @@ Alternating rounds, median per side. Appends a markdown section to --out.
 """
 
 import argparse
-import datetime
-import os
-import platform
 import statistics
-import sys
 import time
 
 import torch
+
+from kernel_section import Section
 
 ROWS = [24, 72, 144, 768]
 # (in, out): the tiny presets' 64-wide layers up to the ~100M configs' 768 x 3072 MLP.
 LAYERS = [(64, 64), (64, 192), (64, 256), (128, 384), (256, 256), (256, 768), (512, 512), (768, 768), (768, 3072)]
 ONEDNN_FROM_MACS = 1 << 20  # ditrl's rule
 
-
-def cpu_name():
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def onednn(a, w_t, bias=None):
@@ -68,8 +59,7 @@ def main():
     parser.add_argument("--out", default="")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    load_start = os.getloadavg()[0]
-    start = datetime.datetime.now(datetime.timezone.utc)
+    section = Section("BLAS vs oneDNN fp32 GEMMs of a linear layer")
     rows = []
     for m in ROWS:
         for k, n in LAYERS:
@@ -80,28 +70,11 @@ def main():
                         f"{dnn:.1f} ({gflops / dnn:.0f}) | **{blas / dnn:.2f}x** | {blas_error:.1e} / {dnn_error:.1e} | "
                         f"{'oneDNN' if macs >= ONEDNN_FROM_MACS else 'BLAS'} |")
             print(rows[-1], flush=True)
-    flags = sorted({w for line in open("/proc/cpuinfo") if line.startswith(("flags", "vendor_id"))
-                    for w in line.split() if w.startswith(("avx512f", "avx512_bf16", "avx2", "Genuine", "Authentic"))})
-    section = [
-        f"## BLAS vs oneDNN fp32 GEMMs of a linear layer, {start:%Y-%m-%d %H:%M} UTC",
-        "",
-        f"- Command: `{' '.join([os.path.relpath(sys.argv[0])] + sys.argv[1:])}`",
-        f"- Machine: {cpu_name()} ({', '.join(flags)}), {os.cpu_count()} hardware threads; 1-minute load average "
-        f"{load_start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end; 1 thread",
-        f"- torch {torch.__version__} (the LibTorch ditrl links), BLAS: "
-        f"{'MKL' if torch.backends.mkl.is_available() else 'not MKL'}; {args.rounds} alternating rounds, median",
-        "",
-        "| rows x in -> out | multiply-adds (M) | BLAS us for fwd + dX + dW (GFLOP/s) | oneDNN us (GFLOP/s) | "
-        "BLAS / oneDNN | max error / max value vs float64, BLAS / oneDNN | ditrl takes |",
-        "|---|---|---|---|---|---|---|",
-        *rows,
-        "",
-    ]
-    text = "\n".join(section)
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write("\n" + text)
-    print(text)
+    section.write(args.out, ("avx512f", "avx512_bf16", "avx2", "Genuine", "Authentic"),
+                  f"BLAS: {'MKL' if torch.backends.mkl.is_available() else 'not MKL'}; {args.rounds} alternating "
+                  "rounds, median",
+                  "| rows x in -> out | multiply-adds (M) | BLAS us for fwd + dX + dW (GFLOP/s) | oneDNN us (GFLOP/s) | "
+                  "BLAS / oneDNN | max error / max value vs float64, BLAS / oneDNN | ditrl takes |", rows)
 
 
 if __name__ == "__main__":
