@@ -23,7 +23,7 @@ bool widen(const at::Tensor& x, const at::Tensor& weight) {
 }
 
 // oneDNN's call costs 10-15 us more than the BLAS's; below about 2^20
-// multiply-adds that outweighs its faster kernel (benchmarks/results/peer_forward.md).
+// multiply-adds that outweighs its faster kernel (benchmarks/results/fp32_gemm.md).
 constexpr int64_t kOnednnMinMacs = int64_t{1} << 20;
 
 // A function of the shapes alone, so rollout and training, which cut their

@@ -3,11 +3,11 @@
 // Which kernel runs fp32 GEMMs (the layers' linear projections) on a CPU
 // (the deck's precision.cpu_fp32_gemm). LibTorch calls its BLAS (MKL in the
 // PyPI wheel), whose fast code paths are Intel's own: on an AMD EPYC with
-// AVX-512 its single-thread sgemm reached 93-122 GFLOP/s where oneDNN's fp32
-// matmul, dispatched on the instruction set alone, reached 239-274
-// (benchmarks/results/peer_forward.md). oneDNN's blocking follows the CPU's
-// caches, so its sums are not pinned across machines the way MKL_CBWR pins
-// MKL's: deterministic runs keep the BLAS. Both are fp32 GEMMs with fp32
+// AVX-512 a linear layer's GEMMs at 768 rows ran at 104-120 GFLOP/s on one
+// thread, and at 140-266 on oneDNN's fp32 matmul, which dispatches on the
+// instruction set alone (benchmarks/results/fp32_gemm.md). Nothing pins
+// oneDNN's kernel choice across machines the way MKL_CBWR pins MKL's:
+// deterministic runs keep the BLAS. Both are fp32 GEMMs with fp32
 // sums, in different orders. CUDA tensors always take LibTorch's kernels.
 
 #include <string>
