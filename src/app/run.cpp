@@ -136,7 +136,7 @@ void use_cpu_gemms(const config::Config& c, c10::Device device) {
                c.precision.cpu_fp32_gemm,
                c.precision.cpu_fp32_gemm != "auto" ? ""
                : onednn                            ? ": not deterministic, not an Intel CPU"
-               : c.run.deterministic               ? ": deterministic runs keep the BLAS MKL_CBWR pins"
+               : c.run.deterministic               ? ": deterministic runs keep the BLAS, which MKL_CBWR pins"
                                                    : ": an Intel CPU, or no oneDNN in this LibTorch");
 }
 
