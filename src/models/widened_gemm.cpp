@@ -22,7 +22,7 @@ bool widen(const at::Tensor& x, const at::Tensor& weight) {
          precision::cpu_half_gemm() == precision::CpuHalfGemm::Widened;
 }
 
-// oneDNN's call costs 10-15 us more than the BLAS's; below about 2^20
+// oneDNN's call costs 6-9 us more than the BLAS's; below about 2^20
 // multiply-adds that outweighs its faster kernel (benchmarks/results/fp32_gemm.md).
 constexpr int64_t kOnednnMinMacs = int64_t{1} << 20;
 
