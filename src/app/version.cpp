@@ -1,6 +1,7 @@
 #include <ditrl/app/commands.hpp>
 #include <ditrl/app/host_malloc.hpp>
 #include <ditrl/build_info.hpp>
+#include <ditrl/precision/cpu_fp32_gemm.hpp>
 
 #include <ATen/Parallel.h>
 #include <ATen/Version.h>
@@ -67,6 +68,9 @@ std::string version_text() {
 #endif
                       torch_config_line("CPU capability"), at::get_num_threads());
   text += fmt::format("  BLAS       {}\n", torch_config_line("Math Kernel Library"));
+  const bool onednn_fp32 = precision::parse_cpu_fp32_gemm("auto", false) == precision::CpuFp32Gemm::Onednn;
+  text += fmt::format("  oneDNN     {} (fp32 GEMMs on this CPU, precision.cpu_fp32_gemm = \"auto\": {})\n",
+                      torch_config_line("MKL-DNN"), onednn_fp32 ? "oneDNN, BLAS in deterministic runs" : "BLAS");
   text += fmt::format("  MPI        {}\n", mpi_library());
   text += fmt::format("  HDF5       {}\n", hdf5_library());
   text += fmt::format("  Boost      {}.{}.{} (Boost.JSON)\n", BOOST_VERSION / 100000, BOOST_VERSION / 100 % 1000,
