@@ -241,10 +241,6 @@ struct Options {
   bool skip_tuned = false;
 };
 
-// fn(tuned) with each side's malloc as it ships (ditrl's own thresholds,
-// app/host_malloc.hpp, in this process; glibc's defaults in the Python
-// child), then (unless skip_tuned) with the tuned thresholds on both sides:
-// default first, as mallopt() cannot be undone in a process.
 // The `malloc` column's modes as this build runs them (mallopt is a no-op
 // under tcmalloc, so `tuned` then reaches the Python side only).
 inline std::string malloc_modes_text() {
@@ -258,6 +254,10 @@ inline std::string malloc_modes_text() {
          "both sides.";
 }
 
+// fn(tuned) with each side's malloc as it ships (ditrl's own thresholds,
+// app/host_malloc.hpp, in this process; glibc's defaults in the Python
+// child), then (unless skip_tuned) with the tuned thresholds on both sides:
+// default first, as mallopt() cannot be undone in a process.
 template <class Fn>
 void for_each_malloc_mode(bool skip_tuned, const Fn& fn) {
   ditrl::app::keep_freed_host_memory();
