@@ -18,7 +18,8 @@
 # --budget: the steps end by then (each one's limit is cut to the time left; one that would start
 # with under a minute left is not started) and the results are packed, so a call that runs out
 # of time still returns every finished step's log. Steps run in order of what they prove: build,
-# gpu tests, quickstart curves, then the benchmark, one model per step.
+# gpu tests, quickstart curves, then the benchmark, one model per step. Each gpu test stops after
+# DITRL_GPU_TEST_TIMEOUT seconds (default 240: the quickstart case is the longest).
 # Exit status: 0 when every step passed or was skipped for want of a GPU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -149,12 +150,12 @@ fi
 step configure 300 cmake "${generator[@]}" -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DDITRL_CUDA=ON \
   -DDITRL_PYTHON="$PY" -DDITRL_WERROR="${DITRL_WERROR:-OFF}" -DCMAKE_PREFIX_PATH="$KIT_USR" \
   -DMPI_C_COMPILER="$KIT_USR/bin/mpicc" -DMPIEXEC_EXECUTABLE="$KIT_USR/bin/mpiexec" \
-  -DHDF5_C_COMPILER_EXECUTABLE="$KIT_USR/bin/h5pcc" || finish
+  -DHDF5_C_COMPILER_EXECUTABLE="$KIT_USR/bin/h5pcc" -DDITRL_GPU_TEST_TIMEOUT="${DITRL_GPU_TEST_TIMEOUT:-240}" || finish
 targets=(ditrl ditrl_gpu_tests ditrl_nccl_tests visible_gpus bench_gpu_step)
 step build 3600 cmake --build "$BUILD" -j "$(nproc)" --target "${targets[@]}" || finish
 
 # --- the gpu tests -----------------------------------------------------------
-step gpu_tests 420 ctest --test-dir "$BUILD" -L gpu --output-on-failure --output-junit "$RESULTS/gpu_tests.xml"
+step gpu_tests 300 ctest --test-dir "$BUILD" -L gpu --output-on-failure --output-junit "$RESULTS/gpu_tests.xml"
 grep -sE 'tests passed|\((Skipped|Failed|Not Run|Timeout)\)$' "$RESULTS/gpu_tests.log" | sed 's/^/    /' | tee -a "$SUMMARY"
 
 # --- the quickstart on the GPU (or, without one, the CUDA build's no-GPU paths)
