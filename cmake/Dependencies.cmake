@@ -79,7 +79,24 @@ if(NOT TARGET hdf5::hdf5)
     INTERFACE_LINK_LIBRARIES "${HDF5_C_LIBRARIES}")
 endif()
 
-find_package(Boost 1.81 REQUIRED COMPONENTS json)
+# Boost.JSON by its header and library rather than Boost's CMake configs:
+# Debian's boost_json config also demands boost_container's (a library
+# Boost.JSON 1.81 never loads), which the GPU kit does not carry, and CMake >= 3.30
+# drops FindBoost.
+find_path(DITRL_BOOST_INCLUDE_DIR boost/json.hpp)
+find_library(DITRL_BOOST_JSON_LIBRARY NAMES boost_json)
+if(NOT DITRL_BOOST_INCLUDE_DIR OR NOT DITRL_BOOST_JSON_LIBRARY)
+  message(FATAL_ERROR "Boost.JSON >= 1.81 not found (header boost/json.hpp: ${DITRL_BOOST_INCLUDE_DIR}; "
+                      "library boost_json: ${DITRL_BOOST_JSON_LIBRARY}); on Debian: apt-get install libboost-json1.81-dev")
+endif()
+file(STRINGS "${DITRL_BOOST_INCLUDE_DIR}/boost/version.hpp" _boost_version REGEX "^#define BOOST_VERSION [0-9]+")
+string(REGEX REPLACE "^#define BOOST_VERSION " "" _boost_version "${_boost_version}")
+if(_boost_version LESS 108100)
+  message(FATAL_ERROR "Boost.JSON >= 1.81 needed; ${DITRL_BOOST_INCLUDE_DIR}/boost/version.hpp says ${_boost_version}")
+endif()
+add_library(Boost::json INTERFACE IMPORTED)
+set_target_properties(Boost::json PROPERTIES
+  INTERFACE_INCLUDE_DIRECTORIES "${DITRL_BOOST_INCLUDE_DIR}" INTERFACE_LINK_LIBRARIES "${DITRL_BOOST_JSON_LIBRARY}")
 find_package(tomlplusplus REQUIRED)
 find_package(CLI11 REQUIRED)
 find_package(spdlog REQUIRED)
