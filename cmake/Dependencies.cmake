@@ -125,9 +125,22 @@ if(DITRL_CUDA)
                           "${DITRL_TORCH_VERSION} loads: nvidia-cuda-runtime, nvidia-nccl)")
     endif()
   endforeach()
+  # cuda_runtime.h includes crt/host_config.h, which the wheels leave to nvcc's
+  # package: a CUDA toolkit's headers fill that gap (and any other), after the wheels'.
+  find_program(_nvcc nvcc HINTS "$ENV{CUDA_HOME}/bin" "$ENV{CUDA_PATH}/bin" /usr/local/cuda/bin)
+  if(_nvcc)
+    get_filename_component(_nvcc_include "${_nvcc}/../../include" ABSOLUTE)
+  endif()
+  find_path(DITRL_CUDA_TOOLKIT_INCLUDE_DIR crt/host_config.h
+            PATHS ${_cuda_includes} ${_nvcc_include} "$ENV{CUDA_HOME}/include" "$ENV{CUDA_PATH}/include" /usr/local/cuda/include)
+  if(NOT DITRL_CUDA_TOOLKIT_INCLUDE_DIR)
+    message(FATAL_ERROR "DITRL_CUDA=ON: crt/host_config.h (which cuda_runtime.h includes) is neither under ${_nvidia} "
+                        "nor in a CUDA toolkit (nvcc on PATH, CUDA_HOME, /usr/local/cuda); install the CUDA toolkit torch ${DITRL_TORCH_VERSION} was built with "
+                        "or the nvidia-cuda-nvcc wheel")
+  endif()
   add_library(ditrl::torch_cuda INTERFACE IMPORTED)
   set_target_properties(ditrl::torch_cuda PROPERTIES
-    INTERFACE_INCLUDE_DIRECTORIES "${DITRL_CUDA_INCLUDE_DIR};${DITRL_NCCL_INCLUDE_DIR}"
+    INTERFACE_INCLUDE_DIRECTORIES "${DITRL_CUDA_INCLUDE_DIR};${DITRL_NCCL_INCLUDE_DIR};${DITRL_CUDA_TOOLKIT_INCLUDE_DIR}"
     INTERFACE_COMPILE_DEFINITIONS "DITRL_CUDA=1"
     # Nothing of ours calls into libtorch_cuda.so by name (its CUDA kernels
     # and hooks register themselves when it loads), so a linker that defaults
