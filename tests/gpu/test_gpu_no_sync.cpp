@@ -75,9 +75,11 @@ TEST_CASE("gpu: SFT metrics of a micro-batch stay on the GPU", "[gpu][rl][metric
   rl::MetricBuffer on_host(rl::sft_metric_schema(4), c10::kCPU);
   rl::record_sft_metrics(on_host, {at::scalar_tensor(0.0), per_pair}, host_sigmas, 4);
   rl::MetricBuffer on_gpu(rl::sft_metric_schema(4), kGpu);
+  // Copied before the strict scope: a copy from pageable host memory waits for the GPU.
+  const rl::SftTerms gpu_terms{at::scalar_tensor(0.0, kGpu), per_pair.to(kGpu)};
   {
     const dist::ForbidHostSync strict(true, kGpu);
-    CHECK_NOTHROW(rl::record_sft_metrics(on_gpu, {at::scalar_tensor(0.0, kGpu), per_pair.to(kGpu)}, host_sigmas, 4));
+    CHECK_NOTHROW(rl::record_sft_metrics(on_gpu, gpu_terms, host_sigmas, 4));
   }
   CHECK(on_gpu.local() == on_host.local());
   CHECK_THROWS_WITH(
