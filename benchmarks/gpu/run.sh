@@ -52,6 +52,6 @@ for model in models.split():
 print("\nBoth sides: fp32 master weights, bf16 compute, AdamW, MSE against a fixed target, only the named SDPA "
       "backend enabled. ditrl: ShardedParams on one rank (bf16 compute copies, fp32 gradient reduction, "
       "parallel.recompute = false and train.fused_adamw = true, as the peer keeps its activations and runs the fused "
-      "AdamW on CUDA); peer: bf16 autocast over fp32 parameters. {len(rounds)} alternating round(s) per side; the better round is shown.")
+      f"AdamW on CUDA); peer: bf16 autocast over fp32 parameters. {len(rounds)} alternating round(s) per side; the better round is shown.")
 PY
 cat "$out/report.md"
