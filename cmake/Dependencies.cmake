@@ -131,8 +131,12 @@ if(DITRL_CUDA)
   if(_nvcc)
     get_filename_component(_nvcc_include "${_nvcc}/../../include" ABSOLUTE)
   endif()
+  # The toolkit's own folder first: a system folder (/usr/local/include) would be
+  # searched ahead of the C++ library's once named with -isystem.
   find_path(DITRL_CUDA_TOOLKIT_INCLUDE_DIR crt/host_config.h
-            PATHS ${_cuda_includes} ${_nvcc_include} "$ENV{CUDA_HOME}/include" "$ENV{CUDA_PATH}/include" /usr/local/cuda/include)
+            PATHS ${_cuda_includes} ${_nvcc_include} "$ENV{CUDA_HOME}/include" "$ENV{CUDA_PATH}/include" /usr/local/cuda/include
+            NO_DEFAULT_PATH)
+  find_path(DITRL_CUDA_TOOLKIT_INCLUDE_DIR crt/host_config.h)
   if(NOT DITRL_CUDA_TOOLKIT_INCLUDE_DIR)
     message(FATAL_ERROR "DITRL_CUDA=ON: crt/host_config.h (which cuda_runtime.h includes) is neither under ${_nvidia} "
                         "nor in a CUDA toolkit (nvcc on PATH, CUDA_HOME, /usr/local/cuda); install the CUDA toolkit torch ${DITRL_TORCH_VERSION} was built with "
