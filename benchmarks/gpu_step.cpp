@@ -93,20 +93,20 @@ struct Inputs {
 
 // The peer's draws: latents, the text conditioning, t = 500, target (other
 // values than the peer's generator gives; the step's cost does not depend on them).
-Inputs draw_inputs(models::Family& family, const Spec& spec, const c10::Device& device) {
+Inputs draw_inputs(models::Family& family, const Spec& spec, int64_t batch, const c10::Device& device) {
   at::manual_seed(0);
   const auto on = at::TensorOptions().device(device);
   Inputs in;
-  const std::vector<int64_t> shape = family.latent_shape(1, {spec.grid[0], spec.grid[1], spec.grid[2]});
+  const std::vector<int64_t> shape = family.latent_shape(batch, {spec.grid[0], spec.grid[1], spec.grid[2]});
   in.latents = at::randn(shape, on);
   for (const models::CondSpec& c : family.cond_spec()) {
-    std::vector<int64_t> s = {1};
+    std::vector<int64_t> s = {batch};
     s.insert(s.end(), c.shape.begin(), c.shape.end());
     if (c.name == "encoder_hidden_states") s[1] = spec.text_tokens;
     in.cond.tensors[c.name] =
         c10::isFloatingType(c.dtype) ? at::randn(s, on).to(c.dtype) : at::ones(s, on.dtype(c.dtype));
   }
-  in.timesteps = at::full({1}, 500.0, on);
+  in.timesteps = at::full({batch}, 500.0, on);
   in.sigmas = in.timesteps / 1000;
   in.target = at::randn(shape, on);
   return in;
@@ -126,6 +126,7 @@ precision::CompiledPlan bf16_plan(models::Family& family) {
 int main(int argc, char** argv) {
   std::string model, size = "full", device_name = "cuda", attention, out;
   int warmup = 3, steps = 10;
+  int64_t batch = 1;
   bool recompute = false, chunked_adamw = false;
   CLI::App app{"ditrl's side of the GPU training-step benchmark (benchmarks/gpu/run.sh)"};
   app.add_option("--model", model)->required()->check(CLI::IsMember({"sd3.5-medium", "wan2.1-1.3b"}));
@@ -137,6 +138,7 @@ int main(int argc, char** argv) {
   app.add_flag("--chunked-adamw", chunked_adamw,
                "ditrl's chunked AdamW passes instead of the fused kernel (train.fused_adamw = false; the peer runs "
                "torch's fused AdamW on CUDA)");
+  app.add_option("--batch", batch, "samples per step, each at the model's token count")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup);
   app.add_option("--steps", steps)->check(CLI::PositiveNumber);
   app.add_option("--out", out)->required();
@@ -175,7 +177,7 @@ int main(int argc, char** argv) {
     shard::ShardedParams sharded(*family, family->wrap_units(), bf16_plan(*family), runtime->data(), so);
     models::ForwardContext ctx;
     ctx.runner = &sharded;
-    const Inputs in = draw_inputs(*family, spec, device);
+    const Inputs in = draw_inputs(*family, spec, batch, device);
 
     std::vector<double> times, losses;
     for (int i = 0; i < warmup + steps; ++i) {
@@ -205,6 +207,7 @@ int main(int argc, char** argv) {
         {"size", size},
         {"device", device.is_cuda() ? "cuda" : "cpu"},
         {"params", params},
+        {"batch", batch},
         {"image_tokens", spec.image_tokens},
         {"text_tokens", spec.text_tokens},
         {"attention", attention},

@@ -85,21 +85,21 @@ def matmul_ceiling(device, n, repeats):
     return 2 * n**3 / best
 
 
-def build(model_name, size, device):
+def build(model_name, size, batch, device):
     spec = MODELS[model_name][size]
     torch.manual_seed(0)
     cls = SD3Transformer2DModel if model_name.startswith("sd3") else WanTransformer3DModel
     with torch.device(device):  # initialised where it runs (a 2.2B-parameter CPU init takes a minute)
         model = cls(**spec["config"]).float()  # fp32 masters
-    latent = torch.randn(spec["latent"], device=device)
+    latent = torch.randn((batch, *spec["latent"][1:]), device=device)
     if cls is SD3Transformer2DModel:
-        cond = dict(encoder_hidden_states=torch.randn(1, spec["text_tokens"], spec["config"]["joint_attention_dim"],
+        cond = dict(encoder_hidden_states=torch.randn(batch, spec["text_tokens"], spec["config"]["joint_attention_dim"],
                                                       device=device),
-                    pooled_projections=torch.randn(1, spec["config"]["pooled_projection_dim"], device=device))
+                    pooled_projections=torch.randn(batch, spec["config"]["pooled_projection_dim"], device=device))
     else:
-        cond = dict(encoder_hidden_states=torch.randn(1, spec["text_tokens"], spec["config"]["text_dim"],
+        cond = dict(encoder_hidden_states=torch.randn(batch, spec["text_tokens"], spec["config"]["text_dim"],
                                                       device=device))
-    timestep = torch.tensor([500.0], device=device)
+    timestep = torch.full((batch,), 500.0, device=device)
     target = torch.randn_like(latent)
     p = spec["config"]["patch_size"]
     patch = p if isinstance(p, tuple) else (p, p)
@@ -124,6 +124,7 @@ def main():
     parser.add_argument("--model", choices=sorted(MODELS), required=True)
     parser.add_argument("--size", choices=["full", "tiny"], default="full")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--batch", type=int, default=1, help="samples per step, each at the model's token count")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--out", required=True)
@@ -136,7 +137,7 @@ def main():
         torch.backends.cudnn.allow_tf32 = False
     backend = SDPBackend.FLASH_ATTENTION if device.type == "cuda" else SDPBackend.MATH
 
-    model, latent, cond, timestep, target, image_tokens, text_tokens = build(args.model, args.size, device)
+    model, latent, cond, timestep, target, image_tokens, text_tokens = build(args.model, args.size, args.batch, device)
     params = sum(p.numel() for p in model.parameters())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device.type == "cuda")
     with sdpa_kernel([backend]):  # only this backend: a shape it cannot take is an error, not a fallback
@@ -157,7 +158,7 @@ def main():
     result = {
         "side": f"PyTorch {torch.__version__} eager, diffusers {diffusers.__version__} {type(model).__name__}",
         "model": args.model, "size": args.size, "device": torch.cuda.get_device_name(device)
-        if device.type == "cuda" else "cpu", "params": params, "image_tokens": image_tokens,
+        if device.type == "cuda" else "cpu", "params": params, "batch": args.batch, "image_tokens": image_tokens,
         "text_tokens": text_tokens, "attention": backend.name, "precision": "fp32 masters, bf16 autocast, AdamW"
         + (" (fused)" if device.type == "cuda" else ""), "steps": args.steps, "step_s_median": step_s,
         "step_s_min": min(times), "model_flops_per_step": flops, "model_tflops": flops / step_s / 1e12,
