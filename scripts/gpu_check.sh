@@ -109,8 +109,10 @@ GPUS=$("$PY" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_
 # Open MPI in gVisor-style sandboxes: no cross-memory attach between ranks.
 # Unbound ranks: mpirun binds each of up to two ranks to one core, and a
 # rank runs no more intra-op threads than the cores it is bound to.
+# The H200 image's own PMIx at Debian's path offers a zlib plugin the kit's PMIx
+# cannot load: without compression PMIx works, and says so at every start.
 export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-  OMPI_MCA_hwloc_base_binding_policy=none
+  OMPI_MCA_hwloc_base_binding_policy=none PMIX_MCA_pcompress_base_silence_warning=1
 
 # The tree travels to a lent machine without a current .git (the device tool
 # copies the work tree; a .git there can be older than it): the caller names
