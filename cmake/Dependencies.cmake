@@ -82,7 +82,7 @@ endif()
 # Boost.JSON by its header and library rather than Boost's CMake configs:
 # Debian's boost_json config also demands boost_container's (a library
 # Boost.JSON 1.81 never loads), which the GPU kit does not carry, and CMake >= 3.30
-# drops FindBoost.
+# deprecates FindBoost.
 find_path(DITRL_BOOST_INCLUDE_DIR boost/json.hpp)
 find_library(DITRL_BOOST_JSON_LIBRARY NAMES boost_json)
 if(NOT DITRL_BOOST_INCLUDE_DIR OR NOT DITRL_BOOST_JSON_LIBRARY)
