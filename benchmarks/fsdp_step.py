@@ -22,10 +22,11 @@ import datetime
 import glob
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
+
+from kernel_section import cpu_name
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MPI = ["mpiexec", "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "self,vader", "--bind-to", "none"]
@@ -34,14 +35,6 @@ MPI = ["mpiexec", "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "sel
 def load_average():
     with open("/proc/loadavg") as f:
         return f.read().split()[0]
-
-
-def cpu_model():
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def last_json(text, what):
@@ -189,7 +182,7 @@ def write_report(args, ranks, results, started, load_start, argv):
         "",
         f"- Command: `{' '.join(argv)}`",
         f"- Date: {started:%Y-%m-%d %H:%M} UTC to {datetime.datetime.now(datetime.timezone.utc):%H:%M} UTC",
-        f"- Machine: {cpu_model()}, {os.cpu_count()} hardware threads, one intra-op thread per rank (4 ranks "
+        f"- Machine: {cpu_name()}, {os.cpu_count()} hardware threads, one intra-op thread per rank (4 ranks "
         f"oversubscribe 2 cores); 1-minute load average {load_start} at the start, {load_average()} at the end; at "
         f"the start of each run: {loads}",
         f"- Model: {args.family}'s {'tiny preset' if args.tiny else '~100M'} peer_forward config (benchmarks/peer_cases.hpp), global batch {args.batch}, "

@@ -1,5 +1,5 @@
 """The markdown section the single-kernel benchmarks (flash_backward.py, fp32_gemm.py) append to their results
-file: title, command, machine, load and torch lines, then the table."""
+file: title, command, machine, load and torch lines, then the table. fsdp_step.py takes cpu_name too."""
 
 import datetime
 import os
