@@ -25,7 +25,6 @@ TOKENS = [24, 72, 128, 160, 191, 192, 256, 384, 768]
 NATIVE_FROM_WORK = 12288  # ditrl's rule: tokens x head_dim below this widen
 
 
-
 def backward(widen, g, q, k, v, out, lse):
     op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
     if not widen:
