@@ -183,11 +183,15 @@ else
 fi
 
 # --- the GPU benchmark, one model per step (without a GPU, CTest's bench.gpu_step_tiny runs its tiny CPU size)
+# benchmark NAME MODEL BATCH: one step, its results in benchmark/NAME, its report in the summary.
+benchmark() {
+  step "benchmark_$1" 600 env MODELS="$2" BATCH="$3" bash benchmarks/gpu/run.sh "$PY" "$RESULTS/benchmark/$1" full \
+    "$BUILD/benchmarks/bench_gpu_step"
+  [[ -f $RESULTS/benchmark/$1/report.md ]] && cat "$RESULTS/benchmark/$1/report.md" >>"$SUMMARY"
+}
 for model in sd3.5-medium wan2.1-1.3b; do
   if ((GPUS > 0)); then
-    step "benchmark_$model" 600 env MODELS="$model" bash benchmarks/gpu/run.sh "$PY" "$RESULTS/benchmark/$model" full \
-      "$BUILD/benchmarks/bench_gpu_step"
-    [[ -f $RESULTS/benchmark/$model/report.md ]] && cat "$RESULTS/benchmark/$model/report.md" >>"$SUMMARY"
+    benchmark "$model" "$model" 1
   else
     note "| benchmark_$model | SKIPPED: no GPU visible to torch (bench.gpu_step_tiny covers the tiny size) | - | - |"
   fi
@@ -195,10 +199,7 @@ done
 # MFU against batch size (issue #17 aims at 45% on SD3.5-medium; batch 1 gave 23%): SD3.5-medium at
 # batch 2, last and only where the budget leaves it two minutes (a run at batch 1 took 44 s).
 if ((GPUS > 0 && DEADLINE - $(date +%s) >= 120)); then
-  step benchmark_sd3.5-medium_batch2 600 env MODELS=sd3.5-medium BATCH=2 bash benchmarks/gpu/run.sh "$PY" \
-    "$RESULTS/benchmark/sd3.5-medium_batch2" full "$BUILD/benchmarks/bench_gpu_step"
-  [[ -f $RESULTS/benchmark/sd3.5-medium_batch2/report.md ]] &&
-    cat "$RESULTS/benchmark/sd3.5-medium_batch2/report.md" >>"$SUMMARY"
+  benchmark sd3.5-medium_batch2 sd3.5-medium 2
 else
   note "| benchmark_sd3.5-medium_batch2 | SKIPPED: $( ((GPUS > 0)) && echo 'under two minutes of the budget left' || echo 'no GPU visible to torch') | - | - |"
 fi
