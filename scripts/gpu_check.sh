@@ -195,6 +195,15 @@ for model in sd3.5-medium wan2.1-1.3b; do
     note "| benchmark_$model | SKIPPED: no GPU visible to torch (bench.gpu_step_tiny covers the tiny size) | - | - |"
   fi
 done
+# Deterministic mode's cost on the launch-bound quickstart (2.2-2.4x per rollout on an H200 on 2026-12-04,
+# every phase alike): 8 rollouts deterministic, not, and not with deterministic mode's one intra-op
+# thread, each with its phases' median CUDA-event seconds.
+if ((GPUS > 0)); then
+  step quickstart_modes 120 bash tests/gpu/quickstart_modes.sh "$BUILD/ditrl" "$PY" "$RESULTS/modes"
+  grep -sE '^(== |rollouts 5-8|median seconds)' "$RESULTS/quickstart_modes.log" | sed 's/^/    /' | tee -a "$SUMMARY"
+else
+  note "| quickstart_modes | SKIPPED: no GPU visible to torch | - | - |"
+fi
 # MFU against batch size (issue #17 aims at 45% on SD3.5-medium; batch 1 gave 23%): SD3.5-medium at
 # batch 2, last and only where the budget leaves it two minutes (a run at batch 1 took 44 s).
 if ((GPUS > 0 && DEADLINE - $(date +%s) >= 120)); then

@@ -8,8 +8,8 @@ metrics.h5 holds /metrics/step (the optimizer step of each row) and one float64
 series per metric under /metrics/<name>; a metric absent from a row is NaN.
 The reward panel shows the raw mean with its +-std band and a moving average,
 so a learning run is visible at a glance. --summary prints the first and last
---smooth-row means of the reward (what the README quotes) and the run's peak
-memory per rank; --no-plot prints only that (no matplotlib needed: the GPU
+--smooth-row means of the reward (what the README quotes), the run's peak
+memory per rank and the median seconds of each timed phase; --no-plot prints only that (no matplotlib needed: the GPU
 check kit falls back to it where python3 lacks matplotlib).
 """
 import argparse
@@ -88,6 +88,19 @@ def memory_summary(series):
     return "peak memory per rank: " + ", ".join(parts) if parts else None
 
 
+PHASES = ["rollout", "reward", "prepare", "forward", "backward", "optimizer", "gather", "reduce_scatter", "checkpoint"]
+
+
+def phase_summary(series):
+    """Median seconds per row of each perf/<phase>_seconds (on a GPU, CUDA event times of the compute)."""
+    parts = [
+        f"{phase} {np.nanmedian(series[name]):.4f}"
+        for phase in PHASES
+        if (name := f"perf/{phase}_seconds") in series and not np.all(np.isnan(series[name]))
+    ]
+    return "median seconds per row: " + ", ".join(parts) if parts else None
+
+
 def plot(path, out, steps, series, panels, window):
     import matplotlib
 
@@ -118,7 +131,7 @@ def main():
     parser.add_argument("--out", help="PNG to write (default: next to the metrics file)")
     parser.add_argument("--metric", action="append", help="panels to draw (default: the main curves)")
     parser.add_argument("--smooth", type=int, default=10, help="moving-average window for the reward")
-    parser.add_argument("--summary", action="store_true", help="print first/last reward means and peak memory")
+    parser.add_argument("--summary", action="store_true", help="print first/last reward means, peak memory and phase times")
     parser.add_argument("--no-plot", action="store_true", help="write no PNG (implies --summary)")
     args = parser.parse_args()
 
@@ -135,6 +148,8 @@ def main():
             print(reward_summary(series, args.smooth))
         if memory := memory_summary(series):
             print(memory)
+        if phases := phase_summary(series):
+            print(phases)
 
 
 if __name__ == "__main__":
