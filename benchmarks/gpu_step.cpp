@@ -5,9 +5,10 @@
 // ShardedParams holding fp32 masters and AdamW moments, bf16 compute copies,
 // gradients reduced in fp32, only the chosen SDPA backend enabled. One step =
 // forward + MSE loss against a fixed target + backward + AdamW, on the peer's
-// token counts. Writes one JSON object with the peer's field names.
+// token counts. Writes one JSON object with the peer's field names; with
+// --profile, then profiles two more steps and appends where the GPU's time went.
 //
-//   bench_gpu_step --model sd3.5-medium --size full --device cuda --out sd3.json
+//   bench_gpu_step --model sd3.5-medium --size full --device cuda --out sd3.json [--profile sd3.profile.md]
 //   bench_gpu_step --model wan2.1-1.3b --size tiny --device cpu --out wan.json   (CI: runs here)
 
 #include <ditrl/dist/runtime.hpp>
@@ -19,6 +20,8 @@
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <kineto/ActivityType.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/torch.h>
 #include <torch/version.h>
 #include <CLI/CLI.hpp>
@@ -28,8 +31,10 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
+#include <set>
 
 #ifdef DITRL_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -112,6 +117,81 @@ Inputs draw_inputs(models::Family& family, const Spec& spec, int64_t batch, cons
   return in;
 }
 
+// A CUDA kernel's op family, from its name (cuBLAS: nvjet / *gemm* / cutlass;
+// flash and memory-efficient attention: flash / fmha; torch's fused AdamW).
+std::string kernel_family(const std::string& name) {
+  static const std::vector<std::pair<std::string, std::vector<std::string>>> kFamilies = {
+      {"attention", {"flash", "fmha", "attention"}},
+      {"GEMM", {"nvjet", "gemm", "Gemm", "cutlass", "xmma"}},
+      {"optimizer (fused AdamW)", {"Adam"}},
+      {"norms", {"norm", "Norm", "Moments", "GammaBeta"}},
+      {"copies, casts, fills", {"copy", "Copy", "Memcpy", "Memset", "fill", "CatArray"}},
+      {"reductions", {"reduce_kernel"}},
+  };
+  for (const auto& [family, needles] : kFamilies)
+    for (const std::string& needle : needles)
+      if (name.find(needle) != std::string::npos) return family;
+  return "elementwise and other";
+}
+
+// Two steps under LibTorch's Kineto profiler: each kernel's, memcpy's and
+// memset's device time summed by family against the steps' wall time; where
+// no device work runs the GPU waits for the host (a launch-bound step).
+std::string profile_steps(const std::function<void()>& step, const std::string& title) {
+  namespace prof = torch::autograd::profiler;
+  using torch::profiler::impl::ActivityType;
+  constexpr int kSteps = 2;
+  const torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO);
+  const std::set<ActivityType> activities = {ActivityType::CPU, ActivityType::CUDA};
+  prof::prepareProfiler(config, activities);
+  prof::enableProfiler(config, activities);
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < kSteps; ++i) step();
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / kSteps;
+  const std::unique_ptr<prof::ProfilerResult> result = prof::disableProfiler();
+
+  const std::set<uint8_t> device_work = {static_cast<uint8_t>(libkineto::ActivityType::CONCURRENT_KERNEL),
+                                         static_cast<uint8_t>(libkineto::ActivityType::GPU_MEMCPY),
+                                         static_cast<uint8_t>(libkineto::ActivityType::GPU_MEMSET)};
+  std::map<std::string, double> by_family, by_kernel;
+  std::vector<std::pair<uint64_t, uint64_t>> spans;
+  for (const prof::KinetoEvent& e : result->events()) {
+    if (!device_work.count(e.activityType()) || e.endNs() <= e.startNs()) continue;
+    const double seconds = static_cast<double>(e.durationNs()) * 1e-9 / kSteps;
+    by_family[kernel_family(e.name())] += seconds;
+    by_kernel[e.name()] += seconds;
+    spans.emplace_back(e.startNs(), e.endNs());
+  }
+  // Busy: the union of the device spans (streams overlap).
+  std::sort(spans.begin(), spans.end());
+  double busy = 0;
+  uint64_t open = 0, close = 0;
+  for (const auto& [b, e] : spans) {
+    if (b > close) {
+      busy += static_cast<double>(close - open);
+      open = b;
+    }
+    close = std::max(close, e);
+  }
+  busy = (busy + static_cast<double>(close - open)) * 1e-9 / kSteps;
+  std::string md = fmt::format(
+      "### {}: where the GPU's time goes\n\n{} profiled steps: {:.1f} ms of wall time per step, the GPU busy {:.1f} "
+      "ms of it ({:.0f}%; the rest it waits for the host). Device time per step by kernel family (streams may "
+      "overlap):\n\n| kernel family | ms per step | share of the wall time |\n|---|---|---|\n",
+      title, kSteps, wall * 1e3, busy * 1e3, 100 * busy / wall);
+  std::vector<std::pair<std::string, double>> families(by_family.begin(), by_family.end()),
+      kernels(by_kernel.begin(), by_kernel.end());
+  const auto longest = [](const auto& a, const auto& b) { return a.second > b.second; };
+  std::sort(families.begin(), families.end(), longest);
+  std::sort(kernels.begin(), kernels.end(), longest);
+  for (const auto& [family, seconds] : families)
+    md += fmt::format("| {} | {:.2f} | {:.1f}% |\n", family, seconds * 1e3, 100 * seconds / wall);
+  md += "\nLongest kernels (ms per step):\n\n";
+  for (size_t i = 0; i < std::min<size_t>(10, kernels.size()); ++i)
+    md += fmt::format("- {:.2f} `{}`\n", kernels[i].second * 1e3, kernels[i].first.substr(0, 120));
+  return md + "\n";
+}
+
 precision::CompiledPlan bf16_plan(models::Family& family) {
   std::vector<precision::DtypeRule> rules;
   for (const models::DtypeOverride& o : family.default_overrides())
@@ -124,7 +204,7 @@ precision::CompiledPlan bf16_plan(models::Family& family) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model, size = "full", device_name = "cuda", attention, out;
+  std::string model, size = "full", device_name = "cuda", attention, out, profile;
   int warmup = 3, steps = 10;
   int64_t batch = 1;
   bool recompute = false, chunked_adamw = false;
@@ -142,7 +222,13 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup);
   app.add_option("--steps", steps)->check(CLI::PositiveNumber);
   app.add_option("--out", out)->required();
+  app.add_option("--profile", profile,
+                 "then profile two steps' CUDA kernels and append where the GPU's time went to this markdown file");
   CLI11_PARSE(app, argc, argv);
+  if (!profile.empty() && device_name != "cuda") {
+    std::cerr << "bench_gpu_step: --profile times CUDA kernels; it needs --device cuda\n";
+    return 2;
+  }
   if (attention.empty()) attention = device_name == "cuda" ? "flash" : "math";
   try {
     dist::RuntimeOptions ro;
@@ -179,18 +265,22 @@ int main(int argc, char** argv) {
     ctx.runner = &sharded;
     const Inputs in = draw_inputs(*family, spec, batch, device);
 
-    std::vector<double> times, losses;
-    for (int i = 0; i < warmup + steps; ++i) {
-      synchronize(device);
-      const auto start = std::chrono::steady_clock::now();
+    at::Tensor loss;
+    const auto step = [&] {
       sharded.zero_grad();
       sharded.begin_step();
-      const at::Tensor loss =
+      loss =
           at::mse_loss(family->noise_pred(in.latents, in.timesteps, in.sigmas, in.cond, ctx).to(at::kFloat), in.target);
       loss.backward();
       sharded.finish_backward();
       sharded.adamw_step(1e-5);
       synchronize(device);
+    };
+    std::vector<double> times, losses;
+    for (int i = 0; i < warmup + steps; ++i) {
+      synchronize(device);
+      const auto start = std::chrono::steady_clock::now();
+      step();
       if (i >= warmup) {
         times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
         losses.push_back(loss.item<double>());
@@ -222,6 +312,11 @@ int main(int argc, char** argv) {
         {"peak_memory_gib", peak_memory_gib(device)}};
     std::ofstream(out) << json::serialize(result) << "\n";
     std::cout << json::serialize(result) << "\n";
+    // After the JSON: the timed result stands whatever the profiler does.
+    if (!profile.empty())
+      std::ofstream(profile, std::ios::app)
+          << profile_steps(step, fmt::format("ditrl, {} at batch {} ({} attention, {:.1f} ms per timed step)", model,
+                                             batch, attention, median * 1e3));
   } catch (const std::exception& e) {
     return dist::report_fatal(e);
   }

@@ -7,8 +7,9 @@
 # gives step times, the ratio, model TFLOP/s and MFU against the bf16 matmul
 # ceiling measured in the same run (model FLOPs: the peer's flop_counter
 # count of the same architecture at the same token counts).
-#   [MODELS="sd3.5-medium wan2.1-1.3b"] [ROUNDS=1] [BATCH=1] benchmarks/gpu/run.sh PYTHON OUT_DIR full|tiny BENCH_GPU_STEP
-# (BATCH: samples per step on both sides, each at the model's token count)
+#   [MODELS="sd3.5-medium wan2.1-1.3b"] [ROUNDS=1] [BATCH=1] [PROFILE=1] benchmarks/gpu/run.sh PYTHON OUT_DIR full|tiny BENCH_GPU_STEP
+# (BATCH: samples per step on both sides, each at the model's token count; PROFILE=1: ditrl's first
+# round then profiles two steps' CUDA kernels by family, appended to report.md)
 # (tiny: the CPU size CI runs; the check kit runs one model per step, each within its time budget)
 # Exit 77 (SKIPPED) where PYTHON has no diffusers.
 set -uo pipefail
@@ -22,8 +23,10 @@ mkdir -p "$out"
 models=(${MODELS:-sd3.5-medium wan2.1-1.3b})
 for model in "${models[@]}"; do
   for round in "${rounds[@]}"; do
-    "$ours" --model "$model" --size "$size" --device "$device" "${steps[@]}" --out "$out/$model.ditrl.$round.json" ||
-      exit $?
+    profile=()
+    [[ -n ${PROFILE:-} && $round == 1 ]] && profile=(--profile "$out/$model.profile.md")
+    "$ours" --model "$model" --size "$size" --device "$device" "${steps[@]}" --out "$out/$model.ditrl.$round.json" \
+      "${profile[@]}" || exit $?
     "$py" "$here/diffusers_step.py" --model "$model" --size "$size" --device "$device" "${steps[@]}" \
       --out "$out/$model.peer.$round.json" || exit $?
   done
@@ -55,4 +58,7 @@ print("\nBoth sides: fp32 master weights, bf16 compute, AdamW, MSE against a fix
       "parallel.recompute = false and train.fused_adamw = true, as the peer keeps its activations and runs the fused "
       f"AdamW on CUDA); peer: bf16 autocast over fp32 parameters. {len(rounds)} alternating round(s) per side; the better round is shown.")
 PY
+for model in "${models[@]}"; do
+  [[ -f $out/$model.profile.md ]] && { echo; cat "$out/$model.profile.md"; } >>"$out/report.md"
+done
 cat "$out/report.md"
