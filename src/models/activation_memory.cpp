@@ -165,10 +165,14 @@ ActivationEstimate estimate_training(const ActivationGeometry& g, const Activati
   if (g.image_only_attention) e.attention += scores(o, heads, g.tokens, g.tokens);  // its saved probabilities
   if (!g.joint) e.attention += copies * scores(o, g.heads, ceil_div(g.tokens, n), g.text_tokens);  // cross
   if (!o.recompute) {
-    // parallel.recompute = false: every block's forward graph lives until its backward, about half of a
-    // recomputed block's peak (no gradients yet) and one copy of its scores (the probabilities); the block
-    // in backward holds the full peak.
-    e.block += (g.blocks - 1) * e.block / 2;
+    // parallel.recompute = false: every block's forward graph lives until its backward, and one copy of its
+    // scores (the probabilities); the block in backward holds the full peak. How much of a recomputed
+    // block's peak a kept graph holds is measured, not counted (benchmarks/results/real_size.md): with the
+    // math backend about half (LoRA runs on the CPU: 1.07-1.37x of the prediction, where the whole peak
+    // predicted 1.4-1.9x too much); with a fused kernel all of it (the activations of full fine-tunes,
+    // measured against half: 2.1x on an H200 for SD3.5-medium, 1.9x for Wan2.1-1.3B; on the CPU 1.3x for SD3,
+    // 2.2x for Wan).
+    e.block += (g.blocks - 1) * (o.math_attention ? e.block / 2 : e.block);
     e.attention += (g.blocks - 1) * e.attention / copies;
   }
   return e;

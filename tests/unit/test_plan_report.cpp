@@ -169,13 +169,21 @@ TEST_CASE("activation memory: the forward and training estimates are their close
   CHECK(s.block == rows * (g.dim * (24 * 2 + 16) + 2 * g.ffn_dim * 2));  // graph ~24 D, upcasts, FFN 2 F
   CHECK(s.attention == 3 * 4 * o.batch * g.heads * t * t);               // probabilities + 2 gradients
   CHECK(s.total() == s.saved_inputs + s.block + s.attention);
-  // Without recompute every other block keeps its forward graph (half a block's peak) and its
-  // probabilities (one of the three score copies) until its backward.
+  // Without recompute every other block keeps its forward graph (with the math backend half a block's
+  // peak, with a fused kernel all of it: measured) and its probabilities (one of the three score copies)
+  // until its backward.
   o.recompute = false;
   const models::ActivationEstimate kept = models::estimate_training(g, o);
   CHECK(kept.saved_inputs == s.saved_inputs);
   CHECK(kept.block == s.block + (g.blocks - 1) * s.block / 2);
   CHECK(kept.attention == s.attention + (g.blocks - 1) * s.attention / 3);
+  o.math_attention = false;
+  const models::ActivationEstimate fused = models::estimate_training(g, o);
+  o.math_attention = true;
+  const int64_t fused_block = rows * (g.dim * 24 * 2 + 2 * g.ffn_dim * 2);  // no fp32 upcasts
+  CHECK(fused.block == g.blocks * fused_block);
+  CHECK(fused.attention ==
+        (3 + g.blocks - 1) * 4 * o.batch * g.heads * t * 2);  // log-sum-exp rows: 3, 1 per kept block
   o.recompute = true;
 
   // Cross-attention (Wan-like), fp32 (no upcasts), Ulysses over 2 ranks: image tokens only through the blocks.

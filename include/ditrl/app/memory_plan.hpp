@@ -53,9 +53,10 @@ struct MemoryPlan {
   }
   int64_t peak() const;
   // On a GPU (run.device = cuda) the same terms less the process live on the
-  // device: the CUDA allocator's predicted peak (perf/peak_device_bytes). Once
-  // compared: the quickstart on an H200 peaked at 0.104 GB against 0.015 GB
-  // predicted; fixed allocations (cuBLAS workspaces among them) are not modelled.
+  // device: the CUDA allocator's predicted peak (perf/peak_device_bytes). On an
+  // H200 the quickstart peaked at 0.104 GB against 0.015 GB predicted (fixed
+  // allocations, cuBLAS workspaces among them, are not modelled); full fine-tunes
+  // of SD3.5-medium and Wan2.1-1.3B at 1.02x (benchmarks/results/real_size.md).
   int64_t device_peak() const { return peak() - baseline; }
 
   // The breakdown as `ditrl plan` prints it (GB = 10^9 bytes); the last
