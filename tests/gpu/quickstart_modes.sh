@@ -11,9 +11,8 @@ modes=("run.deterministic=true" "run.deterministic=false" "run.deterministic=fal
 for i in "${!modes[@]}"; do
   echo "== ${modes[$i]}"
   # shellcheck disable=SC2086  # a mode is one or two --set pairs
-  mpiexec --allow-run-as-root -np 1 "$ditrl" train inputs/quickstart.toml --set run.device="$device" \
-    --set train.num_rollouts=8 \
-    --set run.out_dir="$out/mode$i" --set ${modes[$i]} >"$out/mode$i.log" 2>&1 ||
+  mpiexec --allow-run-as-root -np 1 "$ditrl" train inputs/quickstart.toml --resume none --set run.device="$device" \
+    --set train.num_rollouts=8 --set run.out_dir="$out/mode$i" --set ${modes[$i]} >"$out/mode$i.log" 2>&1 ||
     { tail -n 20 "$out/mode$i.log"; exit 1; }
   grep -E "rollout [5-8]/8" "$out/mode$i/logs/rank-0.log" | grep -oE "[0-9.]+ s/rollout" | paste -sd' ' | sed 's/^/rollouts 5-8: /'
   "$python" tools/plot_metrics.py "$out/mode$i/metrics.h5" --no-plot
