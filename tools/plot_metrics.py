@@ -9,8 +9,9 @@ series per metric under /metrics/<name>; a metric absent from a row is NaN.
 The reward panel shows the raw mean with its +-std band and a moving average,
 so a learning run is visible at a glance. --summary prints the first and last
 --smooth-row means of the reward (what the README quotes), the run's peak
-memory per rank and the median seconds of each timed phase; --no-plot prints only that (no matplotlib needed: the GPU
-check kit falls back to it where python3 lacks matplotlib).
+memory per rank and the median seconds of each timed phase; --no-plot prints
+only that (no matplotlib needed: the GPU check kit falls back to it where
+python3 lacks matplotlib).
 """
 import argparse
 import sys
