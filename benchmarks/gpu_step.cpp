@@ -11,6 +11,7 @@
 //   bench_gpu_step --model sd3.5-medium --size full --device cuda --out sd3.json [--profile sd3.profile.md]
 //   bench_gpu_step --model wan2.1-1.3b --size tiny --device cpu --out wan.json   (CI: runs here)
 
+#include <ditrl/app/determinism.hpp>
 #include <ditrl/dist/runtime.hpp>
 #include <ditrl/models/family.hpp>
 #include <ditrl/precision/plan.hpp>
@@ -30,6 +31,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -207,7 +209,7 @@ int main(int argc, char** argv) {
   std::string model, size = "full", device_name = "cuda", attention, out, profile;
   int warmup = 3, steps = 10;
   int64_t batch = 1;
-  bool recompute = false, chunked_adamw = false;
+  bool recompute = false, chunked_adamw = false, deterministic = false;
   CLI::App app{"ditrl's side of the GPU training-step benchmark (benchmarks/gpu/run.sh)"};
   app.add_option("--model", model)->required()->check(CLI::IsMember({"sd3.5-medium", "wan2.1-1.3b"}));
   app.add_option("--size", size)->check(CLI::IsMember({"full", "tiny"}));
@@ -218,6 +220,9 @@ int main(int argc, char** argv) {
   app.add_flag("--chunked-adamw", chunked_adamw,
                "ditrl's chunked AdamW passes instead of the fused kernel (train.fused_adamw = false; the peer runs "
                "torch's fused AdamW on CUDA)");
+  app.add_flag("--deterministic", deterministic,
+               "ditrl's deterministic mode on CUDA (deterministic algorithms, TF32 and reduced-precision reductions "
+               "off: app::pin_gpu_kernels), to time what it costs; the peer has no such mode");
   app.add_option("--batch", batch, "samples per step, each at the model's token count")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup);
   app.add_option("--steps", steps)->check(CLI::PositiveNumber);
@@ -231,15 +236,19 @@ int main(int argc, char** argv) {
   }
   if (attention.empty()) attention = device_name == "cuda" ? "flash" : "math";
   try {
+    // cuBLAS reads it at its first handle: before any CUDA work, as `ditrl train`'s re-exec sets it.
+    if (deterministic) setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
     dist::RuntimeOptions ro;
     ro.device = device_name;
-    ro.deterministic = false;  // the fast kernels, as the peer runs
+    ro.deterministic = deterministic;  // default: the fast kernels, as the peer runs
     auto runtime = dist::Runtime::create(ro);
     const c10::Device device = runtime->device();
-    if (device.is_cuda()) {
+    if (device.is_cuda() && deterministic) {
+      app::pin_gpu_kernels();
+    } else if (device.is_cuda()) {
       // TF32 off, as the peer sets it, and nothing else: app::pin_gpu_kernels()
       // would also turn on deterministic algorithms (flash attention's slower
-      // deterministic backward, NaN-filled empty tensors), which the peer does not run.
+      // deterministic backward), which the peer does not run.
       at::globalContext().setAllowTF32CuBLAS(false);
       at::globalContext().setAllowTF32CuDNN(false);
     }
@@ -304,6 +313,7 @@ int main(int argc, char** argv) {
         {"precision", "fp32 masters and AdamW moments, bf16 compute copies, fp32 gradient reduction"},
         {"recompute", recompute},
         {"adamw", chunked_adamw ? "chunked" : "fused"},
+        {"deterministic", deterministic},
         {"steps", steps},
         {"step_s_median", median},
         {"step_s_min", sorted.front()},

@@ -19,7 +19,7 @@
 # with under a minute left is not started) and the results are packed, so a call that runs out
 # of time still returns every finished step's log. Steps run in order of what they prove: build,
 # gpu tests, quickstart curves, the benchmark (one model per step, each with a profile of ditrl's
-# step), then deterministic mode's cost on the quickstart. Each gpu test stops after
+# step), then deterministic mode's cost at real size and on the quickstart. Each gpu test stops after
 # DITRL_GPU_TEST_TIMEOUT seconds (default 240: the quickstart case, the longest, took about 175 s on
 # an H200 on 2026-12-04; tests/gpu/run_gpu_tests.sh runs it beside the others).
 # Exit status: 0 when every step passed or was skipped for want of a GPU.
@@ -193,6 +193,21 @@ for model in sd3.5-medium wan2.1-1.3b; do
     note "| benchmark_$model | SKIPPED: no GPU visible to torch (bench.gpu_step_tiny covers the tiny size) | - | - |"
   fi
 done
+# Deterministic mode's cost at real size: ditrl's SD3.5-medium step again with --deterministic (the
+# switches `ditrl train` sets), against the benchmark's own step above.
+if ((GPUS > 0)); then
+  fast=$RESULTS/benchmark/sd3.5-medium/sd3.5-medium.ditrl.1.json det=$RESULTS/benchmark/sd3.5-medium/deterministic.json
+  step deterministic_step 180 "$BUILD/benchmarks/bench_gpu_step" --model sd3.5-medium --size full --device cuda \
+    --warmup 3 --steps 10 --deterministic --out "$det"
+  [[ -f $fast && -f $det ]] && "$PY" - "$fast" "$det" <<'PY' | tee -a "$SUMMARY"
+import json, sys
+fast, det = (json.load(open(path)) for path in sys.argv[1:3])
+print(f"    SD3.5-medium step, deterministic mode: {det['step_s_median']:.4f} s against {fast['step_s_median']:.4f} s "
+      f"({det['step_s_median'] / fast['step_s_median']:.2f}x); peak {det['peak_memory_gib']:.1f} GiB")
+PY
+else
+  note "| deterministic_step | SKIPPED: no GPU visible to torch | - | - |"
+fi
 # Deterministic mode's cost on the launch-bound quickstart (2.2-2.4x per rollout on an H200 on 2026-12-04,
 # every phase alike): 8 rollouts deterministic, not, and not with deterministic mode's one intra-op
 # thread, each with its phases' median CUDA-event seconds.
