@@ -25,10 +25,6 @@ struct FamilyDeck {
   std::string family, deck;
 };
 
-std::string standard_deck(const std::string& name) {
-  return std::string(DITRL_SOURCE_DIR) + "/tests/standards/" + name;
-}
-
 // One rollout of DECK with BACKEND in bf16 (flash and cudnn take half dtypes only).
 test::ProcessResult train_with(const FamilyDeck& f, const std::string& backend, const std::string& out) {
   std::string args =
@@ -55,9 +51,9 @@ TEST_CASE("gpu: every family reproduces its rollout forward bit for bit with eac
   // here and flash takes them all.
   const std::vector<FamilyDeck> families = {
       {"sd3", test::e2e_deck("tiny_grpo.toml")},
-      {"wan", standard_deck("proxy_wan22_grpo.toml")},
-      {"ltx", standard_deck("proxy_ltx23_grpo.toml")},
-      {"qwen_image", standard_deck("proxy_qwen_image_grpo.toml")},
+      {"wan", test::e2e_deck("../../standards/proxy_wan22_grpo.toml")},
+      {"ltx", test::e2e_deck("../../standards/proxy_ltx23_grpo.toml")},
+      {"qwen_image", test::e2e_deck("../../standards/proxy_qwen_image_grpo.toml")},
   };
   for (const FamilyDeck& f : families) {
     for (const std::string backend : {"math", "flash", "efficient", "cudnn"}) {
