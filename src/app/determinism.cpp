@@ -76,8 +76,8 @@ void pin_gpu_kernels() {
   // Deterministic algorithms also NaN-fill every new tensor (one more kernel per
   // allocation) to expose reads of memory never written. The GPU tests passed
   // with the fill, finite and bitwise repeatable, so no result reads such memory;
-  // CPU runs never filled. Deterministic mode made the launch-bound quickstart
-  // 2.3x slower per rollout on an H200; the fill's share of that is unmeasured.
+  // CPU runs never filled. (Deterministic mode makes the launch-bound quickstart
+  // 2.2-2.4x slower per rollout on an H200 with the fill and without it alike.)
   c.setDeterministicFillUninitializedMemory(false);
   c.setDeterministicCuDNN(true);
   c.setBenchmarkCuDNN(false);
