@@ -23,7 +23,6 @@ LAYERS = [(64, 64), (64, 192), (64, 256), (128, 384), (256, 256), (256, 768), (5
 ONEDNN_FROM_MACS = 1 << 20  # ditrl's rule
 
 
-
 def onednn(a, w_t, bias=None):
     return torch.ops.mkldnn._linear_pointwise(a, w_t, bias, "none", [], "")
 
