@@ -9,7 +9,7 @@
 # (each reports SKIPPED with its reason), the no-GPU checks of the CUDA build
 # instead of the GPU quickstart (the benchmark needs a GPU).
 #
-#   bash scripts/gpu_check.sh [--build-dir DIR] [--results DIR] [--pack FILE.tar.gz] [--budget SECONDS]
+#   bash scripts/gpu_check.sh [--build-dir DIR] [--results DIR] [--pack FILE.tar.gz] [--budget SECONDS] [--only STEP,...]
 #
 # On the device machine (target: 8 minutes in all on one H200; every step passed in 445 s there
 # on 2026-12-04), inside one 600 s call (carry: kit/prefix.tar.xz):
@@ -19,9 +19,12 @@
 # with under a minute left is not started) and the results are packed, so a call that runs out
 # of time still returns every finished step's log. Steps run in order of what they prove: build,
 # gpu tests, quickstart curves, the benchmark (one model per step, each with a profile of ditrl's
-# step), then deterministic mode's cost at real size and on the quickstart. Each gpu test stops after
+# step), real-size loading and training from weights files, then deterministic mode's cost at real size
+# and on the quickstart. Each gpu test stops after
 # DITRL_GPU_TEST_TIMEOUT seconds (default 240: the quickstart case, the longest, took about 175 s on
 # an H200 on 2026-12-04; tests/gpu/run_gpu_tests.sh runs it beside the others).
+# --only: configure, build and the named steps (a second call on a warm machine, whose build dir
+# is kept, runs the steps the first call's budget left NOT RUN).
 # Exit status: 0 when every step passed or was skipped for want of a GPU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,13 +33,15 @@ BUILD=build-gpu
 RESULTS=kit/results/$(date -u +%Y%m%dT%H%M%SZ)
 PACK=
 BUDGET=
+ONLY=
 while (($#)); do
   case $1 in
     --build-dir) BUILD=$2; shift 2 ;;
     --results) RESULTS=$2; shift 2 ;;
     --pack) PACK=$2; shift 2 ;;
     --budget) BUDGET=$2; shift 2 ;;
-    *) echo "gpu_check: unknown argument $1 (expected --build-dir, --results, --pack, --budget)"; exit 2 ;;
+    --only) ONLY=,configure,build,$2,; shift 2 ;;
+    *) echo "gpu_check: unknown argument $1 (expected --build-dir, --results, --pack, --budget, --only)"; exit 2 ;;
   esac
 done
 [[ -z $BUDGET || $BUDGET =~ ^[0-9]+$ ]] || { echo "gpu_check: --budget takes whole seconds, got '$BUDGET'"; exit 2; }
@@ -54,6 +59,10 @@ note() { echo "$*" | tee -a "$SUMMARY"; }
 step() {
   local name=$1 limit=$2 left start rc status
   shift 2
+  if [[ -n $ONLY && $ONLY != *",$name,"* ]]; then
+    note "| $name | not asked for (--only) | - | - |"
+    return 1
+  fi
   left=$((DEADLINE - $(date +%s)))
   if ((left < 60)); then
     note "| $name | NOT RUN: the kit's --budget $BUDGET s had ${left} s left | - | - |"
@@ -193,6 +202,16 @@ for model in sd3.5-medium wan2.1-1.3b; do
     note "| benchmark_$model | SKIPPED: no GPU visible to torch (bench.gpu_step_tiny covers the tiny size) | - | - |"
   fi
 done
+# Real size from weights files (issue #18 on a GPU): SD3.5-medium's seeded bf16 weights in the diffusers
+# layout, read plainly, then staged onto the GPU by `ditrl train` and trained for one LoRA rollout.
+if ((GPUS > 0)); then
+  step real_size_gpu 240 bash benchmarks/real_size/gpu.sh "$PY" "$BUILD/ditrl" "$BUILD/real_size"
+  grep -sE '^(weights written|plain read|load:|plan:|peak memory|median seconds|ditrl train:)' \
+    "$RESULTS/real_size_gpu.log" | sed 's/^/    /' | tee -a "$SUMMARY"
+  cp "$BUILD/real_size/run/logs/rank-0.log" "$RESULTS/real_size_rank0.log" 2>/dev/null
+else
+  note "| real_size_gpu | SKIPPED: no GPU visible to torch | - | - |"
+fi
 # Deterministic mode's cost at real size: ditrl's SD3.5-medium step again with --deterministic (the
 # switches `ditrl train` sets), against the benchmark's own step above.
 if ((GPUS > 0)); then

@@ -3,7 +3,9 @@
 #include <ditrl/dist/runtime.hpp>
 #include <ditrl/error.hpp>
 
+#include <ATen/core/CachingHostAllocator.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #ifdef DITRL_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -108,6 +110,12 @@ at::Tensor host_to_device(const at::Tensor& host, c10::Device device) {
   if (!device.is_cuda() || !host.device().is_cpu()) return host.to(device);
   // The host allocator keeps the pinned block until the copy has run.
   return host.pin_memory().to(device, /*non_blocking=*/true);
+}
+
+void finish_host_copies(c10::Device device) {
+  if (!device.is_cuda()) return;
+  c10::impl::getDeviceGuardImpl(device.type())->synchronizeDevice(device.index());
+  at::getHostAllocator(device.type())->empty_cache();
 }
 
 ForbidHostSync::ForbidHostSync(bool on, c10::Device device) {

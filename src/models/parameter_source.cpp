@@ -9,6 +9,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -20,6 +21,30 @@ void ParameterSource::read_into(const std::string& name, int64_t begin, int64_t 
   const auto cast = Clock::now();
   out.copy_(values);
   stats.cast_s += seconds_since(cast);
+}
+
+double stage_range_into(const io::Checkpoint& file, const std::string& name, int64_t begin, int64_t end,
+                        const at::Tensor& out, size_t chunk_bytes) {
+  const c10::ScalarType stored = io::safetensors_scalar_type(file.info(name).dtype, name);
+  if (out.dim() != 1 || out.numel() != end - begin)
+    fail("{}: tensor '{}' elements [{}, {}) need a 1-D tensor of {} elements, got {}", file.path(), name, begin, end,
+         end - begin, c10::str(out.sizes()));
+  const int64_t chunk = std::max<int64_t>(1, static_cast<int64_t>(chunk_bytes / c10::elementSize(stored)));
+  const bool to_gpu = !out.device().is_cpu();
+  const at::TensorOptions host = at::TensorOptions().dtype(stored).pinned_memory(to_gpu);
+  at::Tensor buffer;
+  double copy_s = 0;
+  for (int64_t first = begin; first < end; first += chunk) {
+    const int64_t n = std::min(chunk, end - first);
+    // A GPU copy still reads the previous block: a fresh one each chunk.
+    if (to_gpu || !buffer.defined()) buffer = at::empty({std::min(chunk, end - begin)}, host);
+    const at::Tensor part = buffer.narrow(0, 0, n);
+    file.read_range_into(name, first, first + n, part);
+    const auto copy = Clock::now();
+    out.narrow(0, first - begin, n).copy_(stored == at::kDouble ? part.to(at::kFloat) : part, /*non_blocking=*/to_gpu);
+    copy_s += seconds_since(copy);
+  }
+  return copy_s;
 }
 
 namespace {
@@ -138,17 +163,14 @@ class CheckpointSource final : public ParameterSource {
   void read_into(const std::string& name, int64_t begin, int64_t end, const at::Tensor& out) override {
     const auto& [file, stored_name] = where(name);
     const c10::ScalarType dtype = io::safetensors_scalar_type(file.info(stored_name).dtype, stored_name);
+    const size_t bytes = static_cast<size_t>(end - begin) * c10::elementSize(dtype);
     if (out.device().is_cpu() && out.is_contiguous() && out.scalar_type() == dtype) {
       // The file's bytes are the slice's: read straight into it.
       file.read_range_into(stored_name, begin, end, out);
-      count(out.nbytes(), 0);
+      count(bytes, 0);
       return;
     }
-    const at::Tensor staged = at::empty({end - begin}, at::TensorOptions().dtype(dtype));
-    file.read_range_into(stored_name, begin, end, staged);
-    const auto cast = Clock::now();
-    out.copy_(dtype == at::kDouble ? staged.to(at::kFloat) : staged);  // fp64: through fp32, as read() does
-    count(staged.nbytes(), seconds_since(cast));
+    count(bytes, stage_range_into(file, stored_name, begin, end, out));
   }
 
   // preads at explicit offsets of files opened once: any thread, any order.

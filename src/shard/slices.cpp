@@ -1,6 +1,7 @@
 // A rank's slices of the flat groups, taken from a module's parameters.
 
 #include <ditrl/clock.hpp>
+#include <ditrl/dist/device.hpp>
 #include <ditrl/error.hpp>
 #include <ditrl/models/parameter_source.hpp>
 #include <ditrl/shard/slices.hpp>
@@ -153,6 +154,7 @@ Slices take_slices(const Layout& layout, int rank, c10::Device device, models::P
     source->stats.allocate_s += seconds_since(start);
     const auto read = Clock::now();
     read_slices(layout, slices, rank, *source);
+    dist::finish_host_copies(device);
     source->stats.read_s += seconds_since(read);
   }
   const auto state = Clock::now();

@@ -44,6 +44,12 @@ int64_t free_device_bytes(c10::Device device);
 // queue at each micro-batch and each denoising step.
 at::Tensor host_to_device(const at::Tensor& host, c10::Device device);
 
+// Waits until the copies queued to a GPU `device` have run, then returns the
+// pinned blocks LibTorch's caching host allocator keeps to the system (the
+// staging buffers of loading, not needed again: the allocator never frees
+// them otherwise). Nothing on the CPU.
+void finish_host_copies(c10::Device device);
+
 // While one lives with `on` and a GPU `device`, a call that makes the host
 // wait for the GPU (an .item(), a copy to or from pageable memory, a stream
 // synchronize) throws LibTorch's error naming it; otherwise it does nothing.

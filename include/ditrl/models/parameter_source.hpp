@@ -52,6 +52,20 @@ class ParameterSource {
   LoadStats stats;
 };
 
+// Elements [begin, end) of `name` in `file` written into `out` (end - begin
+// elements of any dtype, on any device), as out.copy_(the stored values)
+// would (fp64 through fp32, as read() rounds it). The bytes pass through host
+// buffers of at most `chunk_bytes`: where `out` is on a GPU these are pinned
+// blocks of LibTorch's caching host allocator, so each chunk's copy to the
+// device is queued on the current stream while the next chunk is read, and a
+// block is handed out again only once its copy has run; on the CPU one
+// buffer is reused for every chunk of the call. The caller synchronises the
+// device before the values are used on another stream. Returns the seconds
+// spent in the copies (casts; on a GPU, queueing them).
+inline constexpr size_t kStagingChunkBytes = size_t{16} << 20;
+double stage_range_into(const io::Checkpoint& file, const std::string& name, int64_t begin, int64_t end,
+                        const at::Tensor& out, size_t chunk_bytes = kStagingChunkBytes);
+
 // init_parameters(model, seed) one parameter at a time: every value depends
 // on all earlier draws of the one generator, so each rank draws the whole
 // sequence, holding one full parameter at a time (the largest one is the
