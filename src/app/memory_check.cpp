@@ -92,14 +92,15 @@ std::optional<MemoryBudget> host_memory_budget() {
 }
 
 void check_plan_fits(const config::Config& c, const MemoryPlan& plan, const MemoryShare& share, bool device) {
-  const int64_t need = device ? plan.device_peak() : plan.peak();
+  const auto on = [&](int64_t host_peak) { return device ? plan.on_device(host_peak) : host_peak; };
+  const int64_t need = on(plan.peak());
   if (need <= share.bytes) return;
   fail(
       "{}: the run needs about {} per rank (`ditrl plan`'s predicted peak{}: load {}, rollout {}, training {}) but {}; "
       "lower train.micro_batch or rollout.microgroup or the latent grid, keep parallel.recompute = true, use "
       "precision.attention = \"flash\" or more ranks, or set run.check_memory = false to start anyway",
-      c.source, gb(need), device ? " on the GPU" : "", gb(plan.load_peak()), gb(plan.rollout_peak()),
-      gb(plan.training_peak()), share.description);
+      c.source, gb(need), device ? " on the GPU" : "", gb(on(plan.load_peak())), gb(on(plan.rollout_peak())),
+      gb(on(plan.training_peak())), share.description);
 }
 
 void check_memory_fits(const config::Config& c, dist::Runtime& runtime) {

@@ -185,8 +185,10 @@ std::string MemoryPlan::text() const {
       gb(training_peak()), gb(gathered), gb(trajectories), gb(training_inputs), gb(unit_grads),
       activations_text(training));
   if (!activations_modelled) out += "#   (no activation model for this family: counted as 0)\n";
-  out += fmt::format("# on a GPU, the allocator's predicted peak per rank (all but the process): {} ({} B)\n",
-                     gb(device_peak()), device_peak());
+  out += fmt::format(
+      "# on a GPU, the allocator's predicted peak per rank (all but the process, with cuBLAS workspaces {}): {} ({} "
+      "B)\n",
+      gb(kCublasWorkspaceBytes), gb(device_peak()), device_peak());
   out += fmt::format("# predicted peak per rank: {} ({} B)\n", gb(peak()), peak());
   return out;
 }

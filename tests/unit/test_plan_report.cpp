@@ -249,8 +249,11 @@ micro_batch = 2
   CHECK(m.training_peak() ==
         m.resident() + m.gathered + m.trajectories + m.training_inputs + m.training.total() + m.unit_grads);
   CHECK_THAT(m.text(), Contains("# predicted peak per rank: ") && Contains(std::to_string(m.peak()) + " B)"));
-  CHECK_THAT(m.text(), Contains("allocator's predicted peak per rank (all but the process): ") &&
-                           Contains(std::to_string(m.device_peak()) + " B)"));
+  // On a GPU: all but the process, with the two 32 MiB cuBLAS workspaces.
+  CHECK(m.device_peak() == m.peak() - m.baseline + 2 * 33'554'432);
+  CHECK_THAT(m.text(),
+             Contains("allocator's predicted peak per rank (all but the process, with cuBLAS workspaces 0.067 GB): ") &&
+                 Contains(std::to_string(m.device_peak()) + " B)"));
 }
 
 TEST_CASE("memory plan: GRPO trains a rollout micro-group per forward whatever train.micro_batch says",
@@ -283,10 +286,11 @@ TEST_CASE("memory check: a plan over a rank's share fails naming the numbers / o
                              Contains("but this node has 8.00 GB for its 4 rank(s); lower train.micro_batch") &&
                              Contains("run.check_memory = false"));
   }
-  // On a GPU the process's host baseline is not on the device.
-  CHECK_NOTHROW(app::check_plan_fits(c, plan, {2'000'000'000, "free"}, /*device=*/true));
-  CHECK_THROWS_WITH(app::check_plan_fits(c, plan, {1'999'999'999, "the GPU has 2.00 GB free"}, /*device=*/true),
-                    Contains("needs about 2.00 GB per rank (`ditrl plan`'s predicted peak on the GPU"));
+  // On a GPU the process's host baseline is not on the device; the cuBLAS workspaces (64 MiB) are.
+  CHECK_NOTHROW(app::check_plan_fits(c, plan, {2'067'108'864, "free"}, /*device=*/true));
+  CHECK_THROWS_WITH(app::check_plan_fits(c, plan, {2'067'108'863, "the GPU has 2.07 GB free"}, /*device=*/true),
+                    Contains("needs about 2.07 GB per rank (`ditrl plan`'s predicted peak on the GPU: load 2.07 GB, "
+                             "rollout 2.07 GB, training 2.07 GB) but the GPU has 2.07 GB free"));
 }
 
 TEST_CASE("memory check: the host budget is at most the machine's memory", "[plan][memory]") {

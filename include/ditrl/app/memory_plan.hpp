@@ -24,6 +24,16 @@ namespace ditrl::app {
 // model is < 0.01 GB; `ditrl plan` alone peaks at 0.13 GB.
 constexpr int64_t kProcessBaselineBytes = 180'000'000;
 
+// cuBLAS workspaces on a GPU, taken from the CUDA caching allocator (its
+// peak counts them): one per cuBLAS handle and stream, and a handle per
+// thread that runs GEMMs, so two: the rank's main thread and autograd's
+// device thread, which runs the backward. 32 MiB each is LibTorch 2.x's
+// default on sm90 (H100/H200) and what deterministic mode's
+// CUBLAS_WORKSPACE_CONFIG=:4096:8 gives on any GPU (LibTorch's
+// CublasHandlePool.cpp; cuBLASLt shares it); other GPUs in fast mode take
+// 8.1 MiB, so it over-counts 48 MiB there.
+constexpr int64_t kCublasWorkspaceBytes = 2 * (int64_t{32} << 20);
+
 struct MemoryPlan {
   // Resident through the whole run.
   int64_t baseline = kProcessBaselineBytes;
@@ -53,11 +63,14 @@ struct MemoryPlan {
   }
   int64_t peak() const;
   // On a GPU (run.device = cuda) the same terms less the process live on the
-  // device: the CUDA allocator's predicted peak (perf/peak_device_bytes). On an
-  // H200 the quickstart peaked at 0.104 GB against 0.015 GB predicted (fixed
-  // allocations, cuBLAS workspaces among them, are not modelled); full fine-tunes
-  // of SD3.5-medium and Wan2.1-1.3B at 1.02x (benchmarks/results/real_size.md).
-  int64_t device_peak() const { return peak() - baseline; }
+  // device, with the cuBLAS workspaces: the CUDA allocator's predicted peak
+  // (perf/peak_device_bytes). On an H200 the quickstart peaked at 0.104 GB
+  // against 0.015 GB predicted without the workspaces (0.082 GB with them,
+  // not yet re-measured); full fine-tunes of SD3.5-medium and Wan2.1-1.3B at
+  // 1.02x without them (benchmarks/results/real_size.md).
+  int64_t device_peak() const { return on_device(peak()); }
+  // A phase's peak as the GPU's allocator would see it.
+  int64_t on_device(int64_t host_peak) const { return host_peak - baseline + kCublasWorkspaceBytes; }
 
   // The breakdown as `ditrl plan` prints it (GB = 10^9 bytes); the last
   // line is "# predicted peak per rank: X GB (N B)".
