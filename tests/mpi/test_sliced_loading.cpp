@@ -15,7 +15,6 @@
 #include <ditrl/io/safetensors.hpp>
 #include <ditrl/io/safetensors_shards.hpp>
 #include <ditrl/models/sd3.hpp>
-#include <ditrl/models/weights.hpp>
 #include <ditrl/precision/names.hpp>
 #include <ditrl/shard/sharded_params.hpp>
 
@@ -29,12 +28,16 @@
 #include <functional>
 
 #include "mpi_world.hpp"
+#include "same_bits.hpp"
+#include "seeded_state.hpp"
 
 namespace ditrl {
 namespace {
 
 namespace fs = std::filesystem;
 using Catch::Matchers::Contains;
+using test::same_bits;
+using test::seeded_state;  // every rank computes the same; rank 0 writes it
 
 // A folder shared by the ranks (rank 0 names it; every rank reads it).
 std::string shared_dir(dist::Communicator& comm, const std::string& name) {
@@ -60,13 +63,6 @@ std::unique_ptr<shard::ShardedParams> shard_model(const config::Config& c, model
                                                   dist::Communicator& comm, models::ParameterSource* source) {
   return std::make_unique<shard::ShardedParams>(family, family.wrap_units(), app::compiled_plan(c, family), comm,
                                                 app::shard_options(c, c10::kCPU), source);
-}
-
-bool same_bits(const at::Tensor& a, const at::Tensor& b) {
-  if (a.defined() != b.defined()) return false;
-  if (!a.defined()) return true;
-  return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() &&
-         at::equal(a.contiguous().view(at::kByte), b.contiguous().view(at::kByte));
 }
 
 // Builds the deck's model both ways and compares this rank's pieces.
@@ -97,13 +93,6 @@ void check_same_slices(const config::Config& c, dist::Communicator& comm) {
     REQUIRE(buffers.count(buf.key()));
     CHECK(same_bits(buffers.at(buf.key()), buf.value()));
   }
-}
-
-// The deck's seeded model's state (every rank computes the same), written by rank 0.
-io::NamedTensors seeded_state(const config::Config& c, c10::ScalarType dtype) {
-  io::NamedTensors out;
-  for (auto& [name, t] : models::state_tensors(*app::deck_model(c, c10::kCPU))) out.emplace_back(name, t.to(dtype));
-  return out;
 }
 
 }  // namespace

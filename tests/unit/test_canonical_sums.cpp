@@ -7,10 +7,13 @@
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
 
+#include "same_bits.hpp"
+
 #include <cmath>
 #include <vector>
 
 using namespace ditrl;
+using test::same_bits;
 
 namespace {
 
@@ -19,10 +22,6 @@ at::Tensor tree(const at::Tensor& leaves, int64_t lo, int64_t hi) {
   if (hi - lo == 1) return leaves[lo].clone();
   const int64_t p = dist::tree_split(hi - lo);
   return tree(leaves, lo, lo + p) + tree(leaves, lo + p, hi);
-}
-
-bool same_bits(const at::Tensor& a, const at::Tensor& b) {
-  return a.sizes() == b.sizes() && at::equal(a.contiguous().view(at::kInt), b.contiguous().view(at::kInt));
 }
 
 }  // namespace

@@ -11,18 +11,11 @@
 #include <catch2/catch.hpp>
 
 #include "process.hpp"
+#include "same_bits.hpp"
 
 using namespace ditrl;
 using Catch::Matchers::Contains;
-
-namespace {
-
-bool same_bits(const at::Tensor& a, const at::Tensor& b) {
-  return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() &&
-         at::equal(a.contiguous().view(at::kByte), b.contiguous().view(at::kByte));
-}
-
-}  // namespace
+using test::same_bits;
 
 TEST_CASE("stage_range_into: every chunk size casts a stored range as one whole cast does", "[io][sliced]") {
   const std::string path = test::fresh_output_dir("stage_range") + "/w.safetensors";

@@ -15,7 +15,6 @@
 #include <ditrl/io/safetensors.hpp>
 #include <ditrl/io/safetensors_shards.hpp>
 #include <ditrl/models/parameter_source.hpp>
-#include <ditrl/models/weights.hpp>
 #include <ditrl/shard/sharded_params.hpp>
 
 #include <ATen/ATen.h>
@@ -24,6 +23,8 @@
 #include <catch2/catch.hpp>
 
 #include "mpi_world.hpp"
+#include "same_bits.hpp"
+#include "seeded_state.hpp"
 
 #include <filesystem>
 
@@ -31,6 +32,8 @@ namespace ditrl {
 namespace {
 
 namespace fs = std::filesystem;
+using test::same_bits;
+using test::seeded_state;
 
 c10::Device gpu_of_rank() {
   return c10::Device(at::kCUDA, static_cast<c10::DeviceIndex>(test::rank()));
@@ -54,14 +57,6 @@ config::Config deck(const std::string& model) {
                             "sliced-loading-cuda deck");
 }
 
-bool same_bits(const at::Tensor& a, const at::Tensor& b) {
-  if (a.defined() != b.defined()) return false;
-  if (!a.defined()) return true;
-  const at::Tensor x = a.cpu().contiguous(), y = b.cpu().contiguous();
-  return x.scalar_type() == y.scalar_type() && x.sizes() == y.sizes() &&
-         at::equal(x.view(at::kByte), y.view(at::kByte));
-}
-
 std::vector<shard::ShardPiece> load(const config::Config& c, dist::Communicator& comm, c10::Device device) {
   app::SlicedModel sliced = app::sliced_deck_model(c, device);
   shard::ShardedParams params(*sliced.family, sliced.family->wrap_units(), app::compiled_plan(c, *sliced.family), comm,
@@ -81,12 +76,6 @@ void check_gpu_equals_cpu(const config::Config& c, dist::Communicator& mpi, dist
     CHECK(same_bits(cpu[i].master, gpu[i].master));
     CHECK(same_bits(cpu[i].compute, gpu[i].compute));
   }
-}
-
-io::NamedTensors seeded_state(const config::Config& c, c10::ScalarType dtype) {
-  io::NamedTensors out;
-  for (auto& [name, t] : models::state_tensors(*app::deck_model(c, c10::kCPU))) out.emplace_back(name, t.to(dtype));
-  return out;
 }
 
 }  // namespace
