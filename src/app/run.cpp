@@ -102,9 +102,9 @@ std::unique_ptr<rl::ParityDump> open_parity_dump(const config::Config& c, const 
 void log_load(const config::Config& c, const models::ParameterSource& source, double build_s, double seconds) {
   const models::LoadStats& s = source.stats;
   const std::string phases = fmt::format(
-      "family + validation {:.2f} s, slices: allocate {:.2f} s, read {:.2f} s ({} thread{}; cast {:.2f} s), moments "
+      "family + validation {:.2f} s, slices: allocate {:.2f} s, read {:.2f} s ({} thread{}; copies {:.2f} s), moments "
       "{:.2f} s",
-      build_s, s.allocate_s, s.read_s, s.threads, s.threads == 1 ? "" : "s", s.cast_s, s.state_s);
+      build_s, s.allocate_s, s.read_s, s.threads, s.threads == 1 ? "" : "s", s.copy_s, s.state_s);
   if (s.bytes == 0) {
     spdlog::info("[load] seeded init (model.init_seed = {}): this rank's slices in {:.2f} s ({}); {}",
                  c.model.init_seed, seconds, phases, dist::memory_text());

@@ -18,9 +18,9 @@ namespace ditrl::models {
 
 void ParameterSource::read_into(const std::string& name, int64_t begin, int64_t end, const at::Tensor& out) {
   const at::Tensor values = read(name, begin, end);
-  const auto cast = Clock::now();
+  const auto copy = Clock::now();
   out.copy_(values);
-  stats.cast_s += seconds_since(cast);
+  stats.copy_s += seconds_since(copy);
 }
 
 double stage_range_into(const io::Checkpoint& file, const std::string& name, int64_t begin, int64_t end,
@@ -183,10 +183,10 @@ class CheckpointSource final : public ParameterSource {
     return {*checkpoints_[it->second.first], it->second.second};
   }
 
-  void count(size_t bytes, double cast_s) {
+  void count(size_t bytes, double copy_s) {
     const std::lock_guard<std::mutex> lock(stats_mutex_);
     stats.bytes += bytes;
-    stats.cast_s += cast_s;
+    stats.copy_s += copy_s;
   }
 
   std::vector<std::unique_ptr<io::Checkpoint>> checkpoints_;

@@ -24,8 +24,8 @@ namespace ditrl::models {
 // line): the source counts its reads and casts, shard::take_slices the rest.
 struct LoadStats {
   double allocate_s = 0;  // slices allocated, their padding zeroed, materialised parameters copied in
-  double read_s = 0;      // wall time of the reads into the slices (pread, or the seeded draws), casts included
-  double cast_s = 0;      // of which converting values into the slices' dtype (summed over reading threads)
+  double read_s = 0;      // wall time of the reads into the slices (pread, or the seeded draws), copies included
+  double copy_s = 0;      // of which copies into the slices' dtype and device (summed over reading threads)
   double state_s = 0;     // AdamW moments and gradient accumulators zeroed, compute copies of trainable masters
   uint64_t bytes = 0;     // read from files (the seeded init reads none)
   int threads = 1;        // threads that read
