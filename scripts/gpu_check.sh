@@ -206,7 +206,7 @@ done
 # layout, read plainly, then staged onto the GPU by `ditrl train` and trained for one LoRA rollout.
 if ((GPUS > 0)); then
   step real_size_gpu 240 bash benchmarks/real_size/gpu.sh "$PY" "$BUILD/ditrl" "$BUILD/real_size"
-  grep -sE '^(weights written|plain read|load:|plan:|peak memory|median seconds|ditrl train:)' \
+  grep -sE '^(weights written|plain read|load:|load against|plan:|peak memory|median seconds|ditrl train:)' \
     "$RESULTS/real_size_gpu.log" | sed 's/^/    /' | tee -a "$SUMMARY"
   cp "$BUILD/real_size/run/logs/rank-0.log" "$RESULTS/real_size_rank0.log" 2>/dev/null
 else

@@ -26,7 +26,17 @@ set_weights=(--set "model.weights=$weights/diffusion_pytorch_model.safetensors.i
 SECONDS=0
 "$DITRL" train "$deck" "${set_weights[@]}" --set "run.out_dir=$run" --set run.deterministic=false >"$WORK/train.log" 2>&1 ||
   { tail -n 20 "$WORK/train.log"; exit 1; }
-grep -m1 '\[load\]' "$run/logs/rank-0.log" | sed 's/.*\[load\] /load: /'
+grep -m1 '\[load\]' "$run/logs/rank-0.log" | sed 's/.*\[load\] /load: /' | tee "$WORK/load"
+# The load's bandwidth (its bytes over the [load] line's time) against each plain read.
+"$PY" - "$WORK/load" "$WORK/plain" <<'PY'
+import re, sys
+load, plain = (open(path).read() for path in sys.argv[1:3])
+gb, s = map(float, re.search(r"slices, ([\d.]+) GB, in ([\d.]+) s", load).groups())
+reused = float(re.search(r"plain read: .* = ([\d.]+) GB/s", plain).group(1))
+fresh = float(re.search(r"plain read into fresh memory: .* = ([\d.]+) GB/s", plain).group(1))
+print(f"load against plain read: {gb / s:.2f} GB/s = {gb / s / reused:.2f}x the reused-buffer read, "
+      f"{gb / s / fresh:.2f}x the fresh-memory read")
+PY
 "$DITRL" plan "$deck" --ranks 1 "${set_weights[@]}" --set run.deterministic=false |
   grep -E "allocator's predicted peak|predicted peak" | sed 's/^# */plan: /'
 "$PY" tools/plot_metrics.py "$run/metrics.h5" --no-plot | grep -E '^(peak memory|median seconds)'
