@@ -102,17 +102,18 @@ std::unique_ptr<rl::ParityDump> open_parity_dump(const config::Config& c, const 
 void log_load(const config::Config& c, const models::ParameterSource& source, double build_s, double seconds) {
   const models::LoadStats& s = source.stats;
   const std::string phases = fmt::format(
-      "family + validation {:.2f} s, slices: allocate {:.2f} s, read {:.2f} s ({} thread{}; copies {:.2f} s), moments "
-      "{:.2f} s",
-      build_s, s.allocate_s, s.read_s, s.threads, s.threads == 1 ? "" : "s", s.copy_s, s.state_s);
+      "family + validation {:.2f} s, slices: allocate {:.2f} s ({:.3f} GB of frozen slices mapped from the files), "
+      "read {:.2f} s ({} thread{}; copies {:.2f} s), moments {:.2f} s",
+      build_s, s.allocate_s, static_cast<double>(s.mapped_bytes) / 1e9, s.read_s, s.threads, s.threads == 1 ? "" : "s",
+      s.copy_s, s.state_s);
   if (s.bytes == 0) {
     spdlog::info("[load] seeded init (model.init_seed = {}): this rank's slices in {:.2f} s ({}); {}",
                  c.model.init_seed, seconds, phases, dist::memory_text());
     return;
   }
-  const double gb = static_cast<double>(s.bytes) / 1e9;
+  const double gb = static_cast<double>(s.bytes) / 1e9, read = static_cast<double>(s.bytes - s.mapped_bytes) / 1e9;
   spdlog::info("[load] {}: read this rank's slices, {:.3f} GB, in {:.2f} s ({:.2f} GB/s; reads {:.2f} GB/s) ({}); {}",
-               c.model.weights, gb, seconds, gb / seconds, s.read_s > 0 ? gb / s.read_s : 0.0, phases,
+               c.model.weights, gb, seconds, gb / seconds, s.read_s > 0 ? read / s.read_s : 0.0, phases,
                dist::memory_text());
 }
 

@@ -412,6 +412,31 @@ void Checkpoint::read_range_into(const std::string& name, int64_t begin, int64_t
 const std::string& Checkpoint::file_of(const std::string& name) const {
   return shard(name).path();
 }
+uint64_t Checkpoint::file_offset(const std::string& name) const {
+  const SafetensorsFile& file = shard(name);
+  return file.data_start() + file.info(name).begin;
+}
+
+at::Tensor map_private(const std::string& path, uint64_t offset, uint64_t bytes, c10::ScalarType dtype) {
+  const uint64_t element = c10::elementSize(dtype);
+  if (offset % element != 0 || bytes % element != 0)
+    fail("{}: bytes [{}, {}) are not whole {} elements", path, offset, offset + bytes, c10::toString(dtype));
+  const FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) fail("cannot open {}: {}", path, std::strerror(errno));
+  const auto page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t start = offset / page * page;
+  const size_t length = offset - start + bytes;
+  void* base = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd.get(), static_cast<off_t>(start));
+  if (base == MAP_FAILED)
+    fail("cannot map bytes [{}, {}) of {}: {}", offset, offset + bytes, path, std::strerror(errno));
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+  ::madvise(base, length, MADV_POPULATE_READ);  // advice: without it the first use faults the pages in
+  return at::from_blob(
+      static_cast<uint8_t*>(base) + (offset - start), {static_cast<int64_t>(bytes / element)},
+      [base, length](void*) { ::munmap(base, length); }, at::TensorOptions().dtype(dtype));
+}
 
 uint64_t TensorSpec::nbytes() const {
   uint64_t n = c10::elementSize(dtype);

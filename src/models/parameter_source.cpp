@@ -146,6 +146,7 @@ class CheckpointSource final : public ParameterSource {
     }
     for (const auto& [name, shape] : meta_parameters(model))
       if (where_.count(name)) order_.push_back(name);
+    for (const auto& [name, place] : where_) by_canonical_[precision::canonical_name(name)] = name;
   }
 
   const std::vector<std::string>& order() const override { return order_; }
@@ -176,6 +177,32 @@ class CheckpointSource final : public ParameterSource {
   // preads at explicit offsets of files opened once: any thread, any order.
   bool concurrent_reads() const override { return true; }
 
+  at::Tensor map_ranges(const std::vector<Range>& ranges, c10::ScalarType dtype) override {
+    const std::string* path = nullptr;
+    uint64_t first = 0, next = 0;
+    const uint64_t element = c10::elementSize(dtype);
+    for (const Range& r : ranges) {
+      const auto name = by_canonical_.find(*r.name);
+      if (name == by_canonical_.end()) return {};
+      const auto& [file, stored] = where(name->second);
+      if (io::safetensors_scalar_type(file.info(stored).dtype, stored) != dtype) return {};
+      const uint64_t at = file.file_offset(stored) + static_cast<uint64_t>(r.begin) * element;
+      if (!path) {
+        path = &file.file_of(stored);
+        first = at;
+      } else if (file.file_of(stored) != *path || at != next) {
+        return {};
+      }
+      next = at + static_cast<uint64_t>(r.end - r.begin) * element;
+    }
+    if (!path || next == first || first % element != 0) return {};
+    at::Tensor mapped = io::map_private(*path, first, next - first, dtype);
+    const std::lock_guard<std::mutex> lock(stats_mutex_);
+    stats.bytes += next - first;
+    stats.mapped_bytes += next - first;
+    return mapped;
+  }
+
  private:
   std::pair<const io::Checkpoint&, const std::string&> where(const std::string& name) const {
     const auto it = where_.find(name);
@@ -191,6 +218,7 @@ class CheckpointSource final : public ParameterSource {
 
   std::vector<std::unique_ptr<io::Checkpoint>> checkpoints_;
   std::map<std::string, std::pair<size_t, std::string>> where_;  // parameter -> (checkpoint, stored name)
+  std::map<std::string, std::string> by_canonical_;              // canonical name -> parameter
   std::vector<std::string> order_;
   std::mutex stats_mutex_;  // read_into runs on several threads
 };

@@ -14,6 +14,20 @@ bool same_kind(const FlatGroup& g, const precision::ParamPrecision& p, bool trai
   return g.compute == p.compute && g.master == p.master && g.reduce == p.reduce && g.trainable == trainable;
 }
 
+// A frozen group's slots in name order, the order weights files store
+// tensors in (by name within a dtype): a rank's range of the group is then one
+// run of the file wherever the group's tensors lie in one file, and can be
+// mapped instead of read (shard/slices.cpp). Nothing trains a frozen group,
+// so its order reaches no gradient, reduction or optimizer step.
+void order_by_name(FlatGroup& g) {
+  std::stable_sort(g.slots.begin(), g.slots.end(), [](const Slot& a, const Slot& b) { return a.name < b.name; });
+  int64_t offset = 0;
+  for (Slot& slot : g.slots) {
+    slot.offset = offset;
+    offset += slot.numel;
+  }
+}
+
 }  // namespace
 
 int64_t FlatGroup::gathered_bytes(int world_size) const {
@@ -117,7 +131,10 @@ Layout build_layout(torch::nn::Module& model, const std::vector<models::WrapUnit
       fail("wrap unit '{}' has {} parameters but only {} of them are parameters of the model", units[u].name,
            expected[u], found[u]);
   for (UnitLayout& unit : layout.units)
-    for (FlatGroup& g : unit.groups) g.shard = (g.numel + world_size - 1) / world_size;
+    for (FlatGroup& g : unit.groups) {
+      if (!g.trainable) order_by_name(g);
+      g.shard = (g.numel + world_size - 1) / world_size;
+    }
   return layout;
 }
 

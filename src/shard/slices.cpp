@@ -40,7 +40,8 @@ namespace {
 // (a checkpoint's preads) is read by the intra-op threads at once: filling
 // fresh slices is bound by the kernel faulting their pages in, one core's
 // worth per thread, so a rank with idle cores loads that much faster.
-void read_slices(const Layout& layout, Slices& slices, int rank, models::ParameterSource& source) {
+void read_slices(const Layout& layout, Slices& slices, int rank, models::ParameterSource& source,
+                 const std::set<std::pair<size_t, size_t>>& mapped) {
   struct Read {
     const std::string* name;
     std::pair<int64_t, int64_t> range;
@@ -51,7 +52,7 @@ void read_slices(const Layout& layout, Slices& slices, int rank, models::Paramet
     const SlotRef ref = layout.find(name);
     const FlatGroup& g = layout.units[ref.unit].groups[ref.group];
     const Slot& slot = g.slots[ref.slot];
-    if (!slot.param.is_meta()) continue;
+    if (!slot.param.is_meta() || mapped.count({ref.unit, ref.group})) continue;
     const auto range = g.owned_range(slot, rank);
     if (range.first == range.second) continue;
     GroupSlices& gs = slices.units[ref.unit][ref.group];
@@ -98,6 +99,22 @@ at::Tensor untouched_zeros(int64_t numel, const at::TensorOptions& options) {
       data, {numel}, [bytes](void* p) { ::munmap(p, bytes); }, options);
 }
 
+// This rank's part of a frozen group mapped from the source's file where it
+// is one run of it (ParameterSource::map_ranges): every slot in the part is
+// the source's to supply, and the part holds no padding (padding past the
+// file's run would be other tensors' bytes, or past the end of the file).
+at::Tensor map_frozen(const FlatGroup& g, int rank, c10::Device device, models::ParameterSource* source) {
+  if (!source || g.trainable || !device.is_cpu() || (rank + 1) * g.shard > g.numel) return {};
+  std::vector<models::ParameterSource::Range> ranges;
+  for (const Slot& slot : g.slots) {
+    const auto range = g.owned_range(slot, rank);
+    if (range.first == range.second) continue;
+    if (!slot.param.is_meta()) return {};
+    ranges.push_back({&slot.name, range.first, range.second});
+  }
+  return source->map_ranges(ranges, g.compute);
+}
+
 // Points a parameter at `data`. A meta parameter (a sliced family's) cannot
 // take CPU or CUDA data through set_data, whose check refuses a change of
 // backend; both are plain TensorImpls, so its metadata (device, dispatch keys,
@@ -119,10 +136,17 @@ Slices take_slices(const Layout& layout, int rank, c10::Device device, models::P
   if (source) supplied.insert(source->order().begin(), source->order().end());
   Slices slices;
   slices.device = device;
-  for (const UnitLayout& unit : layout.units) {
+  std::set<std::pair<size_t, size_t>> mapped;  // (unit, group)
+  for (size_t u = 0; u < layout.units.size(); ++u) {
     std::vector<GroupSlices>& groups = slices.units.emplace_back();
-    for (const FlatGroup& g : unit.groups) {
+    for (size_t i = 0; i < layout.units[u].groups.size(); ++i) {
+      const FlatGroup& g = layout.units[u].groups[i];
       GroupSlices& gs = groups.emplace_back();
+      if (at::Tensor view = map_frozen(g, rank, device, source); view.defined()) {
+        gs.compute = view;
+        mapped.insert({u, i});
+        continue;
+      }
       const c10::ScalarType held = g.trainable ? g.master : g.compute;
       // Every element below the group's end is written below (a
       // materialised parameter's copy or a source's read), so only the
@@ -153,7 +177,7 @@ Slices take_slices(const Layout& layout, int rank, c10::Device device, models::P
   if (source) {
     source->stats.allocate_s += seconds_since(start);
     const auto read = Clock::now();
-    read_slices(layout, slices, rank, *source);
+    read_slices(layout, slices, rank, *source, mapped);
     dist::finish_host_copies(device);
     source->stats.read_s += seconds_since(read);
   }

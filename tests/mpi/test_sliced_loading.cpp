@@ -129,6 +129,29 @@ TEST_CASE("sliced loading: bf16 / fp32 / fp16 / fp64 weights files equal the ful
   }
 }
 
+// A frozen group whose tensors one file stores back to back in the group's
+// dtype is mapped, not read (its slices are bitwise the full path's: above);
+// one whose file dtype differs is read and cast.
+TEST_CASE("sliced loading: a frozen bf16 base is mapped from its file / an fp32 file's is read", "[sliced]") {
+  auto comm = dist::make_mpi_communicator();
+  const std::string dir = shared_dir(*comm, "mapped");
+  const config::Config seeded = deck("family = \"sd3\"\npreset = \"tiny\"\ninit_seed = 12");
+  for (const auto& [dtype, file] : {std::pair{at::kBFloat16, "bf16.safetensors"}, {at::kFloat, "fp32.safetensors"}}) {
+    const std::string path = dir + "/" + file;
+    if (comm->rank() == 0) io::write_safetensors(path, seeded_state(seeded, dtype));
+    comm->barrier();
+    const config::Config c =
+        deck("family = \"sd3\"\npreset = \"tiny\"\nweights = \"" + path + "\"\n[model.lora]\nenabled = true\nrank = 4");
+    app::SlicedModel sliced = app::sliced_deck_model(c, c10::kCPU);
+    auto params = shard_model(c, *sliced.family, *comm, sliced.source.get());
+    const models::LoadStats& stats = sliced.source->stats;
+    INFO(file << " on rank " << comm->rank() << ": " << stats.mapped_bytes << " of " << stats.bytes << " bytes mapped");
+    if (dtype == at::kBFloat16 && comm->rank() == 0) CHECK(stats.mapped_bytes > stats.bytes / 2);
+    if (dtype == at::kFloat) CHECK(stats.mapped_bytes == 0);
+    CHECK(stats.bytes > 0);
+  }
+}
+
 TEST_CASE("sliced loading: a sharded checkpoint with its index equals the full path bitwise", "[sliced]") {
   auto comm = dist::make_mpi_communicator();
   const config::Config seeded = deck("family = \"wan\"\npreset = \"tiny\"\ninit_seed = 2");

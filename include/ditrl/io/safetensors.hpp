@@ -57,6 +57,8 @@ class SafetensorsFile {
   bool contains(const std::string& name) const { return index_.count(name) > 0; }
   const TensorInfo& info(const std::string& name) const;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // Where the data section starts in the file (tensor offsets are relative to it).
+  uint64_t data_start() const { return data_start_; }
 
   // An owned CPU copy of the tensor.
   at::Tensor get(const std::string& name) const;
@@ -97,8 +99,9 @@ class Checkpoint {
   at::Tensor view(const std::string& name) const;                                    // see SafetensorsFile::view
   at::Tensor read_range(const std::string& name, int64_t begin, int64_t end) const;  // see SafetensorsFile
   void read_range_into(const std::string& name, int64_t begin, int64_t end, const at::Tensor& out) const;
-  // The file that holds `name` (the shard for an index).
+  // The file that holds `name` (the shard for an index), and where its bytes start in that file.
   const std::string& file_of(const std::string& name) const;
+  uint64_t file_offset(const std::string& name) const;
   // The single file's metadata, or the index's "metadata" values as text.
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const std::vector<SafetensorsFile>& files() const { return files_; }
@@ -113,6 +116,13 @@ class Checkpoint {
 };
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+// Bytes [offset, offset + bytes) of the file at `path` as a 1-D CPU tensor of
+// `dtype` over a private (copy-on-write) mapping, its pages mapped from the
+// page cache now (MADV_POPULATE_READ where the kernel has it): no copy, and
+// the memory stays the page cache's until written. `offset` is a multiple of
+// the dtype's size; the mapping lives as long as the tensor's storage.
+at::Tensor map_private(const std::string& path, uint64_t offset, uint64_t bytes, c10::ScalarType dtype);
 
 // Writes tensors (any device; copied to CPU, made contiguous) to `path`
 // atomically: data sorted by dtype alignment (descending) then name, header

@@ -23,12 +23,13 @@ namespace ditrl::models {
 // What loading this rank's slices cost, by phase (the rank log's [load]
 // line): the source counts its reads and casts, shard::take_slices the rest.
 struct LoadStats {
-  double allocate_s = 0;  // slices allocated, their padding zeroed, materialised parameters copied in
-  double read_s = 0;      // wall time of the reads into the slices (pread, or the seeded draws), copies included
-  double copy_s = 0;      // of which copies into the slices' dtype and device (summed over reading threads)
-  double state_s = 0;     // AdamW moments and gradient accumulators zeroed, compute copies of trainable masters
-  uint64_t bytes = 0;     // read from files (the seeded init reads none)
-  int threads = 1;        // threads that read
+  double allocate_s = 0;      // slices allocated, their padding zeroed, materialised parameters copied in
+  double read_s = 0;          // wall time of the reads into the slices (pread, or the seeded draws), copies included
+  double copy_s = 0;          // of which copies into the slices' dtype and device (summed over reading threads)
+  double state_s = 0;         // AdamW moments and gradient accumulators zeroed, compute copies of trainable masters
+  uint64_t bytes = 0;         // from files (the seeded init reads none), mapped ones included
+  uint64_t mapped_bytes = 0;  // of which mapped from the files instead of read (map_ranges)
+  int threads = 1;            // threads that read
 };
 
 class ParameterSource {
@@ -48,6 +49,17 @@ class ParameterSource {
   // Whether read_into may run on several threads at once, in any order
   // (a checkpoint's preads; not the seeded init, whose draws are sequential).
   virtual bool concurrent_reads() const { return false; }
+  // Consecutive element ranges of parameters (a rank's part of a frozen flat
+  // group, in the group's order) as one 1-D CPU tensor of `dtype` over a
+  // private mapping of the file that stores exactly those elements back to
+  // back: no copy, and the pages stay the page cache's until written. An
+  // undefined tensor where they are not one run of one file in `dtype` (the
+  // caller reads them instead). Counts into `stats`.
+  struct Range {
+    const std::string* name;  // canonical (shard::Slot::name)
+    int64_t begin = 0, end = 0;
+  };
+  virtual at::Tensor map_ranges(const std::vector<Range>& /*ranges*/, c10::ScalarType /*dtype*/) { return {}; }
 
   LoadStats stats;
 };

@@ -4,8 +4,10 @@
 // (design.md §3). Each wrap unit, and the root unit (every parameter in no
 // wrap unit), splits its parameters into flat groups of one kind (compute /
 // master / reduce dtype, trainable or frozen); a group concatenates its
-// parameters' flattened elements in module order, pads to a multiple of N
-// and rank r owns elements [r * shard, (r + 1) * shard). The sharded-parameter
+// parameters' flattened elements (a trainable group in module order, a
+// frozen one by name: the weights files' order, so that a rank's part of it
+// can be mapped from the file), pads to a multiple of N and rank r owns
+// elements [r * shard, (r + 1) * shard). The sharded-parameter
 // manager and `ditrl plan` both read this layout.
 
 #include <ditrl/models/unit.hpp>
