@@ -197,6 +197,7 @@ class CheckpointSource final : public ParameterSource {
     }
     if (!path || next == first || first % element != 0) return {};
     at::Tensor mapped = io::map_private(*path, first, next - first, dtype);
+    if (!mapped.defined()) return {};
     const std::lock_guard<std::mutex> lock(stats_mutex_);
     stats.bytes += next - first;
     stats.mapped_bytes += next - first;

@@ -48,3 +48,23 @@ TEST_CASE("stage_range_into: every chunk size casts a stored range as one whole 
       models::stage_range_into(file, "fp32", 0, 10, at::empty({9})),
       Contains("tensor 'fp32' elements [0, 10) need a 1-D tensor of 10 elements, got [9]") && Contains(path));
 }
+
+// The frozen slices' mapping (sliced loading maps a rank's part of a frozen
+// group from its file): the bytes of any element range, at any offset within
+// a page, and writes to them stay in this process.
+TEST_CASE("map_private: a file's element range as a tensor / writes to it stay private", "[io][sliced]") {
+  const std::string path = test::fresh_output_dir("map_private") + "/w.safetensors";
+  const at::Tensor values = at::arange(5000, at::kFloat).to(at::kBFloat16);
+  io::write_safetensors(path, {{"a", values}});
+  const io::Checkpoint file(path);
+  for (const auto& [begin, end] : {std::pair<int64_t, int64_t>{0, 5000}, {1, 2}, {2047, 4099}}) {
+    INFO("[" << begin << ", " << end << ")");
+    const at::Tensor mapped =
+        io::map_private(path, file.file_offset("a") + begin * 2, (end - begin) * 2, at::kBFloat16);
+    REQUIRE(mapped.defined());
+    CHECK(same_bits(mapped, values.narrow(0, begin, end - begin)));
+    mapped.fill_(-1);
+  }
+  CHECK(same_bits(io::Checkpoint(path).get("a"), values));  // the file kept its values
+  CHECK_THROWS_WITH(io::map_private(path, 1, 4, at::kBFloat16), Contains("are not whole BFloat16 elements"));
+}

@@ -121,7 +121,8 @@ using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 // `dtype` over a private (copy-on-write) mapping, its pages mapped from the
 // page cache now (MADV_POPULATE_READ where the kernel has it): no copy, and
 // the memory stays the page cache's until written. `offset` is a multiple of
-// the dtype's size; the mapping lives as long as the tensor's storage.
+// the dtype's size; the mapping lives as long as the tensor's storage. An
+// undefined tensor where the file system cannot map the file.
 at::Tensor map_private(const std::string& path, uint64_t offset, uint64_t bytes, c10::ScalarType dtype);
 
 // Writes tensors (any device; copied to CPU, made contiguous) to `path`
