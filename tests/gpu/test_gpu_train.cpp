@@ -1,7 +1,8 @@
 // `ditrl train` on a GPU (run.device = "cuda", one rank): no host sync in a
 // micro-batch, two runs of a deterministic deck bitwise equal, a resumed run
 // equal to the uninterrupted one, a `ditrl rollout` file trained on like the
-// sampled rollout, and the quickstart (step-0 parity: test_gpu_attention.cpp). Each case SKIPs where no GPU is visible (gpu_main.cpp).
+// sampled rollout, and the quickstart (step-0 parity: test_gpu_attention.cpp).
+// Each case SKIPs where no GPU is visible (gpu_main.cpp).
 #include <ditrl/io/standard.hpp>
 
 #include <catch2/catch.hpp>

@@ -24,40 +24,20 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
-#include <filesystem>
 #include <functional>
 
 #include "mpi_world.hpp"
 #include "same_bits.hpp"
-#include "seeded_state.hpp"
+#include "sliced_loading.hpp"
 
 namespace ditrl {
 namespace {
 
-namespace fs = std::filesystem;
 using Catch::Matchers::Contains;
 using test::same_bits;
-using test::seeded_state;  // every rank computes the same; rank 0 writes it
-
-// A folder shared by the ranks (rank 0 names it; every rank reads it).
-std::string shared_dir(dist::Communicator& comm, const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / fmt::format("ditrl-sliced-{}-{}", name, comm.size());
-  if (comm.rank() == 0) {
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
-  comm.barrier();
-  return dir.string();
-}
-
-config::Config deck(const std::string& model, const std::string& extra = "") {
-  const std::string text = "[model]\n" + model +
-                           "\n[precision]\nmaster = \"fp32\"\nforward = \"bf16\"\n"
-                           "[rollout]\nbatch = 4\nsamples_per_prompt = 4\nheight = 8\nwidth = 8\n"
-                           "[train]\nglobal_batch = 16\nmicro_batch = 4\n" +
-                           extra;
-  return config::parse_deck(text, "sliced-loading deck");
-}
+using test::seeded_state;
+using test::shared_dir;
+using test::sliced_deck;
 
 std::unique_ptr<shard::ShardedParams> shard_model(const config::Config& c, models::Family& family,
                                                   dist::Communicator& comm, models::ParameterSource* source) {
@@ -99,19 +79,20 @@ void check_same_slices(const config::Config& c, dist::Communicator& comm) {
 
 TEST_CASE("sliced loading: seeded init equals the full path bitwise (sd3 tiny)", "[sliced]") {
   auto comm = dist::make_mpi_communicator();
-  check_same_slices(deck("family = \"sd3\"\npreset = \"tiny\"\ninit_seed = 5"), *comm);
+  check_same_slices(sliced_deck("family = \"sd3\"\npreset = \"tiny\"\ninit_seed = 5"), *comm);
 }
 
 TEST_CASE("sliced loading: seeded init with LoRA (frozen bf16 base) equals the full path bitwise", "[sliced]") {
   auto comm = dist::make_mpi_communicator();
-  check_same_slices(deck("family = \"sd3\"\npreset = \"tiny\"\ninit_seed = 3\n[model.lora]\nenabled = true\nrank = 4"),
+  check_same_slices(
+      sliced_deck("family = \"sd3\"\npreset = \"tiny\"\ninit_seed = 3\n[model.lora]\nenabled = true\nrank = 4"), *comm);
+  check_same_slices(sliced_deck("family = \"wan\"\npreset = \"tiny\"\n[model.lora]\nenabled = true\nrank = 2\n"),
                     *comm);
-  check_same_slices(deck("family = \"wan\"\npreset = \"tiny\"\n[model.lora]\nenabled = true\nrank = 2\n"), *comm);
 }
 
 TEST_CASE("sliced loading: bf16 / fp32 / fp16 / fp64 weights files equal the full path bitwise", "[sliced]") {
   auto comm = dist::make_mpi_communicator();
-  const config::Config seeded = deck("family = \"sd3\"\npreset = \"tiny\"\ninit_seed = 11");
+  const config::Config seeded = sliced_deck("family = \"sd3\"\npreset = \"tiny\"\ninit_seed = 11");
   const std::string dir = shared_dir(*comm, "single");
   // bf16 and fp16 convert to fp32 exactly and are cast once; fp64 rounds
   // through fp32 as the unsliced path's fp32 parameter does.
@@ -122,10 +103,10 @@ TEST_CASE("sliced loading: bf16 / fp32 / fp16 / fp64 weights files equal the ful
     const std::string path = dir + "/" + file;
     if (comm->rank() == 0) io::write_safetensors(path, seeded_state(seeded, dtype));
     comm->barrier();
-    check_same_slices(deck("family = \"sd3\"\npreset = \"tiny\"\nweights = \"" + path + "\""), *comm);
-    check_same_slices(
-        deck("family = \"sd3\"\npreset = \"tiny\"\nweights = \"" + path + "\"\n[model.lora]\nenabled = true\nrank = 4"),
-        *comm);
+    check_same_slices(sliced_deck("family = \"sd3\"\npreset = \"tiny\"\nweights = \"" + path + "\""), *comm);
+    check_same_slices(sliced_deck("family = \"sd3\"\npreset = \"tiny\"\nweights = \"" + path +
+                                  "\"\n[model.lora]\nenabled = true\nrank = 4"),
+                      *comm);
   }
 }
 
@@ -135,13 +116,13 @@ TEST_CASE("sliced loading: bf16 / fp32 / fp16 / fp64 weights files equal the ful
 TEST_CASE("sliced loading: a frozen bf16 base is mapped from its file / an fp32 file's is read", "[sliced]") {
   auto comm = dist::make_mpi_communicator();
   const std::string dir = shared_dir(*comm, "mapped");
-  const config::Config seeded = deck("family = \"sd3\"\npreset = \"tiny\"\ninit_seed = 12");
+  const config::Config seeded = sliced_deck("family = \"sd3\"\npreset = \"tiny\"\ninit_seed = 12");
   for (const auto& [dtype, file] : {std::pair{at::kBFloat16, "bf16.safetensors"}, {at::kFloat, "fp32.safetensors"}}) {
     const std::string path = dir + "/" + file;
     if (comm->rank() == 0) io::write_safetensors(path, seeded_state(seeded, dtype));
     comm->barrier();
-    const config::Config c =
-        deck("family = \"sd3\"\npreset = \"tiny\"\nweights = \"" + path + "\"\n[model.lora]\nenabled = true\nrank = 4");
+    const config::Config c = sliced_deck("family = \"sd3\"\npreset = \"tiny\"\nweights = \"" + path +
+                                         "\"\n[model.lora]\nenabled = true\nrank = 4");
     app::SlicedModel sliced = app::sliced_deck_model(c, c10::kCPU);
     auto params = shard_model(c, *sliced.family, *comm, sliced.source.get());
     const models::LoadStats& stats = sliced.source->stats;
@@ -154,7 +135,7 @@ TEST_CASE("sliced loading: a frozen bf16 base is mapped from its file / an fp32 
 
 TEST_CASE("sliced loading: a sharded checkpoint with its index equals the full path bitwise", "[sliced]") {
   auto comm = dist::make_mpi_communicator();
-  const config::Config seeded = deck("family = \"wan\"\npreset = \"tiny\"\ninit_seed = 2");
+  const config::Config seeded = sliced_deck("family = \"wan\"\npreset = \"tiny\"\ninit_seed = 2");
   const std::string dir = shared_dir(*comm, "sharded");
   if (comm->rank() == 0) {
     const auto written =
@@ -162,31 +143,32 @@ TEST_CASE("sliced loading: a sharded checkpoint with its index equals the full p
     REQUIRE(written.size() > 3);  // several shards and the index
   }
   comm->barrier();
-  const config::Config sharded = deck("family = \"wan\"\npreset = \"tiny\"\nweights = \"" + dir +
-                                      "/diffusion_pytorch_model.safetensors.index.json\"");
+  const config::Config sharded = sliced_deck("family = \"wan\"\npreset = \"tiny\"\nweights = \"" + dir +
+                                             "/diffusion_pytorch_model.safetensors.index.json\"");
   check_same_slices(sharded, *comm);
   // Read by three threads at once (shard::take_slices reads a checkpoint with the intra-op threads).
   const int threads = at::get_num_threads();
   at::set_num_threads(3);
   check_same_slices(sharded, *comm);
-  check_same_slices(deck("family = \"wan\"\npreset = \"tiny\"\nweights = \"" + dir +
-                         "/diffusion_pytorch_model.safetensors.index.json\"\n[model.lora]\nenabled = true\nrank = 2\n"),
-                    *comm);
+  check_same_slices(
+      sliced_deck("family = \"wan\"\npreset = \"tiny\"\nweights = \"" + dir +
+                  "/diffusion_pytorch_model.safetensors.index.json\"\n[model.lora]\nenabled = true\nrank = 2\n"),
+      *comm);
   at::set_num_threads(threads);
 }
 
 TEST_CASE("sliced loading: Wan2.2 A14B's two expert checkpoints equal the full path bitwise", "[sliced]") {
   auto comm = dist::make_mpi_communicator();
   const std::string dir = shared_dir(*comm, "experts");
-  const config::Config one = deck("family = \"wan\"\npreset = \"tiny\"\ninit_seed = 8");
-  const config::Config other = deck("family = \"wan\"\npreset = \"tiny\"\ninit_seed = 9");
+  const config::Config one = sliced_deck("family = \"wan\"\npreset = \"tiny\"\ninit_seed = 8");
+  const config::Config other = sliced_deck("family = \"wan\"\npreset = \"tiny\"\ninit_seed = 9");
   if (comm->rank() == 0) {
     io::write_safetensors(dir + "/high.safetensors", seeded_state(one, at::kBFloat16));
     io::write_safetensors(dir + "/low.safetensors", seeded_state(other, at::kFloat));
   }
   comm->barrier();
-  check_same_slices(deck("family = \"wan\"\npreset = \"tiny-a14b\"\nweights = \"" + dir +
-                         "/high.safetensors\"\nweights_2 = \"" + dir + "/low.safetensors\""),
+  check_same_slices(sliced_deck("family = \"wan\"\npreset = \"tiny-a14b\"\nweights = \"" + dir +
+                                "/high.safetensors\"\nweights_2 = \"" + dir + "/low.safetensors\""),
                     *comm);
 }
 
@@ -215,12 +197,13 @@ void check_pos_embed_window(const config::Config& c, dist::Communicator& comm) {
 TEST_CASE("sliced loading: training holds only SD3's pos_embed crop - bitwise the whole table's", "[sliced]") {
   auto comm = dist::make_mpi_communicator();
   // Seeded: the window is computed.
-  check_pos_embed_window(deck("family = \"sd3\"\npreset = \"tiny\"\ninit_seed = 5"), *comm);
+  check_pos_embed_window(sliced_deck("family = \"sd3\"\npreset = \"tiny\"\ninit_seed = 5"), *comm);
   // A bf16 weights file whose table is not the formula: the window is read from it.
   const std::string dir = shared_dir(*comm, "pos-embed");
   const std::string path = dir + "/bf16.safetensors";
   if (comm->rank() == 0) {
-    io::NamedTensors tensors = seeded_state(deck("family = \"sd3\"\npreset = \"tiny\"\ninit_seed = 4"), at::kBFloat16);
+    io::NamedTensors tensors =
+        seeded_state(sliced_deck("family = \"sd3\"\npreset = \"tiny\"\ninit_seed = 4"), at::kBFloat16);
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(17);
     for (auto& [name, t] : tensors)
       if (name == "pos_embed.pos_embed") t = at::randn(t.sizes(), gen, at::TensorOptions()).to(at::kBFloat16);
@@ -228,8 +211,8 @@ TEST_CASE("sliced loading: training holds only SD3's pos_embed crop - bitwise th
   }
   comm->barrier();
   const std::string weights = "family = \"sd3\"\npreset = \"tiny\"\nweights = \"" + path + "\"";
-  check_pos_embed_window(deck(weights), *comm);
-  check_pos_embed_window(deck(weights, "[model.lora]\nenabled = true\nrank = 4\n"), *comm);
+  check_pos_embed_window(sliced_deck(weights), *comm);
+  check_pos_embed_window(sliced_deck(weights, "[model.lora]\nenabled = true\nrank = 4\n"), *comm);
   // Another grid: 12x8 latents, a 6x4-patch window.
   check_pos_embed_window(config::parse_deck("[model]\n" + weights +
                                                 "\n[rollout]\nbatch = 4\nsamples_per_prompt = 4\nheight = 12\n"
@@ -240,7 +223,7 @@ TEST_CASE("sliced loading: training holds only SD3's pos_embed crop - bitwise th
 
 TEST_CASE("sliced loading: wrong or partial weights fail on every rank naming the tensor", "[sliced]") {
   auto comm = dist::make_mpi_communicator();
-  const config::Config seeded = deck("family = \"sd3\"\npreset = \"tiny\"");
+  const config::Config seeded = sliced_deck("family = \"sd3\"\npreset = \"tiny\"");
   const std::string dir = shared_dir(*comm, "wrong");
   const io::NamedTensors good = seeded_state(seeded, at::kFloat);
   const auto write = [&](const std::string& file, const std::function<void(io::NamedTensors&)>& edit) {
@@ -269,8 +252,8 @@ TEST_CASE("sliced loading: wrong or partial weights fail on every rank naming th
   });
   comm->barrier();
   const auto load = [&](const std::string& file) {
-    return app::sliced_deck_model(deck("family = \"sd3\"\npreset = \"tiny\"\nweights = \"" + dir + "/" + file + "\""),
-                                  c10::kCPU);
+    return app::sliced_deck_model(
+        sliced_deck("family = \"sd3\"\npreset = \"tiny\"\nweights = \"" + dir + "/" + file + "\""), c10::kCPU);
   };
   CHECK_THROWS_WITH(load("missing.safetensors"), Contains("missing (1): proj_out.bias"));
   CHECK_THROWS_WITH(load("unexpected.safetensors"), Contains("unexpected (1): extra.weight"));

@@ -23,7 +23,7 @@ namespace ditrl::models {
 // What loading this rank's slices cost, by phase (the rank log's [load]
 // line): the source counts its reads and casts, shard::take_slices the rest.
 struct LoadStats {
-  double allocate_s = 0;      // slices allocated, their padding zeroed, materialised parameters copied in
+  double allocate_s = 0;      // slices allocated or mapped, their padding zeroed, materialised parameters copied in
   double read_s = 0;          // wall time of the reads into the slices (pread, or the seeded draws), copies included
   double copy_s = 0;          // of which copies into the slices' dtype and device (summed over reading threads)
   double state_s = 0;         // AdamW moments and gradient accumulators zeroed, compute copies of trainable masters

@@ -24,37 +24,18 @@
 
 #include "mpi_world.hpp"
 #include "same_bits.hpp"
-#include "seeded_state.hpp"
-
-#include <filesystem>
+#include "sliced_loading.hpp"
 
 namespace ditrl {
 namespace {
 
-namespace fs = std::filesystem;
 using test::same_bits;
 using test::seeded_state;
+using test::shared_dir;
+using test::sliced_deck;
 
 c10::Device gpu_of_rank() {
   return c10::Device(at::kCUDA, static_cast<c10::DeviceIndex>(test::rank()));
-}
-
-std::string shared_dir(dist::Communicator& comm, const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / fmt::format("ditrl-sliced-cuda-{}-{}", name, comm.size());
-  if (comm.rank() == 0) {
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
-  comm.barrier();
-  return dir.string();
-}
-
-config::Config deck(const std::string& model) {
-  return config::parse_deck("[model]\n" + model +
-                                "\n[precision]\nmaster = \"fp32\"\nforward = \"bf16\"\n"
-                                "[rollout]\nbatch = 4\nsamples_per_prompt = 4\nheight = 8\nwidth = 8\n"
-                                "[train]\nglobal_batch = 16\nmicro_batch = 4\n",
-                            "sliced-loading-cuda deck");
 }
 
 std::vector<shard::ShardPiece> load(const config::Config& c, dist::Communicator& comm, c10::Device device) {
@@ -83,35 +64,35 @@ void check_gpu_equals_cpu(const config::Config& c, dist::Communicator& mpi, dist
 TEST_CASE("sliced loading on CUDA: every weights file gives the CPU load's slices bitwise", "[sliced_cuda]") {
   auto mpi = dist::make_mpi_communicator();
   auto nccl = dist::make_nccl_communicator(MPI_COMM_WORLD, {test::rank(), 60, 30, true});
-  const std::string dir = shared_dir(*mpi, "files");
-  const config::Config seeded = deck("family = \"sd3\"\npreset = \"tiny\"\ninit_seed = 11");
+  const std::string dir = shared_dir(*mpi, "cuda-files");
+  const config::Config seeded = sliced_deck("family = \"sd3\"\npreset = \"tiny\"\ninit_seed = 11");
   for (const auto& [dtype, file] : {std::pair{at::kBFloat16, "bf16.safetensors"}, {at::kDouble, "fp64.safetensors"}}) {
     const std::string path = dir + "/" + file;
     if (mpi->rank() == 0) io::write_safetensors(path, seeded_state(seeded, dtype));
     mpi->barrier();
     INFO(file);
-    check_gpu_equals_cpu(deck("family = \"sd3\"\npreset = \"tiny\"\nweights = \"" + path + "\""), *mpi, *nccl);
-    check_gpu_equals_cpu(
-        deck("family = \"sd3\"\npreset = \"tiny\"\nweights = \"" + path + "\"\n[model.lora]\nenabled = true\nrank = 4"),
-        *mpi, *nccl);
+    check_gpu_equals_cpu(sliced_deck("family = \"sd3\"\npreset = \"tiny\"\nweights = \"" + path + "\""), *mpi, *nccl);
+    check_gpu_equals_cpu(sliced_deck("family = \"sd3\"\npreset = \"tiny\"\nweights = \"" + path +
+                                     "\"\n[model.lora]\nenabled = true\nrank = 4"),
+                         *mpi, *nccl);
   }
   // A sharded checkpoint, read by three threads at once.
   if (mpi->rank() == 0)
     io::write_sharded_safetensors(
         dir, "diffusion_pytorch_model",
-        seeded_state(deck("family = \"wan\"\npreset = \"tiny\"\ninit_seed = 2"), at::kBFloat16), 20'000);
+        seeded_state(sliced_deck("family = \"wan\"\npreset = \"tiny\"\ninit_seed = 2"), at::kBFloat16), 20'000);
   mpi->barrier();
   const int threads = at::get_num_threads();
   at::set_num_threads(3);
-  check_gpu_equals_cpu(deck("family = \"wan\"\npreset = \"tiny\"\nweights = \"" + dir +
-                            "/diffusion_pytorch_model.safetensors.index.json\""),
+  check_gpu_equals_cpu(sliced_deck("family = \"wan\"\npreset = \"tiny\"\nweights = \"" + dir +
+                                   "/diffusion_pytorch_model.safetensors.index.json\""),
                        *mpi, *nccl);
   at::set_num_threads(threads);
 }
 
 TEST_CASE("sliced loading on CUDA: a range staged in chunks of any size equals the CPU's cast", "[sliced_cuda]") {
   auto mpi = dist::make_mpi_communicator();
-  const std::string path = shared_dir(*mpi, "stage") + "/w.safetensors";
+  const std::string path = shared_dir(*mpi, "cuda-stage") + "/w.safetensors";
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(3);
   const at::Tensor values = at::randn({100'000}, gen, at::TensorOptions().dtype(at::kDouble));
   if (mpi->rank() == 0) io::write_safetensors(path, {{"bf16", values.to(at::kBFloat16)}, {"fp64", values}});
