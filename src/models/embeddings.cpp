@@ -156,7 +156,7 @@ at::Tensor PatchEmbed::cropped_pos_embed(int64_t h, int64_t w) const {
 at::Tensor PatchEmbed::forward(const at::Tensor& latent) const {
   const int64_t h = latent.size(-2) / patch_;
   const int64_t w = latent.size(-1) / patch_;
-  const at::Tensor x = proj->forward(latent).flatten(2).transpose(1, 2);
+  const at::Tensor x = proj->forward(latent).flatten(2).transpose(1, 2).contiguous();
   return (x + cropped_pos_embed(h, w)).to(x.scalar_type());
 }
 

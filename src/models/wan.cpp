@@ -229,7 +229,7 @@ at::Tensor WanTransformer::forward(const at::Tensor& hidden_states, const at::Te
 
   at::Tensor x = patch_embedding->forward(hidden_states);
   ctx.record(prefix + "patch_embedding", "out0", x);
-  x = x.flatten(2).transpose(1, 2);
+  x = x.flatten(2).transpose(1, 2).contiguous();
   if (sp) {
     // Everything per token follows the token split: the patches, the rope
     // tables and a per-token timestep.
