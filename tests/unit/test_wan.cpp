@@ -12,6 +12,7 @@
 #include "fixture_checks.hpp"
 #include "model_fixtures.hpp"
 #include "process.hpp"
+#include "same_bits.hpp"
 
 #include <set>
 
@@ -470,4 +471,42 @@ TEST_CASE("wan: rope tables first built in inference mode can be saved for backw
   const at::Tensor x = at::randn({1, 16, 2, 32}).requires_grad_();
   CHECK_NOTHROW(models::WanRope::apply(x, cos, sin).sum().backward());
   CHECK(x.grad().defined());
+}
+
+namespace {
+
+// The op-by-op formula under autograd: what WanRope::apply's written-out
+// backward must reproduce bit for bit.
+at::Tensor rotate_by_autograd(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const at::Tensor pairs = x.unflatten(-1, {-1, 2});
+  const at::Tensor x1 = pairs.select(-1, 0), x2 = pairs.select(-1, 1);
+  const int64_t n = x.size(-1);
+  const at::Tensor c = cos.slice(-1, 0, n, 2), s = sin.slice(-1, 1, n, 2);
+  at::Tensor out = at::empty_like(x);
+  out.slice(-1, 0, n, 2).copy_(x1 * c - x2 * s);
+  out.slice(-1, 1, n, 2).copy_(x1 * s + x2 * c);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("wan: rope's backward equals autograd's on the op-by-op formula bit for bit", "[models][wan][rope]") {
+  const models::WanRope rope(32, 64);
+  const auto [cos, sin] = rope.tables(2, 4, 4, at::kCPU);
+  for (const c10::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    at::manual_seed(7);
+    // (B, H, L, Dh) transposed to (B, L, H, Dh), as the attention passes q and k.
+    const at::Tensor base = at::randn({2, 3, 32, 32}).to(dtype);
+    at::Tensor grad = at::randn({2, 32, 3, 32}).to(dtype);
+    grad.select(1, 5).zero_();
+    grad.select(1, 6).fill_(-0.0);
+    const at::Tensor x = base.clone().requires_grad_(), x_ref = base.clone().requires_grad_();
+    const at::Tensor y = models::WanRope::apply(x.transpose(1, 2), cos, sin);
+    const at::Tensor y_ref = rotate_by_autograd(x_ref.transpose(1, 2), cos, sin);
+    CHECK(test::same_bits(y, y_ref));
+    y.backward(grad);
+    y_ref.backward(grad);
+    CHECK(test::same_bits(x.grad(), x_ref.grad()));
+    CHECK(x.grad().abs().sum().item<double>() > 0);
+  }
 }
