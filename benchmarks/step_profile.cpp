@@ -16,7 +16,7 @@
 // (app/host_malloc.hpp), as under `ditrl train`.
 //
 //   bench_step_profile [--family sd3] [--case big|tiny|tiny2] [--compute fp32|bf16] [--attention math|flash]
-//                      [--no-recompute] [--fused-adamw] [--steps 2] [--out FILE.md]
+//                      [--no-recompute] [--fused-adamw] [--steps 2] [--out FILE.md] [--trace FILE.json]
 
 #include <ditrl/app/host_malloc.hpp>
 #include <ditrl/dist/communicator.hpp>
@@ -180,7 +180,7 @@ double gemm_ceiling_gflops(c10::ScalarType dtype, std::string& shapes) {
 int main(int argc, char** argv) {
   dist::MpiRuntime mpi(&argc, &argv);
   std::string family_name = "sd3", compute_name = "fp32", out, work = "/tmp/ditrl_step_profile";
-  std::string attention = "math", case_name = "big";
+  std::string attention = "math", case_name = "big", trace;
   int steps = 2, warmup = 2;
   bool no_recompute = false, fused_adamw = false;
   CLI::App app{"ditrl's training step per op family, against the measured GEMM ceiling"};
@@ -196,6 +196,9 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup, "steps before profiling");
   app.add_option("--work", work, "directory for the weights / inputs files");
   app.add_option("--out", out, "append the markdown section to this file (default: stdout only)");
+  app.add_option(
+      "--trace", trace,
+      "also write the profiled steps as a Chrome trace with input shapes (benchmarks/trace_ops.py reads it)");
   CLI11_PARSE(app, argc, argv);
   app::keep_freed_host_memory();
   const c10::ScalarType compute = compute_name == "bf16" ? at::kBFloat16 : at::kFloat;
@@ -246,6 +249,7 @@ int main(int argc, char** argv) {
   for (int i = 0; i < steps; ++i) step();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const std::unique_ptr<prof::ProfilerResult> result = prof::disableProfiler();
+  if (!trace.empty()) result->save(trace);
   std::vector<Op> events;
   for (const prof::KinetoEvent& e : result->events())
     if (e.deviceType() == c10::DeviceType::CPU && e.endNs() > e.startNs())

@@ -65,54 +65,66 @@ std::pair<at::Tensor, at::Tensor> WanRope::tables(int64_t frames, int64_t height
 
 namespace {
 
-// diffusers WanAttnProcessor's apply_rotary_emb: x1 = x[..., 0::2],
-// x2 = x[..., 1::2]; the fp32 tables promote the products.
-at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  const at::Tensor pairs = x.unflatten(-1, {-1, 2});
-  const at::Tensor x1 = pairs.select(-1, 0);
-  const at::Tensor x2 = pairs.select(-1, 1);
-  const int64_t n = x.size(-1);
+// diffusers WanAttnProcessor's apply_rotary_emb reads x1 = x[..., 0::2],
+// x2 = x[..., 1::2], cos of the even and sin of the odd columns, and writes
+// (x1 c - x2 s, x1 s + x2 c) in fp32, rounded once to x's dtype. The same
+// bits on whole rows, which run as contiguous vector loops instead of
+// stride-2 mixed-dtype ones: x c + swap(x) (-s, s) per pair (a - b is
+// a + (-b), and sums commute).
+struct PairTables {
+  at::Tensor cos;   // (c, c) per pair
+  at::Tensor sign;  // (-s, s) per pair
+};
+
+PairTables pair_tables(const at::Tensor& cos, const at::Tensor& sin, int64_t n) {
   const at::Tensor c = cos.slice(-1, 0, n, 2);
   const at::Tensor s = sin.slice(-1, 1, n, 2);
-  at::Tensor out = at::empty_like(x);
-  out.slice(-1, 0, n, 2).copy_(x1 * c - x2 * s);
-  out.slice(-1, 1, n, 2).copy_(x1 * s + x2 * c);
-  return out;
+  return {at::stack({c, c}, -1).flatten(-2), at::stack({-s, s}, -1).flatten(-2)};
+}
+
+at::Tensor swap_pairs(const at::Tensor& x) {
+  return x.unflatten(-1, {-1, 2}).flip(-1).flatten(-2);
+}
+
+at::Tensor rotate(const at::Tensor& x, const PairTables& t) {
+  const at::Tensor xf = x.to(at::kFloat);
+  return (xf * t.cos + swap_pairs(xf) * t.sign).to(x.scalar_type());
 }
 
 // The rotation is linear in x, so its gradient is the rotation by the
-// opposite angle. Written out it costs a third of the ops autograd records for
-// the formula above and saves only the tables, not x; the roundings are
-// autograd's, bit for bit: each product rounded to x's dtype, the two summed
-// in it, and + 0 for the zero-filled halves autograd's select gradients add.
+// opposite angle. Written out it saves only the tables, not x, and costs a
+// fraction of the ops autograd records for the pairwise formula; the roundings
+// are autograd's, bit for bit: each product rounded to x's dtype, the two
+// summed in it, and + 0 for the zero-filled halves autograd's select
+// gradients add.
 struct WanRotation : torch::autograd::Function<WanRotation> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos,
                             const at::Tensor& sin) {
-    ctx->saved_data["cos"] = cos;
-    ctx->saved_data["sin"] = sin;
-    return rotate(x, cos, sin);
+    const PairTables t = pair_tables(cos, sin, x.size(-1));
+    ctx->saved_data["cos"] = t.cos;
+    ctx->saved_data["sign"] = t.sign;
+    return rotate(x, t);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const at::Tensor& g = grads[0];
     const c10::ScalarType dtype = g.scalar_type();
-    const int64_t n = g.size(-1);
-    const at::Tensor c = ctx->saved_data["cos"].toTensor().slice(-1, 0, n, 2);
-    const at::Tensor s = ctx->saved_data["sin"].toTensor().slice(-1, 1, n, 2);
-    const at::Tensor pairs = g.to(at::kFloat).unflatten(-1, {-1, 2});
-    const at::Tensor g1 = pairs.select(-1, 0);
-    const at::Tensor g2 = pairs.select(-1, 1);
-    const at::Tensor dx1 = (g1 * c).to(dtype) + (g2 * s).to(dtype);
-    const at::Tensor dx2 = (g2 * c).to(dtype) - (g1 * s).to(dtype);
-    return {at::stack({dx1, dx2}, -1).flatten(-2).add_(0), at::Tensor(), at::Tensor()};
+    // Contiguous like autograd's select gradients: the layout the gradient
+    // arrives in (the attention's, or Ulysses' exchange's) must not decide
+    // the kernels downstream of it.
+    const at::Tensor gf = g.to(at::kFloat, false, false, at::MemoryFormat::Contiguous);
+    // (g1 c, g2 c) + (g2 s, -g1 s), each product rounded to x's dtype.
+    const at::Tensor along = (gf * ctx->saved_data["cos"].toTensor()).to(dtype);
+    const at::Tensor across = (swap_pairs(gf) * ctx->saved_data["sign"].toTensor().neg()).to(dtype);
+    return {(along + across).add_(0), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
 at::Tensor WanRope::apply(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  if (!at::GradMode::is_enabled() || !x.requires_grad()) return rotate(x, cos, sin);
+  if (!at::GradMode::is_enabled() || !x.requires_grad()) return rotate(x, pair_tables(cos, sin, x.size(-1)));
   return WanRotation::apply(x, cos, sin);
 }
 
