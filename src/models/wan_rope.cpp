@@ -113,7 +113,8 @@ struct WanRotation : torch::autograd::Function<WanRotation> {
     // Contiguous like autograd's select gradients: the layout the gradient
     // arrives in (the attention's, or Ulysses' exchange's) must not decide
     // the kernels downstream of it.
-    const at::Tensor gf = g.to(at::kFloat, false, false, at::MemoryFormat::Contiguous);
+    const at::Tensor gf =
+        g.is_contiguous() ? g.to(at::kFloat) : at::empty(g.sizes(), g.options().dtype(at::kFloat)).copy_(g);
     // (g1 c, g2 c) + (g2 s, -g1 s), each product rounded to x's dtype.
     const at::Tensor along = (gf * ctx->saved_data["cos"].toTensor()).to(dtype);
     const at::Tensor across = (swap_pairs(gf) * ctx->saved_data["sign"].toTensor().neg()).to(dtype);

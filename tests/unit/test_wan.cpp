@@ -7,6 +7,7 @@
 
 #include <c10/core/InferenceMode.h>
 #include <fmt/format.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <catch2/catch.hpp>
 
 #include "fixture_checks.hpp"
@@ -508,5 +509,16 @@ TEST_CASE("wan: rope's backward equals autograd's on the op-by-op formula bit fo
     y_ref.backward(grad);
     CHECK(test::same_bits(x.grad(), x_ref.grad()));
     CHECK(x.grad().abs().sum().item<double>() > 0);
+    // A gradient arriving in another layout (Ulysses' exchange hands back a
+    // contiguous one, the attention a transposed view) gives the same bits in
+    // the same layout, so the kernels downstream do not change with it.
+    const at::Tensor xt = base.clone().requires_grad_(true).transpose(1, 2);
+    const at::Tensor yt = models::WanRope::apply(xt, cos, sin);
+    const at::Tensor strided = grad.transpose(1, 2).contiguous().transpose(1, 2);
+    const at::Tensor dx = torch::autograd::grad({yt}, {xt}, {grad}, true)[0];
+    const at::Tensor dx_strided = torch::autograd::grad({yt}, {xt}, {strided})[0];
+    CHECK(test::same_bits(dx, dx_strided));
+    CHECK(dx.is_contiguous());
+    CHECK(dx_strided.is_contiguous());
   }
 }
