@@ -13,7 +13,8 @@
 # and benchmarks/flow_grpo/requirements.txt), MPIRUN (default mpirun), DITRL_2RANKS=0 to skip the extra
 # 2-rank ditrl run of each round, FLOW_GRPO_COMMIT (recorded when FLOW_GRPO is not a git checkout),
 # PNG (default OUT/flow_grpo_loop.png), DITRL_SET: extra deck settings for ditrl's runs, blank-separated
-# (e.g. "parallel.recompute=false precision.attention=flash train.fused_adamw=true").
+# (e.g. "parallel.recompute=false precision.attention=flash train.fused_adamw=true"), FLOW_GRPO_PRELOAD: a
+# malloc library flow_grpo's Python runs on (LD_PRELOAD; e.g. libtcmalloc_minimal.so.4, its best case here).
 set -euo pipefail
 
 if [ $# -lt 3 ]; then
@@ -52,6 +53,7 @@ flow_commit=${FLOW_GRPO_COMMIT:-$(git -C "$FLOW_GRPO" rev-parse HEAD 2>/dev/null
   echo "python: $("$PYTHON" -c 'import sys, torch, diffusers, accelerate; print(sys.version.split()[0], "torch", torch.__version__, "diffusers", diffusers.__version__, "accelerate", accelerate.__version__)')"
   echo "rounds: $ROUNDS, iterations: $ITERATIONS, threads: 1, ditrl 2-rank runs: $DITRL_2RANKS"
   echo "ditrl extra settings: ${DITRL_SET:-none}"
+  echo "flow_grpo LD_PRELOAD: ${FLOW_GRPO_PRELOAD:-none: glibc malloc}"
 } > "$OUT/machine.txt"
 cat "$OUT/machine.txt"
 : > "$OUT/timeline.tsv"   # round, side, start, end, wall seconds, load averages before
@@ -77,7 +79,7 @@ run_flow_grpo() {  # round
   local name="flow_grpo-r$1" t0 t1 l
   l=$(load)
   t0=$(stamp)
-  "$PYTHON" "$HERE/flow_grpo_driver.py" --flow-grpo "$FLOW_GRPO" --settings "$OUT/work/settings.json" \
+  LD_PRELOAD=${FLOW_GRPO_PRELOAD:-} "$PYTHON" "$HERE/flow_grpo_driver.py" --flow-grpo "$FLOW_GRPO" --settings "$OUT/work/settings.json" \
     --out "$OUT/$name.jsonl" > "$OUT/$name.log" 2>&1 || { echo "run.sh: $name failed, see $OUT/$name.log" >&2; tail -20 "$OUT/$name.log" >&2; exit 1; }
   t1=$(stamp)
   printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "flow_grpo" "$t0" "$t1" "$(echo "$t1 - $t0" | bc)" "$l" >> "$OUT/timeline.tsv"
