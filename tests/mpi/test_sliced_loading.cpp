@@ -36,6 +36,7 @@ namespace {
 using Catch::Matchers::Contains;
 using test::same_bits;
 using test::seeded_state;
+using test::seeded_weights;
 using test::shared_dir;
 using test::sliced_deck;
 
@@ -100,9 +101,7 @@ TEST_CASE("sliced loading: bf16 / fp32 / fp16 / fp64 weights files equal the ful
                                     {at::kFloat, "fp32.safetensors"},
                                     {at::kHalf, "fp16.safetensors"},
                                     {at::kDouble, "fp64.safetensors"}}) {
-    const std::string path = dir + "/" + file;
-    if (comm->rank() == 0) io::write_safetensors(path, seeded_state(seeded, dtype));
-    comm->barrier();
+    const std::string path = seeded_weights(*comm, dir, file, seeded, dtype);
     check_same_slices(sliced_deck("family = \"sd3\"\npreset = \"tiny\"\nweights = \"" + path + "\""), *comm);
     check_same_slices(sliced_deck("family = \"sd3\"\npreset = \"tiny\"\nweights = \"" + path +
                                   "\"\n[model.lora]\nenabled = true\nrank = 4"),
@@ -118,9 +117,7 @@ TEST_CASE("sliced loading: a frozen bf16 base is mapped from its file / an fp32 
   const std::string dir = shared_dir(*comm, "mapped");
   const config::Config seeded = sliced_deck("family = \"sd3\"\npreset = \"tiny\"\ninit_seed = 12");
   for (const auto& [dtype, file] : {std::pair{at::kBFloat16, "bf16.safetensors"}, {at::kFloat, "fp32.safetensors"}}) {
-    const std::string path = dir + "/" + file;
-    if (comm->rank() == 0) io::write_safetensors(path, seeded_state(seeded, dtype));
-    comm->barrier();
+    const std::string path = seeded_weights(*comm, dir, file, seeded, dtype);
     const config::Config c = sliced_deck("family = \"sd3\"\npreset = \"tiny\"\nweights = \"" + path +
                                          "\"\n[model.lora]\nenabled = true\nrank = 4");
     app::SlicedModel sliced = app::sliced_deck_model(c, c10::kCPU);

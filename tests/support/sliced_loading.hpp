@@ -2,7 +2,8 @@
 
 // What the sliced-loading suites (tests/mpi/test_sliced_loading.cpp and its
 // CUDA twin) share: a small deck around a [model] table, a deck's seeded model
-// state as a weights file would hold it, and a folder every rank sees.
+// state as a weights file would hold it (and that file written), and a folder
+// every rank sees.
 
 #include <ditrl/app/options.hpp>
 #include <ditrl/config/deck.hpp>
@@ -33,6 +34,16 @@ inline io::NamedTensors seeded_state(const config::Config& c, c10::ScalarType dt
   io::NamedTensors out;
   for (auto& [name, t] : models::state_tensors(*app::deck_model(c, c10::kCPU))) out.emplace_back(name, t.to(dtype));
   return out;
+}
+
+// `dir`/`file` holding the deck's seeded state in `dtype`: rank 0 writes
+// it, and every rank sees it once this returns.
+inline std::string seeded_weights(dist::Communicator& comm, const std::string& dir, const std::string& file,
+                                  const config::Config& c, c10::ScalarType dtype) {
+  const std::string path = dir + "/" + file;
+  if (comm.rank() == 0) io::write_safetensors(path, seeded_state(c, dtype));
+  comm.barrier();
+  return path;
 }
 
 // A fresh folder shared by the ranks (rank 0 makes it; every rank reads it).

@@ -31,6 +31,7 @@ namespace {
 
 using test::same_bits;
 using test::seeded_state;
+using test::seeded_weights;
 using test::shared_dir;
 using test::sliced_deck;
 
@@ -67,9 +68,7 @@ TEST_CASE("sliced loading on CUDA: every weights file gives the CPU load's slice
   const std::string dir = shared_dir(*mpi, "cuda-files");
   const config::Config seeded = sliced_deck("family = \"sd3\"\npreset = \"tiny\"\ninit_seed = 11");
   for (const auto& [dtype, file] : {std::pair{at::kBFloat16, "bf16.safetensors"}, {at::kDouble, "fp64.safetensors"}}) {
-    const std::string path = dir + "/" + file;
-    if (mpi->rank() == 0) io::write_safetensors(path, seeded_state(seeded, dtype));
-    mpi->barrier();
+    const std::string path = seeded_weights(*mpi, dir, file, seeded, dtype);
     INFO(file);
     check_gpu_equals_cpu(sliced_deck("family = \"sd3\"\npreset = \"tiny\"\nweights = \"" + path + "\""), *mpi, *nccl);
     check_gpu_equals_cpu(sliced_deck("family = \"sd3\"\npreset = \"tiny\"\nweights = \"" + path +
