@@ -13,10 +13,14 @@
 // and the step's time no op covers). The ceiling: the best of a few large
 // single-thread shapes of ditrl's linear in the step's dtype, timed here in the same
 // process right after the steps. malloc runs with ditrl's thresholds
-// (app/host_malloc.hpp), as under `ditrl train`.
+// (app/host_malloc.hpp), as under `ditrl train`. With --peer, diffusers' own
+// class for the family trains on the same files under PyTorch's profiler
+// (benchmarks/peer_profile.py, the step of benchmarks/peer_diffusers.py) and
+// its events go through the same attribution: a second column per family.
 //
 //   bench_step_profile [--family sd3] [--case big|tiny|tiny2] [--compute fp32|bf16] [--attention math|flash]
 //                      [--no-recompute] [--fused-adamw] [--steps 2] [--out FILE.md] [--trace FILE.json]
+//                      [--peer [--python PY]]
 
 #include <ditrl/app/host_malloc.hpp>
 #include <ditrl/dist/communicator.hpp>
@@ -35,12 +39,16 @@
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/version.h>
 #include <CLI/CLI.hpp>
+#include <boost/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <set>
 
 namespace {
@@ -73,14 +81,19 @@ const std::set<std::string> kCopies = {
     "aten::copy_",        "aten::_to_copy",    "aten::clone",        "aten::cat",   "aten::stack", "aten::contiguous",
     "aten::index_select", "aten::narrow_copy", "aten::_unsafe_view", "aten::fill_", "aten::zero_"};
 
+constexpr char kGemmFamily[] = "GEMM (mm, addmm, bmm, conv)";
+constexpr char kAttentionFamily[] = "attention softmax / mask";
+constexpr char kElementwiseFamily[] = "norms / elementwise";
+constexpr char kFramework[] = "framework (autograd engine, scopes, the peer's interpreter)";
+
 std::string family_of(const std::string& name, bool in_optimizer) {
   if (in_optimizer) return "optimizer (AdamW on the slices, re-cast)";
-  if (kGemm.count(name)) return "GEMM (mm, addmm, bmm, conv)";
-  if (kAttention.count(name)) return "attention softmax / mask";
+  if (kGemm.count(name)) return kGemmFamily;
+  if (kAttention.count(name)) return kAttentionFamily;
   if (kCopies.count(name)) return "copies, casts, fills";
   if (name.rfind("aten::empty", 0) == 0 || name == "aten::resize_") return "allocation";
-  if (name.rfind("aten::", 0) == 0) return "norms / elementwise";
-  return "framework (autograd engine, scopes)";
+  if (name.rfind("aten::", 0) == 0) return kElementwiseFamily;
+  return kFramework;
 }
 
 struct Op {
@@ -137,7 +150,7 @@ Profile attribute(const std::vector<Op>& events, double step_seconds) {
       close(done);
     }
   }
-  p.self_seconds["framework (autograd engine, scopes)"] += std::max(0.0, step_seconds - covered);
+  p.self_seconds[kFramework] += std::max(0.0, step_seconds - covered);
   return p;
 }
 
@@ -175,6 +188,54 @@ double gemm_ceiling_gflops(c10::ScalarType dtype, std::string& shapes) {
   return best;
 }
 
+// The file of tcmalloc when this process runs on it (ditrl links it where
+// the system has it), else "".
+std::string own_tcmalloc() {
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);) {
+    const size_t path = line.find('/');
+    if (path != std::string::npos && line.find("tcmalloc", path) != std::string::npos) return line.substr(path);
+  }
+  return "";
+}
+
+// diffusers' step on the same files, profiled in a Python process
+// (benchmarks/peer_profile.py); its events get ditrl's attribution. The peer
+// runs on ditrl's malloc: under glibc's, the profiler's own allocations made
+// its profiled bf16 steps 1.5-2.4x its unprofiled ones, under tcmalloc 1.1x.
+Profile profile_peer(const std::string& python, const std::string& family, const std::string& dir,
+                     const std::string& compute, int steps, int warmup, std::string& versions) {
+  const std::string tcmalloc = own_tcmalloc();
+  const std::string command = fmt::format(
+      "{}'{}' '{}/peer_profile.py' --family {} --dir '{}' --precision {} --steps {} --warmup {} --optimizer-scope {}",
+      tcmalloc.empty() ? "" : "LD_PRELOAD='" + tcmalloc + "' ", python, DITRL_BENCHMARKS_DIR, family, dir, compute,
+      steps, warmup, kOptimizerScope);
+  versions = tcmalloc.empty() ? "glibc's malloc, " : "on tcmalloc (LD_PRELOAD), ";
+  FILE* pipe = popen(command.c_str(), "r");
+  if (!pipe) throw std::runtime_error("cannot start: " + command);
+  std::string text;
+  std::array<char, 1 << 16> buffer{};
+  for (size_t n; (n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0;) text.append(buffer.data(), n);
+  if (pclose(pipe) != 0 || text.empty())
+    throw std::runtime_error("the peer's profile failed (stderr above): " + command);
+  const boost::json::value doc = boost::json::parse(text);
+  std::vector<Op> events;
+  for (const boost::json::value& v : doc.at("events").as_array()) {
+    const boost::json::array& e = v.as_array();
+    const Op op{std::string(e.at(0).as_string()), e.at(1).to_number<uint64_t>(), e.at(2).to_number<uint64_t>(),
+                e.at(3).to_number<uint64_t>(), e.at(4).to_number<uint64_t>()};
+    if (op.end > op.start) events.push_back(op);
+  }
+  versions += fmt::format("torch {}, diffusers {}", std::string(doc.at("torch").as_string()),
+                          std::string(doc.at("diffusers").as_string()));
+  return attribute(events, doc.at("seconds").to_number<double>());
+}
+
+double family_seconds(const Profile& p, const std::string& family) {
+  const auto it = p.self_seconds.find(family);
+  return it == p.self_seconds.end() ? 0.0 : it->second;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -182,7 +243,8 @@ int main(int argc, char** argv) {
   std::string family_name = "sd3", compute_name = "fp32", out, work = "/tmp/ditrl_step_profile";
   std::string attention = "math", case_name = "big", trace;
   int steps = 2, warmup = 2;
-  bool no_recompute = false, fused_adamw = false;
+  bool no_recompute = false, fused_adamw = false, with_peer = false;
+  std::string python = DITRL_PYTHON;
   CLI::App app{"ditrl's training step per op family, against the measured GEMM ceiling"};
   app.add_option("--family", family_name, "sd3 | wan | qwen_image (its ~100M peer_forward config)");
   app.add_option("--case", case_name,
@@ -199,6 +261,9 @@ int main(int argc, char** argv) {
   app.add_option(
       "--trace", trace,
       "also write the profiled steps as a Chrome trace with input shapes (benchmarks/trace_ops.py reads it)");
+  app.add_flag("--peer", with_peer,
+               "also profile diffusers' class for the family on the same files (benchmarks/peer_profile.py)");
+  app.add_option("--python", python, "Python interpreter with torch and diffusers (for --peer)");
   CLI11_PARSE(app, argc, argv);
   app::keep_freed_host_memory();
   const c10::ScalarType compute = compute_name == "bf16" ? at::kBFloat16 : at::kFloat;
@@ -255,6 +320,11 @@ int main(int argc, char** argv) {
     if (e.deviceType() == c10::DeviceType::CPU && e.endNs() > e.startNs())
       events.push_back({e.name(), e.startNs(), e.endNs(), e.startThreadId(), op_flops(e)});
   const Profile p = attribute(events, seconds);
+  std::string peer_versions;
+  const std::optional<Profile> peer =
+      with_peer
+          ? std::optional<Profile>(profile_peer(python, family_name, dir, compute_name, steps, warmup, peer_versions))
+          : std::nullopt;
   std::string shapes;
   const double ceiling = gemm_ceiling_gflops(compute, shapes);
 
@@ -263,22 +333,48 @@ int main(int argc, char** argv) {
   std::sort(families.begin(), families.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
   std::vector<std::pair<std::string, double>> ops(p.top_ops.begin(), p.top_ops.end());
   std::sort(ops.begin(), ops.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
-  const double gemm_seconds =
-      p.self_seconds.count("GEMM (mm, addmm, bmm, conv)") ? p.self_seconds.at("GEMM (mm, addmm, bmm, conv)") : 0.0;
+  const double gemm_seconds = family_seconds(p, kGemmFamily);
   std::string md = fmt::format(
       "## {} {}, {:.1f} M parameters, {} compute, batch {} x ({} + {} tokens), 1 thread\n\n"
       "- Command: `{}`\n- Date: {}; machine: {}, 1-minute load average {} at the end\n"
       "- LibTorch {}, ShardedParams on one rank ({} attention, {}, {} AdamW); {} profiled steps after {} warm-up "
       "steps: "
-      "{:.2f} s per step "
-      "(the profiler adds its own per-op cost)\n\n"
-      "| op family | s per step | share of the step |\n|---|---|---|\n",
+      "{:.2f} ms per step "
+      "(the profiler adds its own per-op cost)\n\n",
       family_name, c.name, params / 1e6, compute_name, c.batch, c.image_tokens, c.text_tokens,
       peer::command_line(argc, argv), peer::utc_now(), peer::cpu_model(), peer::load_average(), TORCH_VERSION,
       attention, no_recompute ? "no recompute" : "blocks recomputed in backward", fused_adamw ? "fused" : "chunked",
-      steps, warmup, per_step);
-  for (const auto& [name, s] : families)
-    md += fmt::format("| {} | {:.3f} | {:.1f}% |\n", name, s / steps, 100 * s / seconds);
+      steps, warmup, 1e3 * per_step);
+  if (peer) {
+    for (const auto& [name, s] : peer->self_seconds)
+      if (!p.self_seconds.count(name)) families.emplace_back(name, 0.0);
+    md += fmt::format(
+        "diffusers' {} on the same files ({}, {}; benchmarks/peer_profile.py), profiled the same way: {:.2f} ms per "
+        "step, **{:.2f}x ditrl's profiled step**.\n\n"
+        "| op family | ditrl ms per step | share | diffusers ms per step | share |\n|---|---|---|---|---|\n",
+        std::string(c.config.at("_class_name").as_string()),
+        compute_name == "bf16" ? "fp32 parameters, bf16 autocast" : "fp32", peer_versions,
+        1e3 * peer->step_seconds / steps, peer->step_seconds / seconds);
+    for (const auto& [name, s] : families) {
+      const double theirs = family_seconds(*peer, name);
+      md += fmt::format("| {} | {:.2f} | {:.1f}% | {:.2f} | {:.1f}% |\n", name, 1e3 * s / steps, 100 * s / seconds,
+                        1e3 * theirs / steps, 100 * theirs / peer->step_seconds);
+    }
+    double ours_math = 0, theirs_math = 0;
+    for (const char* math : {kGemmFamily, kAttentionFamily, kElementwiseFamily}) {
+      ours_math += family_seconds(p, math);
+      theirs_math += family_seconds(*peer, math);
+    }
+    md += fmt::format(
+        "\nThe model's math (GEMM + attention + norms / elementwise, the same LibTorch kernels on both sides): ditrl "
+        "{:.2f} ms, diffusers {:.2f} ms per step. A ditrl step of nothing else would be **{:.2f}x** diffusers' "
+        "profiled step.\n",
+        1e3 * ours_math / steps, 1e3 * theirs_math / steps, peer->step_seconds / ours_math);
+  } else {
+    md += "| op family | s per step | share of the step |\n|---|---|---|\n";
+    for (const auto& [name, s] : families)
+      md += fmt::format("| {} | {:.3f} | {:.1f}% |\n", name, s / steps, 100 * s / seconds);
+  }
   md += "\nTop ops by self time (s per step): ";
   for (size_t i = 0; i < std::min<size_t>(12, ops.size()); ++i)
     md += fmt::format("{}{} {:.3f}", i ? ", " : "", ops[i].first, ops[i].second / steps);
