@@ -74,6 +74,28 @@ def build(family, config_path, weights_path):
     return model.float().train()
 
 
+def training_step(family, model, inputs, precision, lr, optimizer_scope=contextlib.nullcontext):
+    """One forward + backward + AdamW step on `inputs` (its `target` popped) as a closure returning the loss;
+    the optimizer step runs inside optimizer_scope()."""
+    target = inputs.pop("target")
+    velocity = VELOCITY[family]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if precision == "bf16" \
+        else contextlib.nullcontext
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        with autocast():
+            prediction = velocity(model, inputs)
+        loss = F.mse_loss(prediction.float(), target)
+        loss.backward()
+        with optimizer_scope():
+            optimizer.step()
+        return loss.item()
+
+    return step
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--family", required=True, choices=sorted(CLASSES))
@@ -90,23 +112,7 @@ def main():
     model = build(args.family, args.config, args.weights)
     if args.checkpointing:
         model.enable_gradient_checkpointing()
-    inputs = load_file(args.inputs)
-    target = inputs.pop("target")
-    velocity = VELOCITY[args.family]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if args.precision == "bf16" \
-        else contextlib.nullcontext
-
-    def step():
-        optimizer.zero_grad(set_to_none=True)
-        with autocast():
-            prediction = velocity(model, inputs)
-        loss = F.mse_loss(prediction.float(), target)
-        loss.backward()
-        optimizer.step()
-        return loss.item()
-
-    serve(model, step)
+    serve(model, training_step(args.family, model, load_file(args.inputs), args.precision, args.lr))
 
 
 if __name__ == "__main__":

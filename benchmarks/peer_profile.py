@@ -1,6 +1,6 @@
 """The diffusers peer's training step under PyTorch's profiler, for benchmarks/step_profile.cpp.
 
-The step is peer_diffusers.py's (diffusers' own class for the family, the same config.json, weights
+The step is peer_diffusers.py's training_step (diffusers' own class for the family, the same config.json, weights
 and inputs files, torch.optim.AdamW, fp32 or bf16 autocast); after --warmup steps, --steps steps run
 under torch.profiler (CPU activities, FLOP counts). The optimizer step runs inside the record_function
 scope --optimizer-scope names, so the C++ side attributes both processes' events with one set of rules.
@@ -9,7 +9,6 @@ Prints one JSON line: {"seconds": wall time of the profiled steps, "torch", "dif
 """
 
 import argparse
-import contextlib
 import json
 import os
 import sys
@@ -17,11 +16,10 @@ import time
 
 import diffusers
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from peer_diffusers import CLASSES, VELOCITY, build  # noqa: E402
+from peer_diffusers import CLASSES, build, training_step  # noqa: E402
 
 
 def main():
@@ -37,20 +35,8 @@ def main():
 
     torch.set_num_threads(1)
     model = build(args.family, os.path.join(args.dir, "config.json"), os.path.join(args.dir, "weights.safetensors"))
-    inputs = load_file(os.path.join(args.dir, "inputs.safetensors"))
-    target = inputs.pop("target")
-    velocity = VELOCITY[args.family]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if args.precision == "bf16" \
-        else contextlib.nullcontext
-
-    def step():
-        optimizer.zero_grad(set_to_none=True)
-        with autocast():
-            prediction = velocity(model, inputs)
-        F.mse_loss(prediction.float(), target).backward()
-        with torch.autograd.profiler.record_function(args.optimizer_scope):
-            optimizer.step()
+    step = training_step(args.family, model, load_file(os.path.join(args.dir, "inputs.safetensors")), args.precision,
+                         args.lr, lambda: torch.autograd.profiler.record_function(args.optimizer_scope))
 
     for _ in range(args.warmup):
         step()
