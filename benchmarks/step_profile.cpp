@@ -199,18 +199,22 @@ std::string own_tcmalloc() {
   return "";
 }
 
+struct PeerProfile {
+  Profile profile;
+  std::string runtime;  // its malloc, torch and diffusers versions
+};
+
 // diffusers' step on the same files, profiled in a Python process
 // (benchmarks/peer_profile.py); its events get ditrl's attribution. The peer
 // runs on ditrl's malloc: under glibc's, the profiler's own allocations made
 // its profiled bf16 steps 1.5-2.4x its unprofiled ones, under tcmalloc 1.1x.
-Profile profile_peer(const std::string& python, const std::string& family, const std::string& dir,
-                     const std::string& compute, int steps, int warmup, std::string& versions) {
+PeerProfile profile_peer(const std::string& python, const std::string& family, const std::string& dir,
+                         const std::string& compute, int steps, int warmup) {
   const std::string tcmalloc = own_tcmalloc();
   const std::string command = fmt::format(
       "{}'{}' '{}/peer_profile.py' --family {} --dir '{}' --precision {} --steps {} --warmup {} --optimizer-scope {}",
       tcmalloc.empty() ? "" : "LD_PRELOAD='" + tcmalloc + "' ", python, DITRL_BENCHMARKS_DIR, family, dir, compute,
       steps, warmup, kOptimizerScope);
-  versions = tcmalloc.empty() ? "glibc's malloc, " : "on tcmalloc (LD_PRELOAD), ";
   FILE* pipe = popen(command.c_str(), "r");
   if (!pipe) throw std::runtime_error("cannot start: " + command);
   std::string text;
@@ -226,9 +230,9 @@ Profile profile_peer(const std::string& python, const std::string& family, const
                 e.at(3).to_number<uint64_t>(), e.at(4).to_number<uint64_t>()};
     if (op.end > op.start) events.push_back(op);
   }
-  versions += fmt::format("torch {}, diffusers {}", std::string(doc.at("torch").as_string()),
-                          std::string(doc.at("diffusers").as_string()));
-  return attribute(events, doc.at("seconds").to_number<double>());
+  return {attribute(events, doc.at("seconds").to_number<double>()),
+          fmt::format("{}, torch {}, diffusers {}", tcmalloc.empty() ? "glibc's malloc" : "on tcmalloc (LD_PRELOAD)",
+                      std::string(doc.at("torch").as_string()), std::string(doc.at("diffusers").as_string()))};
 }
 
 double family_seconds(const Profile& p, const std::string& family) {
@@ -320,11 +324,9 @@ int main(int argc, char** argv) {
     if (e.deviceType() == c10::DeviceType::CPU && e.endNs() > e.startNs())
       events.push_back({e.name(), e.startNs(), e.endNs(), e.startThreadId(), op_flops(e)});
   const Profile p = attribute(events, seconds);
-  std::string peer_versions;
-  const std::optional<Profile> peer =
-      with_peer
-          ? std::optional<Profile>(profile_peer(python, family_name, dir, compute_name, steps, warmup, peer_versions))
-          : std::nullopt;
+  const std::optional<PeerProfile> peer =
+      with_peer ? std::optional<PeerProfile>(profile_peer(python, family_name, dir, compute_name, steps, warmup))
+                : std::nullopt;
   std::string shapes;
   const double ceiling = gemm_ceiling_gflops(compute, shapes);
 
@@ -346,30 +348,30 @@ int main(int argc, char** argv) {
       attention, no_recompute ? "no recompute" : "blocks recomputed in backward", fused_adamw ? "fused" : "chunked",
       steps, warmup, 1e3 * per_step);
   if (peer) {
-    for (const auto& [name, s] : peer->self_seconds)
+    for (const auto& [name, s] : peer->profile.self_seconds)
       if (!p.self_seconds.count(name)) families.emplace_back(name, 0.0);
     md += fmt::format(
         "diffusers' {} on the same files ({}, {}; benchmarks/peer_profile.py), profiled the same way: {:.2f} ms per "
         "step, **{:.2f}x ditrl's profiled step**.\n\n"
         "| op family | ditrl ms per step | share | diffusers ms per step | share |\n|---|---|---|---|---|\n",
         std::string(c.config.at("_class_name").as_string()),
-        compute_name == "bf16" ? "fp32 parameters, bf16 autocast" : "fp32", peer_versions,
-        1e3 * peer->step_seconds / steps, peer->step_seconds / seconds);
+        compute_name == "bf16" ? "fp32 parameters, bf16 autocast" : "fp32", peer->runtime,
+        1e3 * peer->profile.step_seconds / steps, peer->profile.step_seconds / seconds);
     for (const auto& [name, s] : families) {
-      const double theirs = family_seconds(*peer, name);
+      const double theirs = family_seconds(peer->profile, name);
       md += fmt::format("| {} | {:.2f} | {:.1f}% | {:.2f} | {:.1f}% |\n", name, 1e3 * s / steps, 100 * s / seconds,
-                        1e3 * theirs / steps, 100 * theirs / peer->step_seconds);
+                        1e3 * theirs / steps, 100 * theirs / peer->profile.step_seconds);
     }
     double ours_math = 0, theirs_math = 0;
     for (const char* math : {kGemmFamily, kAttentionFamily, kElementwiseFamily}) {
       ours_math += family_seconds(p, math);
-      theirs_math += family_seconds(*peer, math);
+      theirs_math += family_seconds(peer->profile, math);
     }
     md += fmt::format(
         "\nThe model's math (GEMM + attention + norms / elementwise, the same LibTorch kernels on both sides): ditrl "
         "{:.2f} ms, diffusers {:.2f} ms per step. A ditrl step of nothing else would be **{:.2f}x** diffusers' "
         "profiled step.\n",
-        1e3 * ours_math / steps, 1e3 * theirs_math / steps, peer->step_seconds / ours_math);
+        1e3 * ours_math / steps, 1e3 * theirs_math / steps, peer->profile.step_seconds / ours_math);
   } else {
     md += "| op family | s per step | share of the step |\n|---|---|---|\n";
     for (const auto& [name, s] : families)
