@@ -6,32 +6,16 @@
 
 #include <ditrl/app/commands.hpp>
 #include <ditrl/app/options.hpp>
+#include <ditrl/app/out_dir.hpp>
 #include <ditrl/app/run.hpp>
 #include <ditrl/config/deck.hpp>
 #include <ditrl/error.hpp>
 
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
-#include <filesystem>
 #include <iostream>
 
 namespace ditrl::app {
 
 namespace {
-
-// The nearest existing folder of out_dir must take new entries: train
-// creates out_dir, its logs and checkpoints there.
-void check_writable(const config::Config& config) {
-  std::filesystem::path dir = std::filesystem::absolute(config.run.out_dir);
-  while (!dir.empty() && !std::filesystem::exists(dir) && dir != dir.parent_path()) dir = dir.parent_path();
-  if (!std::filesystem::is_directory(dir))
-    fail("{}: run.out_dir = \"{}\": {} is not a folder", config.source, config.run.out_dir, dir.string());
-  if (access(dir.c_str(), W_OK | X_OK) != 0)
-    fail("{}: run.out_dir = \"{}\": {} is not writable: {} (errno {})", config.source, config.run.out_dir, dir.string(),
-         std::strerror(errno), errno);
-}
 
 int check(const std::string& deck, const std::vector<std::string>& overrides, int ranks, bool files) {
   const config::Config config = config::load_deck(deck, overrides);
@@ -41,7 +25,7 @@ int check(const std::string& deck, const std::vector<std::string>& overrides, in
   compiled_plan(config, *family);
   check_latent_grid(config, *family);
   check_sequence_parallel(config, *family);
-  check_writable(config);
+  check_out_dir(config);
   std::cout << "# effective configuration of " << deck << " (checked for " << ranks << " rank(s))\n"
             << config::to_toml(config);
   return 0;

@@ -5,6 +5,7 @@
 #include <ATen/Version.h>
 #include <fmt/format.h>
 #include <signal.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -24,7 +25,7 @@ constexpr const char* kMarker = "DITRL_KERNELS_PINNED";
 std::vector<std::pair<std::string, std::string>> pins(int threads) {
   const std::string n = std::to_string(threads);
   return {{"ATEN_CPU_CAPABILITY", "avx2"},
-          {"MKL_CBWR", "AVX2"},
+          {"MKL_CBWR", "AVX2,STRICT"},
           {"OMP_NUM_THREADS", n},
           {"MKL_NUM_THREADS", n},
           {"CUBLAS_WORKSPACE_CONFIG", ":4096:8"}};
@@ -85,6 +86,16 @@ void pin_gpu_kernels() {
   c.setAllowTF32CuDNN(false);
   c.setAllowBF16ReductionCuBLAS(false);
   c.setAllowFP16ReductionCuBLAS(false);
+}
+
+void warn_on_weaker_pins() {
+  const char* cbwr = std::getenv("MKL_CBWR");
+  if (cbwr && !std::strstr(cbwr, "STRICT"))
+    spdlog::warn(
+        "deterministic mode: MKL_CBWR={} from the environment is kept, but without STRICT MKL's GEMMs may round "
+        "differently with their operands' addresses, so rollout/train parity and rank invariance can fail on some "
+        "CPUs (unset it, or add ,STRICT)",
+        cbwr);
 }
 
 std::string cpu_kernel_pins() {

@@ -13,12 +13,14 @@
 #include <ditrl/models/lora_adapter.hpp>
 #include <ditrl/models/lora_files.hpp>
 #include <ditrl/models/reference.hpp>
+#include <ditrl/models/unit.hpp>
 #include <ditrl/models/weights.hpp>
 #include <ditrl/precision/dtype.hpp>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
+#include <torch/csrc/autograd/grad_mode.h>
 
 #include <iostream>
 #include <memory>
@@ -66,6 +68,35 @@ std::shared_ptr<models::Family> build_model(ForwardOptions& o) {
   return family;
 }
 
+// The first tensor the forward records, in forward order, that is not finite.
+class FirstNonFinite : public models::Tap {
+ public:
+  void record(const std::string& module, const std::string& name, const at::Tensor& value) override {
+    if (first.empty() && !at::isfinite(value).all().item<bool>()) first = module + "/" + name;
+  }
+  std::string first;
+};
+
+// Finite weights can still overflow inside the forward (magnitudes near
+// 1e36): such outputs are an error naming where the values first go bad,
+// never a file of NaNs with exit code 0.
+void check_finite_outputs(models::Family& family, const models::ReferenceCase& reference_case,
+                          const std::map<std::string, at::Tensor>& outputs) {
+  std::vector<models::NonFinite> bad;
+  for (const auto& [name, tensor] : outputs)
+    if (auto found = models::find_nonfinite(name, tensor)) bad.push_back(*found);
+  if (bad.empty()) return;
+  torch::NoGradGuard no_grad;
+  FirstNonFinite watch;
+  models::ForwardContext ctx;
+  ctx.tap = &watch;
+  family.reference_forward(reference_case.inputs, reference_case.extra_json, ctx);
+  fail(
+      "{}: the forward's outputs hold non-finite values: {}; the first recorded tensor that does: {}; the weights "
+      "are finite, so values overflow inside the forward (no output written)",
+      reference_case.path, models::describe_nonfinite(bad), watch.first.empty() ? "(none recorded)" : watch.first);
+}
+
 int forward(ForwardOptions o) {
   if (o.threads > 0) at::set_num_threads(o.threads);
   const auto family = build_model(o);
@@ -87,6 +118,7 @@ int forward(ForwardOptions o) {
   models::cast_parameters(*family, dtype, family->default_overrides());
   const models::ReferenceCase reference_case = models::load_reference_case(o.inputs);
   const auto outputs = models::run_reference_case(*family, reference_case, o.intermediates);
+  check_finite_outputs(*family, reference_case, outputs);
 
   io::NamedTensors tensors(outputs.begin(), outputs.end());
   io::write_safetensors(o.out, tensors,

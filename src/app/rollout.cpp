@@ -41,7 +41,7 @@ int rollout_command(const RolloutCli& cli) {
   if (config.parallel.sequence_parallel > 1)
     fail("{}: ditrl rollout writes trajectories, which parallel.sequence_parallel = {} does not support; set it to 1",
          config.source, config.parallel.sequence_parallel);
-  const std::unique_ptr<dist::Runtime> runtime = start_runtime(config, "");
+  const std::unique_ptr<dist::Runtime> runtime = start_runtime(config, "").runtime;
   Run run = open_run(config, *runtime, dump_folder(cli));
   if (!cli.checkpoint.empty()) {
     const io::CheckpointMeta meta = io::load_checkpoint(io::resolve_checkpoint(config.run.out_dir, cli.checkpoint),

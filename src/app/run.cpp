@@ -183,18 +183,18 @@ void check_sequence_parallel(const config::Config& config, const models::Family&
   }
 }
 
-std::unique_ptr<dist::Runtime> start_runtime(const config::Config& config, const std::string& log_dir) {
+StartedJob start_runtime(const config::Config& config, const std::string& out_dir) {
   // Deterministic runs pin their kernels and one thread per rank unless
   // run.threads says otherwise; the pin re-executes the process before MPI starts.
   const int threads = config.run.deterministic && config.run.threads == 0 ? 1 : static_cast<int>(config.run.threads);
   if (config.run.deterministic) pin_cpu_kernels(threads);
   std::unique_ptr<dist::Runtime> runtime = dist::Runtime::create(runtime_options(config));
   if (config.run.deterministic && runtime->device().is_cuda()) pin_gpu_kernels();
-  if (!log_dir.empty()) {
-    if (runtime->world().rank == 0) std::filesystem::create_directories(log_dir);
-    runtime->host().barrier();
-  }
-  dist::setup_logging(runtime->world(), log_dir, config.run.log_level);
+  // Locked before anything is written there, logs included.
+  std::unique_ptr<io::OutDirLock> lock =
+      out_dir.empty() ? nullptr : std::make_unique<io::OutDirLock>(out_dir, runtime->io_comm());
+  dist::setup_logging(runtime->world(), out_dir, config.run.log_level);
+  if (config.run.deterministic) warn_on_weaker_pins();
   if (keep_freed_host_memory())
     spdlog::debug("malloc: {}, mmap / trim thresholds 32 / 64 MiB", host_malloc_name());
   else if (tcmalloc_in_use())
@@ -208,7 +208,7 @@ std::unique_ptr<dist::Runtime> start_runtime(const config::Config& config, const
   // checkpoints' /rng state a function of the deck too.
   at::manual_seed(static_cast<uint64_t>(config.run.seed));
   dist::log_placement(runtime->world(), at::get_num_threads(), runtime->device().str(), runtime->io_comm());
-  return runtime;
+  return {std::move(runtime), std::move(lock)};
 }
 
 Run open_run(const config::Config& config, dist::Runtime& runtime, const std::string& dump_dir) {

@@ -29,6 +29,8 @@ std::vector<std::pair<std::string, std::string>> trajectory_keys(const config::C
       {"model.config", c.model.config},
       {"model.init_seed", text(c.model.init_seed)},
       {"model.lora.enabled", text(c.model.lora.enabled)},
+      {"model.lora.rank", text(c.model.lora.rank)},
+      {"model.lora.targets", fmt::format("[{}]", fmt::join(c.model.lora.targets, ", "))},
       {"run.seed", text(c.run.seed)},
       {"rollout.batch", text(c.rollout.batch)},
       {"rollout.samples_per_prompt", text(c.rollout.samples_per_prompt)},
@@ -68,6 +70,9 @@ int64_t RunCheckpoints::resume(const std::string& which) {
   }
   std::string skipped;
   for (const std::string& path : found.paths) {
+    // Before loading: a changed model or loss makes the load itself fail, which
+    // would hide the keys that changed behind "does not verify".
+    check_same_trajectory(io::checkpoint_deck(path), path);
     std::optional<io::CheckpointMeta> meta;
     try {
       meta = io::load_checkpoint(path, training_state(run_), run_.runtime->io_comm());
@@ -78,17 +83,19 @@ int64_t RunCheckpoints::resume(const std::string& which) {
     }
     return adopt(path, *meta);
   }
-  fail("--resume {}: none of the {} checkpoint(s) in {}/checkpoints verifies (pass --resume none to start over):{}",
-       which, found.paths.size(), c.run.out_dir, skipped);
+  fail(
+      "--resume {}: none of the {} checkpoint(s) in {}/checkpoints verifies; they are left as they are (a new run "
+      "needs another run.out_dir):{}",
+      which, found.paths.size(), c.run.out_dir, skipped);
 }
 
 int64_t RunCheckpoints::load(const std::string& path) {
   if (!std::filesystem::exists(path)) fail("checkpoint {}: no such file", path);
+  check_same_trajectory(io::checkpoint_deck(path), path);
   return adopt(path, io::load_checkpoint(path, training_state(run_), run_.runtime->io_comm()));
 }
 
 int64_t RunCheckpoints::adopt(const std::string& path, const io::CheckpointMeta& meta) {
-  check_same_trajectory(meta.deck, path);
   run_.params->refresh_compute();
   run_.params->set_step_count(meta.adam_step);
   run_.algorithm->resumed(meta.rollout_id);

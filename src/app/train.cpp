@@ -12,6 +12,7 @@
 #include <ditrl/app/commands.hpp>
 #include <ditrl/app/determinism.hpp>
 #include <ditrl/app/options.hpp>
+#include <ditrl/app/out_dir.hpp>
 #include <ditrl/app/progress.hpp>
 #include <ditrl/app/run.hpp>
 #include <ditrl/app/run_checkpoints.hpp>
@@ -193,7 +194,9 @@ int train(const TrainCli& cli) {
   config::Config config = config::load_deck(cli.deck, cli.overrides);
   if (!cli.resume.empty()) config.checkpoint.resume = cli.resume;  // the flag overrides the deck's key
   check_trainable(config);
-  const std::unique_ptr<dist::Runtime> runtime = start_runtime(config, config.run.out_dir);
+  check_out_dir(config);
+  const StartedJob job = start_runtime(config, config.run.out_dir);
+  const std::unique_ptr<dist::Runtime>& runtime = job.runtime;
   spdlog::info("ditrl train {} on {} rank(s), {} intra-op thread(s){}", cli.deck, runtime->world().size,
                at::get_num_threads(), config.run.deterministic ? ", deterministic: " + cpu_kernel_pins() : "");
   const bool root = runtime->world().rank == 0;
@@ -264,8 +267,11 @@ int train(const TrainCli& cli) {
     }
   }
   if (root) write_status(config.run.out_dir, "complete");
-  spdlog::info("training complete: {} rollouts, {} optimizer steps, {:.1f} s", total - first_rollout,
-               trainer.global_step(), seconds_since(run_start));
+  if (first_rollout >= total)
+    spdlog::info("nothing to train: the run resumed at rollout {} and train.num_rollouts is {}", first_rollout, total);
+  else
+    spdlog::info("training complete: {} rollouts, {} optimizer steps, {:.1f} s", total - first_rollout,
+                 trainer.global_step(), seconds_since(run_start));
   return 0;
 }
 

@@ -93,8 +93,7 @@ Config read_config(const toml::table& root, const std::string& source_name) {
 
 void apply_override(toml::table& root, const std::string& assignment) {
   const size_t eq = assignment.find('=');
-  if (eq == std::string::npos || eq == 0)
-    fail("--set {}: expected section.key=value", assignment);
+  if (eq == std::string::npos || eq == 0) fail("--set {}: expected section.key=value", assignment);
   const std::string key = assignment.substr(0, eq);
   const std::string value = assignment.substr(eq + 1);
   const std::vector<std::string> path = split(key, '.');
@@ -113,7 +112,10 @@ void apply_override(toml::table& root, const std::string& assignment) {
   for (size_t i = 0; i + 1 < path.size(); ++i) {
     toml::node* child = table->get(path[i]);
     if (!child) {
-      table->insert(path[i], toml::table{});
+      // Made by parsing, so that the section's source is this --set argument
+      // (an unknown section is then reported as coming from it).
+      toml::table made = toml::parse(std::string_view("t = {}"), std::string_view(origin));
+      table->insert(path[i], std::move(*made.get("t")));
       child = table->get(path[i]);
     }
     table = child->as_table();
@@ -122,8 +124,7 @@ void apply_override(toml::table& root, const std::string& assignment) {
   table->insert_or_assign(path.back(), std::move(*parsed.get("v")));
 }
 
-Config parse_deck(const std::string& text, const std::string& source_name,
-                  const std::vector<std::string>& overrides) {
+Config parse_deck(const std::string& text, const std::string& source_name, const std::vector<std::string>& overrides) {
   toml::table root = parse_text(text, source_name);
   for (const std::string& assignment : overrides) apply_override(root, assignment);
   return read_config(root, source_name);

@@ -68,16 +68,26 @@ namespace detail {
 
 std::string node_type_name(const toml::node& node) {
   switch (node.type()) {
-    case toml::node_type::table: return "table";
-    case toml::node_type::array: return "array";
-    case toml::node_type::string: return "string";
-    case toml::node_type::integer: return "integer";
-    case toml::node_type::floating_point: return "number";
-    case toml::node_type::boolean: return "boolean";
-    case toml::node_type::date: return "date";
-    case toml::node_type::time: return "time";
-    case toml::node_type::date_time: return "date-time";
-    default: return "nothing";
+    case toml::node_type::table:
+      return "table";
+    case toml::node_type::array:
+      return "array";
+    case toml::node_type::string:
+      return "string";
+    case toml::node_type::integer:
+      return "integer";
+    case toml::node_type::floating_point:
+      return "number";
+    case toml::node_type::boolean:
+      return "boolean";
+    case toml::node_type::date:
+      return "date";
+    case toml::node_type::time:
+      return "time";
+    case toml::node_type::date_time:
+      return "date-time";
+    default:
+      return "nothing";
   }
 }
 
@@ -85,9 +95,13 @@ std::string show(double v) {
   if (std::floor(v) == v && std::fabs(v) < 1e15) return fmt::format("{}", static_cast<int64_t>(v));
   return fmt::format("{}", v);
 }
-std::string show(const std::string& v) { return "\"" + v + "\""; }
+std::string show(const std::string& v) {
+  return "\"" + v + "\"";
+}
 
-std::string describe(const Between& c) { return fmt::format("a value in [{}, {}]", show(c.lo), show(c.hi)); }
+std::string describe(const Between& c) {
+  return fmt::format("a value in [{}, {}]", show(c.lo), show(c.hi));
+}
 std::string describe(const Above& c) {
   if (c.hi == kFp32Max) return fmt::format("a finite value > {} within fp32's range (<= 3.4e38)", show(c.lo));
   return fmt::format("a value > {} and <= {}", show(c.lo), show(c.hi));
@@ -98,8 +112,12 @@ std::string describe(const OneOf& c) {
   return s;
 }
 
-bool satisfies(double v, const Between& c) { return v >= c.lo && v <= c.hi; }
-bool satisfies(double v, const Above& c) { return v > c.lo && v <= c.hi; }
+bool satisfies(double v, const Between& c) {
+  return v >= c.lo && v <= c.hi;
+}
+bool satisfies(double v, const Above& c) {
+  return v > c.lo && v <= c.hi;
+}
 bool satisfies(const std::string& v, const OneOf& c) {
   return std::find(c.values.begin(), c.values.end(), v) != c.values.end();
 }
@@ -110,13 +128,14 @@ void Reader::finish() {
   for (const auto& [key, node] : table_) {
     const std::string name(key.str());
     if (std::find(known_.begin(), known_.end(), name) != known_.end()) continue;
-    std::string message = fmt::format("{}: unknown key '{}'", where(key.source()), dotted(name));
+    // A key --set added has no source of its own; its value has the --set's.
+    const toml::source_region& source = key.source().path ? key.source() : node.source();
+    std::string message = fmt::format("{}: unknown key '{}'", where(source), dotted(name));
     if (std::string suggestion = did_you_mean(name, known_); !suggestion.empty())
       message += fmt::format(" (did you mean '{}'?)", dotted(suggestion));
     else
       message += fmt::format(" (known keys here: {})", fmt::join(known_, ", "));
     diag_.error(message);
-    (void)node;
   }
 }
 
@@ -132,8 +151,8 @@ void Reader::missing(std::string_view key, const std::string& expected) {
 
 void Reader::out_of_range(std::string_view key, const toml::node& node, const std::string& shown,
                           const std::string& expected) {
-  diag_.error(fmt::format("{}: '{}' = {} is out of range: expected {}", where(node.source()), dotted(key),
-                          shown, expected));
+  diag_.error(
+      fmt::format("{}: '{}' = {} is out of range: expected {}", where(node.source()), dotted(key), shown, expected));
 }
 
 }  // namespace ditrl::config

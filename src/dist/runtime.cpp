@@ -12,6 +12,7 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <sched.h>
+#include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -20,6 +21,7 @@
 #include <iostream>
 #include <optional>
 #include <thread>
+#include <vector>
 
 namespace ditrl::dist {
 
@@ -183,11 +185,17 @@ int report_fatal(const std::exception& error) {
   }
   const std::string message =
       size > 1 ? fmt::format("error on rank {}: {}", rank, error.what()) : fmt::format("error: {}", error.what());
-  // stderr directly: the logger may be the thing that failed.
+  // Once on the console, on stderr directly (the logger may be the thing that
+  // failed), and into the rank's log file when it has one: the logger's
+  // console sinks would print it a second time.
   std::cerr << "ditrl: " << message << std::endl;
   if (auto logger = spdlog::default_logger()) {
-    logger->error(message);
-    logger->flush();
+    std::vector<spdlog::sink_ptr> files;
+    for (const spdlog::sink_ptr& sink : logger->sinks())
+      if (std::dynamic_pointer_cast<spdlog::sinks::basic_file_sink_mt>(sink)) files.push_back(sink);
+    spdlog::logger file_only("ditrl", files.begin(), files.end());
+    file_only.error(message);
+    file_only.flush();
   }
   // Agreed errors are raised by every rank, which all end here by themselves.
   const bool agreed = dynamic_cast<const AgreedError*>(&error) != nullptr;

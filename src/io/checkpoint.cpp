@@ -434,6 +434,15 @@ CheckpointMeta read_checkpoint(const h5::File& file, const std::string& path, co
 
 }  // namespace
 
+std::string checkpoint_deck(const std::string& path) {
+  try {
+    const h5::File file = h5::File::open(path);
+    return file.has_attr("deck") ? file.string_attr("deck") : "";
+  } catch (const ditrl::Error&) {
+    return "";
+  }
+}
+
 CheckpointMeta load_checkpoint(const std::string& path, const TrainingState& state, MPI_Comm comm) {
   // The same file on every rank: opening fails on all of them alike.
   h5::File file = [&] {

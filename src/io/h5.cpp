@@ -782,9 +782,12 @@ Series Series::open_or_create(Group& group, const std::string& path) {
 }
 
 void Series::append(double value) {
-  const hsize_t n = static_cast<hsize_t>(size());
-  dataset_.extend(n + 1);
-  dataset_.write_rows(static_cast<int64_t>(n), at::full({1}, value, at::kDouble), /*collective=*/false);
+  set(size(), value);
+}
+
+void Series::set(int64_t row, double value) {
+  dataset_.extend(static_cast<hsize_t>(row + 1));
+  dataset_.write_rows(row, at::full({1}, value, at::kDouble), /*collective=*/false);
 }
 
 int64_t Series::size() const {

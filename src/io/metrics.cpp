@@ -88,6 +88,11 @@ void MetricsWriter::reopen(int64_t first_step) {
   const int64_t* s = steps.data_ptr<int64_t>();
   while (rows_ < steps.numel() && s[rows_] < first_step) ++rows_;
   collect_series(file.open_group(kRoot), "", known_);
+  h5::Group root = file.open_group(kRoot);
+  for (const std::string& name : known_)
+    if (const int64_t n = h5::Series::open_or_create(root, name).size(); n < rows_)
+      fail("{}: series {} has {} rows where /metrics/step has {} (written by two jobs at once?)", path_, name, n,
+           steps.numel());
   resize(file, "step", rows_);
   for (const std::string& name : known_) resize(file, name, rows_);
   file.close();
@@ -100,17 +105,20 @@ void MetricsWriter::write(int64_t step, const std::map<std::string, double>& val
   steps.extend(static_cast<hsize_t>(rows_ + 1));
   steps.write_rows(rows_, at::full({1}, step, at::kLong), false);
 
+  // Every series is written at the row index, not appended: all of them stay
+  // exactly as long as /metrics/step, whatever is in the file.
+  const double nan = std::numeric_limits<double>::quiet_NaN();
   for (const auto& [name, value] : values) {
+    h5::Series series = h5::Series::open_or_create(root, name);
     if (std::find(known_.begin(), known_.end(), name) == known_.end()) {
       // A series that starts late is NaN for the rows before it.
-      h5::Series series = h5::Series::open_or_create(root, name);
-      for (int64_t i = 0; i < rows_; ++i) series.append(std::numeric_limits<double>::quiet_NaN());
+      for (int64_t i = 0; i < rows_; ++i) series.set(i, nan);
       known_.push_back(name);
     }
-    h5::Series::open_or_create(root, name).append(value);
+    series.set(rows_, value);
   }
   for (const std::string& name : known_)
-    if (!values.count(name)) h5::Series::open_or_create(root, name).append(std::numeric_limits<double>::quiet_NaN());
+    if (!values.count(name)) h5::Series::open_or_create(root, name).set(rows_, nan);
   ++rows_;
 }
 
@@ -125,6 +133,9 @@ MetricsTable read_metrics(const std::string& path) {
   for (const std::string& name : names) {
     h5::Group root = file.open_group(kRoot);
     table.series[name] = h5::Series::open_or_create(root, name).read();
+    if (table.series[name].size() != table.steps.size())
+      fail("{}: series {} has {} rows where /metrics/step has {} (written by two jobs at once?)", path, name,
+           table.series[name].size(), table.steps.size());
   }
   if (file.has_attr("cpu")) table.cpu = file.string_attr("cpu");
   return table;
@@ -145,6 +156,8 @@ std::string cpu_kernel_identity() {
   for (const char* isa :
        {"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni", "amx_tile", "amx_bf16"})
     if (flags.find(std::string(" ") + isa + " ") != std::string::npos) identity += std::string(" ") + isa;
+  // MKL's reproducibility mode picks its kernels too (app/determinism.hpp).
+  if (const char* cbwr = std::getenv("MKL_CBWR")) identity += std::string("; MKL_CBWR=") + cbwr;
   if (const char* max_isa = std::getenv("ONEDNN_MAX_CPU_ISA"))
     identity += std::string("; ONEDNN_MAX_CPU_ISA=") + max_isa;
   // Half-precision GEMMs other than this CPU's default ones are other kernels too.

@@ -164,24 +164,28 @@ TEST_CASE("train: deterministic mode re-executes with the CPU kernels pinned / k
           "[e2e][determinism]") {
   const std::string args = "--set train.num_rollouts=1 --set checkpoint.every=0";
   const std::string pinned =
-      "deterministic: ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 OMP_NUM_THREADS=1 "
+      "deterministic: ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2,STRICT OMP_NUM_THREADS=1 "
       "MKL_NUM_THREADS=1 CUBLAS_WORKSPACE_CONFIG=:4096:8";
   const std::string a = test::fresh_output_dir("e2e_pins_default");
-  const auto plain = test::train(kDeck, a, 2, args, "env -u ATEN_CPU_CAPABILITY -u OMP_NUM_THREADS");
+  const auto plain = test::train(kDeck, a, 2, args, "env -u ATEN_CPU_CAPABILITY -u OMP_NUM_THREADS -u MKL_CBWR");
   INFO(plain.output);
   REQUIRE(plain.exit_code == 0);
   // Read back by the re-executed process, and in effect in LibTorch (its
   // thread pool and kernel dispatch read them at load).
   CHECK_THAT(plain.output, Contains("1 intra-op thread(s), " + pinned));
   CHECK_THAT(plain.output, Contains("ATen CPU capability AVX2"));
+  CHECK_THAT(plain.output, !Contains("without STRICT"));
 
   const std::string b = test::fresh_output_dir("e2e_pins_user");
-  const auto user = test::train(kDeck, b, 2, args + " --set run.threads=2", "ATEN_CPU_CAPABILITY=default");
+  const auto user =
+      test::train(kDeck, b, 2, args + " --set run.threads=2", "ATEN_CPU_CAPABILITY=default MKL_CBWR=AVX2");
   INFO(user.output);
   REQUIRE(user.exit_code == 0);
   CHECK_THAT(user.output, Contains("2 intra-op thread(s), deterministic: ATEN_CPU_CAPABILITY=default MKL_CBWR=AVX2 "
                                    "OMP_NUM_THREADS=2"));
   CHECK_THAT(user.output, Contains("ATen CPU capability DEFAULT"));
+  // A non-strict MKL mode is the user's to keep, but not silently.
+  CHECK_THAT(user.output, Contains("MKL_CBWR=AVX2 from the environment is kept, but without STRICT"));
 
   const std::string c = test::fresh_output_dir("e2e_pins_off");
   const auto off = test::train(kDeck, c, 2, args + " --set run.deterministic=false");

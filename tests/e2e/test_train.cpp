@@ -18,6 +18,7 @@
 #include <sched.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <thread>
@@ -423,4 +424,56 @@ TEST_CASE("export: a two-expert Wan2.2 run writes each expert into its pipeline 
                             .get("base_model.model.blocks.0.attn1.to_q.lora_B.weight"),
                         io::Checkpoint(out + "/export/transformer_2/adapter_model.safetensors")
                             .get("base_model.model.blocks.0.attn1.to_q.lora_B.weight")));
+}
+
+// `ditrl check` promises what train refuses in its first seconds: both refuse
+// the same unusable out_dirs, with the same words, printed once.
+TEST_CASE("train: check and train refuse the same unusable out_dirs - naming them once", "[e2e][train]") {
+  const std::string base = test::fresh_output_dir("e2e_bad_out_dirs");
+  std::filesystem::create_directories(base + "/status_dir/status");
+  std::filesystem::create_directories(base + "/latest_dir/checkpoints/latest");
+  std::filesystem::create_directories(base + "/checkpoints_file");
+  std::ofstream(base + "/checkpoints_file/checkpoints") << "not a folder";
+  struct Case {
+    std::string out_dir, expected;
+  };
+  const Case cases[] = {
+      {"'\"" + base + "/a\\u0000b\"'", "holds a NUL character at byte " + std::to_string(base.size() + 2)},
+      {"/proc/ditrl-out", "/proc does not take new entries"},
+      {base + "/status_dir", base + "/status_dir/status is not a regular file"},
+      {base + "/latest_dir", base + "/latest_dir/checkpoints/latest is not a regular file"},
+      {base + "/checkpoints_file", base + "/checkpoints_file/checkpoints is not a folder"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.out_dir);
+    const auto checked = test::ditrl("check " + kDeck + " --set run.out_dir=" + c.out_dir);
+    CHECK(checked.exit_code != 0);
+    CHECK_THAT(checked.output, Contains(c.expected));
+    const auto trained = test::train(kDeck, base + "/unused", 1, "--set run.out_dir=" + c.out_dir);
+    CHECK(trained.exit_code != 0);
+    CHECK_THAT(trained.output, Contains(c.expected));
+    const size_t first = trained.output.find(c.expected);
+    CHECK(trained.output.find(c.expected, first + 1) == std::string::npos);
+  }
+  // Negative control: a fresh folder under the same base passes both.
+  CHECK(test::ditrl("check " + kDeck + " --set run.out_dir=" + base + "/fresh").exit_code == 0);
+}
+
+TEST_CASE("train: an unknown --set section is named by its --set argument / printed once", "[e2e][train]") {
+  const auto r = test::ditrl("check " + kDeck + " --set rolout.steps=4");
+  CHECK(r.exit_code != 0);
+  CHECK_THAT(r.output, Contains("(--set rolout.steps=4)") && !Contains("<deck>"));
+  const size_t first = r.output.find("invalid deck");
+  REQUIRE(first != std::string::npos);
+  CHECK(r.output.find("invalid deck", first + 1) == std::string::npos);
+}
+
+TEST_CASE("train: a run resumed past train.num_rollouts says there is nothing to train", "[e2e][train]") {
+  const std::string out = test::fresh_output_dir("e2e_nothing_to_train");
+  REQUIRE(test::train(kDeck, out, 1, "--set train.num_rollouts=2").exit_code == 0);
+  const auto r = test::train(kDeck, out, 1, "--set train.num_rollouts=1 --resume latest");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Contains("nothing to train: the run resumed at rollout 2 and train.num_rollouts is 1"));
+  CHECK_THAT(r.output, !Contains("training complete: -"));
 }

@@ -243,9 +243,47 @@ case $SCENARIO in
     grep -q "rollout.batch: checkpoint 4, deck 2" "$OUT/changed.log" || fail "rollout.batch not listed"
     grep -q "rollout.samples_per_prompt: checkpoint 4, deck 8" "$OUT/changed.log" || fail "samples_per_prompt not listed"
     grep -q "run.seed: checkpoint 42, deck 7" "$OUT/changed.log" || fail "run.seed not listed"
+    # A changed model or loss fails the checkpoint's load itself; the keys
+    # must still be named (before loading), and no advice may delete work.
+    before=$(ls -l --time-style=+%s.%N "$OUT/run/checkpoints")
+    for change in "model.lora.enabled=true:model.lora.enabled: checkpoint false, deck true" \
+                  "train.loss=nft:train.loss: checkpoint grpo, deck nft" \
+                  "model.family=wan:model.family: checkpoint sd3, deck wan"; do
+      $MPIEXEC -np 2 "$DITRL" train "$DECK" "${BASE[@]}" --set "${change%%:*}" --resume auto --max-rollouts 1 \
+        >"$OUT/model.log" 2>&1 && fail "a resume with ${change%%:*} was accepted"
+      grep -q "${change#*:}" "$OUT/model.log" || { tail -n 5 "$OUT/model.log" >&2; fail "${change%%:*}: the changed key is not named"; }
+      grep -q -- "--resume none" "$OUT/model.log" && fail "${change%%:*}: the error suggests --resume none (overwrites the checkpoints)"
+    done
+    [[ $(ls -l --time-style=+%s.%N "$OUT/run/checkpoints") == "$before" ]] || fail "a refused resume changed the checkpoints"
     $MPIEXEC -np 2 "$DITRL" train "$DECK" "${BASE[@]}" --set run.seed=7 --resume auto --max-rollouts 1 \
       --allow-changed-deck >"$OUT/allowed.log" 2>&1 || fail "--allow-changed-deck did not resume"
-    pass "changed trajectory keys refused with the list, accepted with --allow-changed-deck"
+    pass "changed trajectory keys (batch, seed, LoRA, loss, family) refused with the list, accepted with --allow-changed-deck"
+    ;;
+
+  shared_out_dir)
+    # A second job on a running job's out_dir (--resume none, then auto) is
+    # refused at once, naming the first job, and touches nothing: the first
+    # job completes and its metrics.h5 has every series as long as its steps.
+    start --set train.num_rollouts=40
+    wait_for "rollout 2/40" 300
+    for resume in none auto; do
+      $MPIEXEC -np 2 "$DITRL" train "$DECK" "${BASE[@]}" --set train.num_rollouts=40 --resume $resume \
+        >"$OUT/second-$resume.log" 2>&1 && fail "a second job (--resume $resume) on the same out_dir ran"
+      grep -q "is in use by another ditrl job (host $(hostname), PID [0-9]*, since " "$OUT/second-$resume.log" ||
+        { tail -n 5 "$OUT/second-$resume.log" >&2; fail "--resume $resume: the refusal does not name the first job"; }
+      kill -0 "$job" 2>/dev/null || fail "the first job ended while the second was refused"
+    done
+    finish 600
+    (( rc == 0 )) || fail "the first job exited $rc"
+    [[ $(cat "$OUT/run/status") == complete ]] || fail "the first job's status is $(cat "$OUT/run/status")"
+    # `standard record` reads every series and refuses one of another length.
+    "$DITRL" standard record "$OUT/run" "$OUT/check.json" >"$OUT/read.log" 2>&1 ||
+      { cat "$OUT/read.log" >&2; fail "metrics.h5 does not read back"; }
+    rows=$(python3 -c "import json; d=json.load(open('$OUT/check.json')); print(len(d['steps']))")
+    (( rows == 40 )) || fail "metrics.h5 has $rows rows, expected 40"
+    # The lock goes with the job: the next one may resume.
+    check_resumes
+    pass "second job refused with --resume none and auto, naming the first; first job complete with 40 equal rows"
     ;;
 
   signal_startup)

@@ -9,6 +9,8 @@
 #include <torch/csrc/autograd/function.h>
 #include <catch2/catch.hpp>
 
+#include "process.hpp"
+
 #include <cmath>
 #include <fstream>
 #include <string>
@@ -129,4 +131,21 @@ TEST_CASE("cpu fp32 gemm: auto is oneDNN exactly off Intel CPUs in runs that are
   CHECK(cpu_fp32_gemm_name(CpuFp32Gemm::Onednn) == "onednn");
   CHECK(cpu_fp32_gemm_name(CpuFp32Gemm::Blas) == "blas");
   CHECK_THROWS_WITH(parse_cpu_fp32_gemm("mkl", false), Contains("expected auto, blas or onednn"));
+}
+
+// Rollout/train parity and rank invariance hand one GEMM the same values at
+// other addresses. With deterministic mode's pins (MKL_CBWR=AVX2,STRICT) the
+// linear's forward and both backward GEMMs keep their bits wherever the
+// operands start; with MKL_CBWR=AVX2 they did not on an Intel Xeon with AMX
+// (issue 51). The probe (tests/probes/gemm_alignment.cpp) pins itself as
+// `ditrl train` does; it must also have moved both operands off a 64-byte
+// boundary in some cases, or the sweep proves nothing.
+TEST_CASE("determinism: pinned fp32 linear GEMMs keep their bits wherever the operands sit in memory",
+          "[determinism]") {
+  const ditrl::test::ProcessResult r = ditrl::test::run_process(
+      std::string("env -u MKL_CBWR -u ATEN_CPU_CAPABILITY -u OMP_NUM_THREADS ") + DITRL_PROBE_gemm_alignment);
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Contains("MKL_CBWR=AVX2,STRICT: cases 400, mismatches 0, misaligned "));
+  CHECK_THAT(r.output, !Contains("misaligned 0\n"));
 }

@@ -122,6 +122,28 @@ TEST_CASE("cli: ditrl forward and inspect fail on weights holding NaN or Inf - n
   CHECK_FALSE(std::filesystem::exists(dir + "/o.safetensors"));
 }
 
+TEST_CASE("cli: ditrl forward on finite weights that overflow names the first non-finite tensor - writes nothing",
+          "[app][cli]") {
+  const std::string dir = test::fresh_output_dir("cli_overflow");
+  const io::SafetensorsFile fixture(fixture_path("sd3/weights.safetensors"));
+  io::NamedTensors tensors;
+  // Finite (fp32 reaches 3.4e38), but the forward's products overflow.
+  for (const std::string& name : fixture.names()) tensors.emplace_back(name, at::full_like(fixture.get(name), 1e36));
+  const std::string weights = dir + "/huge.safetensors";
+  io::write_safetensors(weights, tensors, {});
+  const std::string inputs = fixture_path("sd3/case_1.safetensors");
+  const auto r =
+      run_process(fmt::format("{} forward --family sd3 --config {} --weights {} --inputs {} --out {}/o.safetensors",
+                              DITRL_BINARY, fixture_path("sd3/config.json"), weights, inputs, dir));
+  INFO(r.output);
+  CHECK(r.exit_code != 0);
+  CHECK_THAT(r.output, Contains(inputs + ": the forward's outputs hold non-finite values: output (") &&
+                           Contains("the first recorded tensor that does: ") && !Contains("(none recorded)"));
+  CHECK_FALSE(std::filesystem::exists(dir + "/o.safetensors"));
+  // Negative control: the fixture's own weights run through with exit 0.
+  CHECK(run_process(forward_command(inputs, dir + "/ok.safetensors")).exit_code == 0);
+}
+
 TEST_CASE("cli: ditrl forward --checkpoint / --lora refuse what does not fit / naming it", "[app][cli]") {
   const std::string dir = test::fresh_output_dir("cli_forward_sources");
   const std::string inputs = fixture_path("sd3/case_0.safetensors");

@@ -4,8 +4,12 @@
 // differ between runs and between machines of one kind with other CPU
 // models: the intra-op thread count (OMP_NUM_THREADS, MKL_NUM_THREADS),
 // ATen's CPU capability (ATEN_CPU_CAPABILITY=avx2) and MKL's code path
-// (MKL_CBWR=AVX2, its conditional numerical reproducibility), which together
-// fix every fp32 kernel. The libraries read these when they load, so a
+// (MKL_CBWR=AVX2,STRICT, its conditional numerical reproducibility), which
+// together fix every fp32 kernel. STRICT because MKL's default CNR mode
+// leaves a GEMM's result free to depend on its operands' addresses: on an
+// Intel Xeon with AMX, `MKL_CBWR=AVX2` gave the training forward other bits
+// than the rollout's on the same shapes, and 2 ranks other bits than 1
+// (README, Determinism). The libraries read these when they load, so a
 // process started without them re-executes itself with them set (before MPI
 // starts); values the user set are kept. oneDNN's bf16 matmuls are not
 // pinned, so bf16 forwards stay bitwise only on one CPU model.
@@ -25,6 +29,9 @@ void pin_cpu_kernels(int threads);
 
 // LibTorch's CUDA switches for deterministic mode (process-wide).
 void pin_gpu_kernels();
+
+// Warns when the user's own MKL_CBWR (kept over the pin) is not STRICT.
+void warn_on_weaker_pins();
 
 // The pins in effect and the CPU capability ATen dispatches to, for the log.
 std::string cpu_kernel_pins();

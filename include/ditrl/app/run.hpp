@@ -9,6 +9,7 @@
 #include <ditrl/config/deck.hpp>
 #include <ditrl/dist/runtime.hpp>
 #include <ditrl/io/checkpoint.hpp>
+#include <ditrl/io/out_dir_lock.hpp>
 #include <ditrl/models/family.hpp>
 #include <ditrl/models/ulysses.hpp>
 #include <ditrl/rl/algorithm.hpp>
@@ -41,10 +42,18 @@ struct Run {
   std::unique_ptr<rl::Algorithm> algorithm;
 };
 
+// A started job: its runtime and, for a job that owns a run folder, the lock
+// that keeps other jobs out of it for the job's life.
+struct StartedJob {
+  std::unique_ptr<dist::Runtime> runtime;
+  std::unique_ptr<io::OutDirLock> out_dir_lock;
+};
+
 // Pins the CPU kernels in deterministic mode (app/determinism.hpp), starts
-// MPI and the device, creates log_dir (rank 0) and the logs in it (empty:
-// console only), sets the intra-op threads.
-std::unique_ptr<dist::Runtime> start_runtime(const config::Config& config, const std::string& log_dir);
+// MPI and the device, locks out_dir (io/out_dir_lock.hpp; rank 0 creates
+// it) and starts the logs in it (empty: no lock, console only), sets the
+// intra-op threads.
+StartedJob start_runtime(const config::Config& config, const std::string& out_dir);
 
 // `dump_dir`: where [debug] dump files go ("" = OUT/debug, the training run's).
 Run open_run(const config::Config& config, dist::Runtime& runtime, const std::string& dump_dir = "");

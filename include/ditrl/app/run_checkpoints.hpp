@@ -36,7 +36,9 @@ class RunCheckpoints {
   // The run continues from a loaded checkpoint.
   int64_t adopt(const std::string& path, const io::CheckpointMeta& meta);
   // Deck keys that change what the resumed run computes must equal the
-  // checkpoint's (unless the run allows it): an error listing those that differ.
+  // checkpoint's (unless the run allows it): an error listing those that
+  // differ, raised before the checkpoint is loaded (a changed model would
+  // fail the load and hide them).
   void check_same_trajectory(const std::string& stored_deck, const std::string& path) const;
 
   Run& run_;

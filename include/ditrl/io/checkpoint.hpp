@@ -83,6 +83,11 @@ struct ResumeCandidates {
 };
 ResumeCandidates resume_candidates(const std::string& out_dir);
 
+// The deck a checkpoint stores, read on this process alone before any
+// collective load; "" when the file or its attribute cannot be read (the
+// collective load then names what is wrong with it).
+std::string checkpoint_deck(const std::string& path);
+
 // Collective. Writes the stored values into `state`'s views (masters,
 // moments, extra sets), restores the CPU (and CUDA) generators and returns the metadata
 // (the AdamW step counter among it). A checkpoint that fails to verify on

@@ -15,6 +15,11 @@ class FileDescriptor {
     if (fd_ >= 0) ::close(fd_);
   }
   int get() const { return fd_; }
+  // Closes the one held, if any, and owns `fd` instead.
+  void reset(int fd) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+  }
   // Gives the descriptor up, for a caller that closes it and checks the result
   // (a write error can first be reported by close).
   int release() {

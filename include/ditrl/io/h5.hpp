@@ -211,6 +211,9 @@ class Series {
  public:
   static Series open_or_create(Group& group, const std::string& path);
   void append(double value);
+  // Row `row` = value, the series then `row` + 1 long (rows in between are
+  // left to the caller).
+  void set(int64_t row, double value);
   int64_t size() const;
   std::vector<double> read() const;
 
