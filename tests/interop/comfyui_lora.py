@@ -31,7 +31,9 @@ if not COMFYUI:
 if not os.path.isfile(os.path.join(COMFYUI, "comfy", "lora.py")):
     raise SystemExit(f"DITRL_COMFYUI={COMFYUI} has no comfy/lora.py")
 PYTHON = os.environ.get("DITRL_COMFYUI_PYTHON", "")
-if PYTHON and os.path.realpath(PYTHON) != os.path.realpath(sys.executable):
+if PYTHON and not os.environ.get("DITRL_COMFYUI_REEXEC"):
+    # A venv's python is a link to the same interpreter: compare the venvs, not the binaries.
+    os.environ["DITRL_COMFYUI_REEXEC"] = "1"
     os.execv(PYTHON, [PYTHON] + sys.argv)
 
 import json  # noqa: E402
@@ -132,11 +134,12 @@ def wan_native_keys(state):
 def patched_weights(model, lora_file):
     lora = comfy.utils.load_torch_file(lora_file, safe_load=True)
     handler = NotLoaded()
-    logging.getLogger().addHandler(handler)
+    root = logging.getLogger()
+    others, root.handlers = root.handlers, [handler]  # counted here, not printed one by one
     try:
         patched, _ = comfy.sd.load_lora_for_models(model, None, lora, 1.0, 0.0)
     finally:
-        logging.getLogger().removeHandler(handler)
+        root.handlers = others
     patched.patch_model(device_to=CPU)
     weights = {k: v.detach().clone() for k, v in patched.model.diffusion_model.state_dict().items()}
     patched.unpatch_model(device_to=CPU)
