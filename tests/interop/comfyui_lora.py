@@ -96,8 +96,8 @@ def comfy_model(family, base):
     model = model_config.get_model(base, "")
     own = model.diffusion_model.state_dict()
     if set(own) != set(base):
-        raise SystemExit(f"{family}: ComfyUI's model and the fixture differ: missing {sorted(set(own) - set(base))[:3]}, "
-                         f"unexpected {sorted(set(base) - set(own))[:3]}")
+        raise SystemExit(f"{family}: ComfyUI's model and the fixture differ: "
+                         f"missing {sorted(set(own) - set(base))[:3]}, unexpected {sorted(set(base) - set(own))[:3]}")
     left_out = {k for k in base if own[k].shape != base[k].shape}
     model.load_model_weights({k: v for k, v in base.items() if k not in left_out}, "")
     return comfy.model_patcher.ModelPatcher(model, load_device=CPU, offload_device=CPU), left_out
@@ -115,7 +115,7 @@ def to_comfy_names(family, diffusers_state, native_keys=None):
     return {to_native[k]: v for k, v in diffusers_state.items()}
 
 
-def wan_native_keys(state):
+def wan_native_keys():
     # The Wan model's own names, from ComfyUI's model class built on a config of the fixture's sizes.
     config = json.load(open(os.path.join(rt.FIXTURES, "wan", "config.json")))
     import comfy.ldm.wan.model as wan
@@ -155,7 +155,7 @@ def comfyui_family(family, work):
     print(rt.ditrl(f"export {os.path.join(run_dir, 'checkpoints', 'step-1.h5')} --out {export} --merged").strip())
 
     state = rt.load_file(rt.base_weights(family))
-    native = wan_native_keys(state) if family == "wan" else None
+    native = wan_native_keys() if family == "wan" else None
     base = to_comfy_names(family, state, native)
     merged = to_comfy_names(family, rt.load_folder(os.path.join(export, "merged")), native)
     model, left_out = comfy_model(family, base)
@@ -171,7 +171,7 @@ def comfyui_family(family, work):
              f"the merge); max |ComfyUI - ditrl merge| over {len(compared)} weights {worst:.1e} (bound 1e-6), "
              f"bitwise equal: {bitwise}; {len(left_out)} unadapted weights of other shapes in ComfyUI left out")
 
-    weights, keys, not_loaded, patched = patched_weights(model, os.path.join(export, "pytorch_lora_weights.safetensors"))
+    weights, keys, not_loaded, _ = patched_weights(model, os.path.join(export, "pytorch_lora_weights.safetensors"))
     plain = max(rt.max_diff(weights[k], merged[k]) for k in compared)
     rt.check(f"{family}: negative control: the diffusers file through ComfyUI's loader is not ditrl's merge",
              plain > 1e-4, f"{keys - not_loaded} of {keys} keys loaded; max |ComfyUI - ditrl merge| {plain:.1e}")

@@ -347,8 +347,8 @@ def comfyui_file(family, export, state, inputs, ours, base_out, work):
     ours_of = {m: wan_diffusers_name(m) if family == "wan" else m for m in modules}
     misnamed = [m for m, d in ours_of.items() if d not in linears or (family == "wan" and d == m)]
     incomplete = [m for m, parts in modules.items() if len(parts) != 3 or parts[".alpha"].numel() != 1]
-    trained = {k[len("transformer."):-len(".lora_A.weight")]
-               for k in load_file(os.path.join(export, "pytorch_lora_weights.safetensors")) if k.endswith(".lora_A.weight")}
+    diffusers_file = load_file(os.path.join(export, "pytorch_lora_weights.safetensors"))
+    trained = {k[len("transformer."):-len(".lora_A.weight")] for k in diffusers_file if k.endswith(".lora_A.weight")}
     check(f"{family}: comfyui_lora.safetensors keys in ComfyUI's layout, an .alpha per module",
           not stray and not misnamed and not incomplete and set(ours_of.values()) == trained,
           f"{len(modules)} modules ({len(lora)} keys) under '{prefix}', the trained modules: "
