@@ -4,9 +4,12 @@
 //  - a LoRA run writes, in DIR,
 //      adapter_config.json + adapter_model.safetensors   PEFT: PeftModel.from_pretrained(model, DIR)
 //      pytorch_lora_weights.safetensors                  diffusers: pipe.load_lora_weights(DIR)
+//      comfyui_lora.safetensors                          ComfyUI's LoraLoader (`.alpha` per module)
 //    (SD3/SD3.5, Wan2.x, Qwen-Image), or for LTX-2 the PEFT folder and
 //      ltx_lora.safetensors                              ltx_core's LoRA loader (ComfyUI layout)
-//    and with --merged DIR/merged/: the full weights with the adapters folded in;
+//    and with --merged DIR/merged/: the full weights with the adapters folded in.
+//    adapter_config.json names the base model only by a hub repo id
+//    (models::hub_repo_id), never by a path of this machine;
 //  - a full fine-tune writes the model folder itself: config.json +
 //    diffusion_pytorch_model.safetensors (sharded with an index above
 //    --max-shard-size), every parameter and persistent buffer, so that
@@ -155,6 +158,8 @@ std::vector<std::string> write_lora(const std::string& dir, const models::Family
   } else {
     written.push_back((fs::path(dir) / "pytorch_lora_weights.safetensors").string());
     models::write_lora_file(written.back(), models::LoraFormat::Diffusers, adapter, options);
+    written.push_back((fs::path(dir) / "comfyui_lora.safetensors").string());
+    models::write_comfyui_lora(written.back(), family.family_name(), adapter, options);
   }
   return written;
 }
@@ -176,8 +181,8 @@ int export_command(const ExportCli& cli) {
     const models::LoraAdapter adapter = models::lora_adapter_of(family);
     std::vector<Part> adapted;
     for (const Part& part : parts) {
-      models::LoraFileOptions options{dtype, part.prefix == "transformer_2." ? c.model.weights_2 : c.model.weights,
-                                      metadata};
+      models::LoraFileOptions options{
+          dtype, models::hub_repo_id(part.prefix == "transformer_2." ? c.model.weights_2 : c.model.weights), metadata};
       const models::LoraAdapter mine = part.prefix.empty() ? adapter : adapter.under(part.prefix);
       if (mine.modules.empty()) continue;  // an expert the deck's targets left alone
       add(write_lora((fs::path(cli.out) / part.folder).string(), family, mine, options));

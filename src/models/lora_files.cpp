@@ -7,9 +7,13 @@
 #include <fmt/format.h>
 #include <boost/json.hpp>
 
+#include <cctype>
 #include <cmath>
 #include <filesystem>
+#include <iterator>
 #include <optional>
+#include <type_traits>
+#include <utility>
 
 namespace ditrl::models {
 
@@ -24,10 +28,45 @@ constexpr const char* kDiffusersWeights = "pytorch_lora_weights.safetensors";
 constexpr const char* kDiffusersMetadata = "lora_adapter_metadata";  // diffusers' LORA_ADAPTER_METADATA_KEY
 constexpr const char* kDiffusersPrefix = "transformer.";
 constexpr const char* kPeftPrefix = "base_model.model.";
-constexpr const char* kLtxPrefix = "diffusion_model.";
+constexpr const char* kLtxPrefix = "diffusion_model.";  // also ComfyUI's for Wan and Qwen-Image
+
+// Wan's checkpoint names (ComfyUI's Wan model, Wan's own code) of ditrl's
+// diffusers-named Wan linear layers: inside `blocks.N.`, then the others.
+// ditrl's Wan is text-to-video: no k_img/v_img or img_emb layers.
+constexpr std::pair<const char*, const char*> kWanBlockNames[] = {
+    {"attn1.to_q", "self_attn.q"},  {"attn1.to_k", "self_attn.k"},
+    {"attn1.to_v", "self_attn.v"},  {"attn1.to_out.0", "self_attn.o"},
+    {"attn2.to_q", "cross_attn.q"}, {"attn2.to_k", "cross_attn.k"},
+    {"attn2.to_v", "cross_attn.v"}, {"attn2.to_out.0", "cross_attn.o"},
+    {"ffn.net.0.proj", "ffn.0"},    {"ffn.net.2", "ffn.2"}};
+constexpr std::pair<const char*, const char*> kWanNames[] = {
+    {"condition_embedder.time_embedder.linear_1", "time_embedding.0"},
+    {"condition_embedder.time_embedder.linear_2", "time_embedding.2"},
+    {"condition_embedder.time_proj", "time_projection.1"},
+    {"condition_embedder.text_embedder.linear_1", "text_embedding.0"},
+    {"condition_embedder.text_embedder.linear_2", "text_embedding.2"},
+    {"proj_out", "head.head"}};
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// `name` in Wan's checkpoint names (to_wan) or back in ditrl's; nullopt when
+// the table has no such layer.
+std::optional<std::string> wan_rename(const std::string& name, bool to_wan) {
+  auto look = [to_wan](const auto& table, const std::string& key) -> std::optional<std::string> {
+    for (const auto& [ours, wan] : table)
+      if (key == (to_wan ? ours : wan)) return std::string(to_wan ? wan : ours);
+    return std::nullopt;
+  };
+  const std::string blocks = "blocks.";
+  if (name.rfind(blocks, 0) != 0) return look(kWanNames, name);
+  size_t end = blocks.size();
+  while (end < name.size() && std::isdigit(static_cast<unsigned char>(name[end]))) ++end;
+  if (end == blocks.size() || end == name.size() || name[end] != '.') return std::nullopt;
+  const auto inner = look(kWanBlockNames, name.substr(end + 1));
+  if (!inner) return std::nullopt;
+  return name.substr(0, end + 1) + *inner;
 }
 
 // alpha as JSON: an integer when it is one (PEFT types lora_alpha as int).
@@ -126,6 +165,16 @@ RawAdapter raw_factors(const io::SafetensorsFile& file) {
   }
   for (const auto& [name, alpha] : raw.alphas)
     if (!raw.modules.count(name)) fail("{}: {}.alpha has no lora_A/lora_B beside it", file.path(), name);
+  // ComfyUI's Wan files name the layers as Wan's checkpoint does.
+  if (prefix == kLtxPrefix) {
+    auto renamed = [](auto& by_name) {
+      std::decay_t<decltype(by_name)> out;
+      for (auto& [name, value] : by_name) out[wan_rename(name, false).value_or(name)] = std::move(value);
+      by_name = std::move(out);
+    };
+    renamed(raw.modules);
+    renamed(raw.alphas);
+  }
   if (raw.modules.empty()) fail("{}: no LoRA factors (no key ends with .lora_A.weight)", file.path());
   return raw;
 }
@@ -291,6 +340,51 @@ void write_lora_file(const std::string& path, LoraFormat format, const LoraAdapt
   } else {
     fail("write_lora_file: a PEFT adapter is a folder (write_peft_adapter)");
   }
+}
+
+void write_comfyui_lora(const std::string& path, const std::string& family, const LoraAdapter& adapter,
+                        const LoraFileOptions& options) {
+  adapter.validate("LoRA adapter for " + path);
+  if (family != "sd3" && family != "wan" && family != "qwen_image")
+    fail("{}: no ComfyUI LoRA layout for family '{}' (sd3, wan, qwen_image; LTX-2's is ltx_lora.safetensors)", path,
+         family);
+  const std::string prefix = family == "sd3" ? kDiffusersPrefix : kLtxPrefix;
+  // ComfyUI takes alpha with .item(): stored in fp32 whatever the factors'
+  // dtype, so a bf16 export keeps a deck's alpha (64, 12, 0.5) exact.
+  const at::Tensor alpha = at::scalar_tensor(adapter.alpha, at::kFloat);
+  io::NamedTensors tensors;
+  for (const auto& [name, f] : adapter.modules) {
+    std::string key = name;
+    if (family == "wan") {
+      const auto wan = wan_rename(name, true);
+      if (!wan) fail("{}: wan layer {} has no Wan checkpoint name, so ComfyUI's key map would not find it", path, name);
+      key = *wan;
+    }
+    key = prefix + key;
+    tensors.emplace_back(key + ".lora_A.weight", stored(f.a, options.dtype));
+    tensors.emplace_back(key + ".lora_B.weight", stored(f.b, options.dtype));
+    tensors.emplace_back(key + ".alpha", alpha);
+  }
+  std::map<std::string, std::string> metadata = options.metadata;
+  metadata["format"] = "pt";
+  io::write_safetensors(path, tensors, metadata);
+}
+
+std::string hub_repo_id(const std::string& path) {
+  // The hub cache's layout: <cache>/models--<org>--<name>/snapshots/<revision>/<file>;
+  // a repo id holds no "--", so the folder name splits back into it.
+  const std::string marker = "models--";
+  std::optional<std::string> repo;
+  const fs::path p(path);
+  for (auto it = p.begin(); it != p.end(); ++it) {
+    const std::string part = it->string();
+    const auto next = std::next(it);
+    if (part.rfind(marker, 0) != 0 || next == p.end() || next->string() != "snapshots") continue;
+    std::string id = part.substr(marker.size());
+    if (const size_t dash = id.find("--"); dash != std::string::npos) id.replace(dash, 2, "/");
+    if (!id.empty() && id.find("--") == std::string::npos) repo = id;
+  }
+  return repo.value_or("");
 }
 
 LoraAdapter read_lora_file(const std::string& path) {

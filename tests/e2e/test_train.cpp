@@ -351,6 +351,13 @@ TEST_CASE("export: a checkpoint's weights as a diffusers model folder / a LoRA r
   io::Checkpoint diffusers(lora + "/export/pytorch_lora_weights.safetensors");
   CHECK(diffusers.contains("transformer.transformer_blocks.0.attn.to_q.lora_B.weight"));
   CHECK_THAT(diffusers.metadata().at("lora_adapter_metadata"), Contains("\"transformer.lora_alpha\":6"));
+  // ComfyUI: its SD3 key map's diffusers names, alpha as a tensor beside each module.
+  io::Checkpoint comfyui(lora + "/export/comfyui_lora.safetensors");
+  CHECK(comfyui.contains("transformer.transformer_blocks.0.attn.to_q.lora_B.weight"));
+  CHECK(comfyui.get("transformer.transformer_blocks.0.attn.to_q.alpha").item<double>() == 6.0);
+  CHECK(comfyui.names().size() == diffusers.names().size() / 2 * 3);
+  // The deck's weights are a local file: no path of this machine in the adapter's config.
+  CHECK_THAT(config, Contains("\"base_model_name_or_path\":null"));
   CHECK(std::filesystem::exists(lora + "/export/merged/config.json"));
 
   // The merged values: base + (alpha / r) B A for every adapted weight, the
@@ -413,6 +420,11 @@ TEST_CASE("export: a two-expert Wan2.2 run writes each expert into its pipeline 
     CHECK(diffusers.contains("transformer.blocks.0.attn1.to_q.lora_A.weight"));
     io::Checkpoint peft(out + "/export/" + expert + "/adapter_model.safetensors");
     CHECK(peft.contains("base_model.model.blocks.1.ffn.net.2.lora_B.weight"));
+    // ComfyUI: Wan's checkpoint names, an alpha per module.
+    io::Checkpoint comfyui(out + "/export/" + expert + "/comfyui_lora.safetensors");
+    CHECK(comfyui.contains("diffusion_model.blocks.0.self_attn.q.lora_A.weight"));
+    CHECK(comfyui.contains("diffusion_model.blocks.1.ffn.2.lora_B.weight"));
+    CHECK(comfyui.contains("diffusion_model.blocks.1.ffn.2.alpha"));
     CHECK(std::filesystem::exists(out + "/export/" + expert + "/adapter_config.json"));
     const std::string merged = out + "/export/merged/" + expert + "/diffusion_pytorch_model.safetensors";
     CHECK(test::ditrl("inspect " + merged + " --family wan").exit_code == 0);

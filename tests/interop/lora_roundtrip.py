@@ -4,9 +4,15 @@ Per family, on the fixture model (tests/fixtures/<family>: the reference config 
 the real checkpoint names) and its case_0 inputs:
   1. `ditrl train` a LoRA (2 ranks, fp32), `ditrl export --merged`;
   2. the reference forward with the exported adapter, loaded by PEFT (PeftModel.from_pretrained)
-     and by diffusers (pipe.load_lora_weights) -- for LTX-2 fused by ltx_core's LoRA loader --
-     and the merged folder (from_pretrained, strict), each equal to `ditrl forward --checkpoint`
-     within fp32 noise; the adapter's own effect is checked to be far above that noise;
+     and by diffusers (pipe.load_lora_weights, and transformer.load_lora_adapter as the README
+     gives it) -- for LTX-2 fused by ltx_core's LoRA loader -- and the merged folder
+     (from_pretrained, strict), each equal to `ditrl forward --checkpoint` within fp32 noise; the
+     adapter's own effect is checked to be far above that noise; adapter_config.json names no
+     local path;
+  2b. comfyui_lora.safetensors as ComfyUI's LoraLoader reads it (its keys where ComfyUI's key map
+     looks, an .alpha per module, W + (alpha/r) B A equal to the merged export; a file without
+     .alpha is shown to fail that check); Wan and Qwen-Image: diffusers' own converters of those
+     layouts load it to ditrl's forward. ComfyUI's own loader: tests/interop/comfyui_lora.py;
   3. a LoRA made by PEFT/diffusers on the reference model (random factors, alpha != r), saved by
      diffusers' save_lora_weights and by PEFT's save_pretrained: `ditrl forward --lora` equals the
      reference forward with it, and `ditrl train` with model.lora.weights starts from it;
@@ -184,6 +190,23 @@ def max_diff(a, b):
     return (a.double() - b.double()).abs().max().item()
 
 
+def load_folder(folder):
+    # Every tensor of a (possibly sharded) safetensors folder.
+    tensors = {}
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".safetensors"):
+            tensors.update(load_file(os.path.join(folder, name)))
+    return tensors
+
+
+def wan_diffusers_name(name):
+    # A Wan checkpoint layer name in diffusers' names, by diffusers' own single-file converter
+    # (independent of ditrl's table); unknown names come back unchanged.
+    from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
+    (key,) = convert_wan_transformer_to_diffusers({name + ".weight": torch.zeros(1)})
+    return key[:-len(".weight")]
+
+
 # fp32 noise of two implementations of one model on these tiny cases: the fixtures' own
 # fp32-vs-fp64 gaps are 1e-6..3e-4 of the output's scale; a LoRA's effect is checked to be
 # at least 100x this bound, so the comparisons cannot pass by accident.
@@ -230,8 +253,20 @@ def diffusers_family(family, work):
     compare(f"{family}: {type(pipe).__name__}.load_lora_weights(export) forward", ours,
             reference_forward(family, transformer, inputs), base_out)
 
+    # The README's call, as it stands there.
+    adapted = diffusers_model(family, state)
+    adapted.load_lora_adapter(export, weight_name="pytorch_lora_weights.safetensors")
+    compare(f"{family}: transformer.load_lora_adapter(export, weight_name=...) forward", ours,
+            reference_forward(family, adapted, inputs), base_out)
+
+    config = json.load(open(os.path.join(export, "adapter_config.json")))
+    check(f"{family}: adapter_config.json names no local path", config["base_model_name_or_path"] is None,
+          f"base_model_name_or_path = {config['base_model_name_or_path']!r} (the deck's weights: a local file)")
+
     merged_model = type(transformer).from_pretrained(os.path.join(export, "merged")).eval()
     compare(f"{family}: from_pretrained(export/merged) forward", ours, reference_forward(family, merged_model, inputs))
+
+    comfyui_file(family, export, state, inputs, ours, base_out, work)
 
     # 3: a LoRA made by PEFT on the reference model, saved by diffusers and by PEFT.
     made = diffusers_model(family, state)
@@ -289,6 +324,78 @@ def diffusers_family(family, work):
           f"{len(tensors)} tensors, {index['metadata']['total_size']} bytes")
     ours_full = output_of(ditrl_forward(family, f"--checkpoint {ckpt}", os.path.join(work, "full_forward.safetensors")))
     compare(f"{family}: from_pretrained(full export) forward", ours_full, reference_forward(family, full, inputs))
+
+
+def comfyui_file(family, export, state, inputs, ours, base_out, work):
+    # ComfyUI's LoraLoader (comfy/lora.py; checked by hand against its repository in
+    # benchmarks/results/comfyui_lora.md) takes `<key>.lora_A.weight`, `.lora_B.weight` and
+    # `.alpha` at the key its key map gives a model weight, and patches W += (alpha/r) (B @ A) in
+    # fp32 at strength 1 -- scale 1 where a module has no .alpha. Its key map: SD3 the diffusers
+    # names under `transformer.`, Qwen-Image its own (= diffusers') names under
+    # `diffusion_model.`, Wan the Wan checkpoint names under `diffusion_model.`.
+    path = os.path.join(export, "comfyui_lora.safetensors")
+    lora = load_file(path)
+    prefix = "transformer." if family == "sd3" else "diffusion_model."
+    linears = {n for n, m in diffusers_model(family, state).named_modules() if isinstance(m, torch.nn.Linear)}
+    modules, stray = {}, []
+    for key, value in lora.items():
+        part = next((p for p in (".lora_A.weight", ".lora_B.weight", ".alpha") if key.endswith(p)), None)
+        if part is None or not key.startswith(prefix):
+            stray.append(key)
+        else:
+            modules.setdefault(key[len(prefix):-len(part)], {})[part] = value
+    ours_of = {m: wan_diffusers_name(m) if family == "wan" else m for m in modules}
+    misnamed = [m for m, d in ours_of.items() if d not in linears or (family == "wan" and d == m)]
+    incomplete = [m for m, parts in modules.items() if len(parts) != 3 or parts[".alpha"].numel() != 1]
+    diffusers_file = load_file(os.path.join(export, "pytorch_lora_weights.safetensors"))
+    trained = {k[len("transformer."):-len(".lora_A.weight")] for k in diffusers_file if k.endswith(".lora_A.weight")}
+    check(f"{family}: comfyui_lora.safetensors keys in ComfyUI's layout, an .alpha per module",
+          not stray and not misnamed and not incomplete and set(ours_of.values()) == trained,
+          f"{len(modules)} modules ({len(lora)} keys) under '{prefix}', the trained modules: "
+          f"{set(ours_of.values()) == trained}; stray {stray[:3]}, misnamed {misnamed[:3]}, "
+          f"without lora_A/lora_B/.alpha {incomplete[:3]}")
+
+    # The weights ComfyUI's patch gives against ditrl's merged export (fp32), and the same
+    # patch at scale 1 (a file without .alpha) as the negative control.
+    merged = load_folder(os.path.join(export, "merged"))
+    changed = {k for k in merged if not torch.equal(merged[k], state[k])}
+    worst, worst_plain, effect, largest = 0.0, 0.0, 0.0, 0.0
+    for m, parts in modules.items():
+        w = ours_of[m] + ".weight"
+        a, b = parts[".lora_A.weight"].float(), parts[".lora_B.weight"].float()
+        delta = b @ a
+        u = (state[w].abs() + delta.abs()) * 2.0 ** -24 + 2.0 ** -149  # half an fp32 ulp of the sum
+        patched = state[w].float() + (parts[".alpha"].item() / a.shape[0]) * delta
+        plain = state[w].float() + delta
+        worst = max(worst, ((patched - merged[w]).abs() / u).max().item())
+        worst_plain = max(worst_plain, ((plain - merged[w]).abs() / u).max().item())
+        effect = max(effect, (delta.abs() / u).max().item())
+        largest = max(largest, (parts[".alpha"].item() / a.shape[0]) * delta.abs().max().item())
+    covered = changed <= {ours_of[m] + ".weight" for m in modules}
+    # Measured: 0 u (ComfyUI's arithmetic is ditrl's merge, bit for bit); bound 2 u, for a BLAS
+    # that blocks B @ A otherwise.
+    check(f"{family}: ComfyUI's patch W + (alpha/r) B A from comfyui_lora.safetensors == ditrl's merge",
+          covered and worst <= 2.0 and effect > 1000.0,
+          f"{len(changed)} merged weights differ from the base, all in the file: {covered}; worst difference "
+          f"{worst:.2f} u (bound 2; u = 2^-24 (|W| + |BA|), half an fp32 ulp), |(alpha/r) BA| up to {largest:.2e}")
+    check(f"{family}: negative control: the patch at scale 1 (no .alpha) fails that check",
+          worst_plain > 100.0, f"worst difference {worst_plain:.0f} u")
+
+    # ditrl reads its own ComfyUI file back (Wan's checkpoint names included).
+    forward_args = f"--family {family} --config {base_config(family)} --weights {base_weights(family)}"
+    ours_comfy = output_of(ditrl_forward(family, f"{forward_args} --lora {path}",
+                                         os.path.join(work, "comfyui_forward.safetensors")))
+    check(f"{family}: comfyui_lora.safetensors read back by ditrl forward --lora", torch.equal(ours_comfy, ours),
+          f"bitwise equal to --checkpoint: max diff {max_diff(ours_comfy, ours):.1e}")
+
+    if family in ("wan", "qwen_image"):
+        # diffusers' converters of these layouts (Wan checkpoint names, ComfyUI's Qwen-Image
+        # files), .alpha included.
+        transformer = diffusers_model(family, state)
+        pipe = pipeline(family, transformer)
+        pipe.load_lora_weights(export, weight_name="comfyui_lora.safetensors")
+        compare(f"{family}: {type(pipe).__name__}.load_lora_weights(comfyui_lora.safetensors) forward", ours,
+                reference_forward(family, transformer, inputs), base_out)
 
 
 def ltx_family(work):

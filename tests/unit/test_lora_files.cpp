@@ -1,5 +1,5 @@
-// LoRA adapter files (PEFT folder, diffusers file, LTX-2 file): what ditrl
-// writes reads back to the same adapter; files made elsewhere that ditrl
+// LoRA adapter files (PEFT folder, diffusers file, LTX-2 file, ComfyUI
+// file): what ditrl writes reads back to the same adapter; files made elsewhere that ditrl
 // cannot represent are refused naming the file and the key. The real
 // diffusers / PEFT / ltx_core loaders read these files in
 // tests/interop/lora_roundtrip.py. Also the sharded full-weight layout.
@@ -75,6 +75,82 @@ TEST_CASE("lora files: PEFT / diffusers and LTX-2 files read back as the adapter
                           {c10::ScalarType::BFloat16, "", {}});
   CHECK(io::Checkpoint(file_in(dir, "h.safetensors")).info("transformer.blocks.0.attn.to_q.lora_A.weight").dtype ==
         "BF16");
+}
+
+TEST_CASE("lora files: ComfyUI files carry an alpha per module and Wan's checkpoint names", "[lora][lora_files]") {
+  const std::string dir = test::fresh_output_dir("lora_files_comfyui");
+  // ComfyUI scales a module by alpha/r only where `<key>.alpha` is there.
+  auto check_alphas = [](const io::Checkpoint& file, const std::vector<std::string>& keys) {
+    for (const std::string& key : keys) {
+      INFO(key);
+      REQUIRE(file.contains(key + ".alpha"));
+      CHECK(file.info(key + ".alpha").shape.empty());
+      CHECK(file.info(key + ".alpha").dtype == "F32");
+      CHECK(file.get(key + ".alpha").item<double>() == 12.0);
+      CHECK(file.contains(key + ".lora_A.weight"));
+      CHECK(file.contains(key + ".lora_B.weight"));
+    }
+  };
+  const models::LoraAdapter adapter = sample_adapter();
+  models::write_comfyui_lora(file_in(dir, "sd3.safetensors"), "sd3", adapter, {c10::ScalarType::BFloat16, "", {}});
+  const io::Checkpoint sd3(file_in(dir, "sd3.safetensors"));
+  CHECK(sd3.names().size() == 6);
+  check_alphas(sd3, {"transformer.blocks.0.attn.to_q", "transformer.blocks.1.ffn.proj"});
+  CHECK(sd3.info("transformer.blocks.0.attn.to_q.lora_A.weight").dtype == "BF16");
+  check_same(models::read_lora_file(file_in(dir, "sd3.safetensors")), adapter, 1e-2);
+
+  models::write_comfyui_lora(file_in(dir, "qwen.safetensors"), "qwen_image", adapter, {});
+  check_alphas(io::Checkpoint(file_in(dir, "qwen.safetensors")),
+               {"diffusion_model.blocks.0.attn.to_q", "diffusion_model.blocks.1.ffn.proj"});
+  check_same(models::read_lora_file(file_in(dir, "qwen.safetensors")), adapter);
+
+  models::LoraAdapter wan{4, 12.0, {}};
+  const std::map<std::string, std::string> wan_names{{"blocks.0.attn1.to_q", "blocks.0.self_attn.q"},
+                                                     {"blocks.0.attn1.to_out.0", "blocks.0.self_attn.o"},
+                                                     {"blocks.11.attn2.to_v", "blocks.11.cross_attn.v"},
+                                                     {"blocks.1.ffn.net.0.proj", "blocks.1.ffn.0"},
+                                                     {"blocks.1.ffn.net.2", "blocks.1.ffn.2"},
+                                                     {"condition_embedder.time_embedder.linear_2", "time_embedding.2"},
+                                                     {"condition_embedder.time_proj", "time_projection.1"},
+                                                     {"condition_embedder.text_embedder.linear_1", "text_embedding.0"},
+                                                     {"proj_out", "head.head"}};
+  for (const auto& [ours, theirs] : wan_names) wan.modules[ours] = adapter.modules.begin()->second;
+  models::write_comfyui_lora(file_in(dir, "wan.safetensors"), "wan", wan, {});
+  std::vector<std::string> keys;
+  for (const auto& [ours, theirs] : wan_names) keys.push_back("diffusion_model." + theirs);
+  const io::Checkpoint wan_file(file_in(dir, "wan.safetensors"));
+  CHECK(wan_file.names().size() == 3 * wan_names.size());
+  check_alphas(wan_file, keys);
+  check_same(models::read_lora_file(file_in(dir, "wan.safetensors")), wan);
+
+  models::LoraAdapter unnamed = wan;
+  unnamed.modules["blocks.0.norm2.linear"] = adapter.modules.begin()->second;
+  CHECK_THROWS_WITH(
+      models::write_comfyui_lora(file_in(dir, "bad.safetensors"), "wan", unnamed, {}),
+      Contains("bad.safetensors") && Contains("wan layer blocks.0.norm2.linear has no Wan checkpoint name"));
+  CHECK_THROWS_WITH(models::write_comfyui_lora(file_in(dir, "ltx.safetensors"), "ltx", adapter, {}),
+                    Contains("no ComfyUI LoRA layout for family 'ltx'"));
+}
+
+TEST_CASE("lora files: adapter_config.json names the base model by a hub repo id and never a local path",
+          "[lora][lora_files]") {
+  CHECK(models::hub_repo_id("/root/.cache/huggingface/hub/models--stabilityai--stable-diffusion-3.5-medium/"
+                            "snapshots/b940f67/transformer/diffusion_pytorch_model.safetensors") ==
+        "stabilityai/stable-diffusion-3.5-medium");
+  CHECK(models::hub_repo_id("hub/models--Wan-AI--Wan2.1-T2V-1.3B-Diffusers/snapshots/0fad780/transformer/"
+                            "diffusion_pytorch_model.safetensors.index.json") == "Wan-AI/Wan2.1-T2V-1.3B-Diffusers");
+  CHECK(models::hub_repo_id("/cache/models--gpt2/snapshots/1/model.safetensors") == "gpt2");
+  CHECK(models::hub_repo_id("/data/sd3/transformer/diffusion_pytorch_model.safetensors").empty());
+  CHECK(models::hub_repo_id("/data/models--a--b/weights.safetensors").empty());  // not a cache snapshot
+  CHECK(models::hub_repo_id("weights.safetensors").empty());
+  CHECK(models::hub_repo_id("").empty());
+
+  const std::string dir = test::fresh_output_dir("lora_files_base_model");
+  models::write_peft_adapter(dir + "/null", sample_adapter(), {});
+  CHECK_THAT(io::read_text_file(dir + "/null/adapter_config.json"), Contains("\"base_model_name_or_path\":null"));
+  models::write_peft_adapter(dir + "/hub", sample_adapter(), {c10::ScalarType::Float, "org/name", {}});
+  CHECK_THAT(io::read_text_file(dir + "/hub/adapter_config.json"),
+             Contains("\"base_model_name_or_path\":\"org/name\""));
 }
 
 TEST_CASE("lora files: alpha as other tools record it", "[lora][lora_files]") {

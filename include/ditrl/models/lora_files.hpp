@@ -16,10 +16,27 @@
 //    with no alpha, so alpha/r is folded into lora_B (strength 1 reproduces
 //    the trained model) and recorded in the metadata (ditrl_lora_alpha,
 //    ditrl_lora_rank, ditrl_lora_b_scaled = "alpha/r").
+//  - ComfyUI (its LoraLoader, comfy/lora.py): one `<key>.alpha` scalar
+//    tensor beside each module's `<key>.lora_A.weight` / `.lora_B.weight`,
+//    because ComfyUI reads no metadata and applies scale 1 to a module
+//    without one; `<key>` is where ComfyUI's key map for the model looks:
+//      sd3         `transformer.<module>`: ComfyUI maps the diffusers names
+//                  onto its MMDiT (to_q/to_k/to_v onto slices of its fused
+//                  qkv, which a rank-r factor pair cannot name directly);
+//      qwen_image  `diffusion_model.<module>`: ComfyUI's Qwen-Image keeps
+//                  the diffusers names;
+//      wan         `diffusion_model.<Wan checkpoint name>`
+//                  (blocks.N.self_attn.q, .cross_attn.o, .ffn.0,
+//                  time_embedding.0, head.head, ...): ComfyUI has no
+//                  diffusers names for Wan.
+//    LTX-2's ComfyUI file is the LTX-2 layout above (lora_B pre-scaled).
+//    What ComfyUI's loader does with these files, by hand against its
+//    repository: benchmarks/results/comfyui_lora.md.
 //
-// read_lora_file() takes any of the three (and kohya-style per-module
-// `.alpha` tensors); what it cannot represent (DoRA, per-module ranks or
-// alphas, biases on lora_B, fan_in_fan_out) is an error naming the file.
+// read_lora_file() takes any of these (Wan checkpoint names come back as
+// ditrl's; kohya-style per-module `.alpha` tensors are read); what it cannot
+// represent (DoRA, per-module ranks or alphas, biases on lora_B,
+// fan_in_fan_out) is an error naming the file.
 
 #include <ditrl/models/lora_adapter.hpp>
 
@@ -34,7 +51,7 @@ enum class LoraFormat { Peft, Diffusers, Ltx };
 
 struct LoraFileOptions {
   c10::ScalarType dtype = c10::ScalarType::Float;  // stored dtype of the factors
-  std::string base_model;                          // adapter_config.json base_model_name_or_path ("" = null)
+  std::string base_model;                          // base_model_name_or_path: a repo id (hub_repo_id), "" = null
   std::map<std::string, std::string> metadata;     // extra safetensors __metadata__ entries
 };
 
@@ -43,6 +60,17 @@ void write_peft_adapter(const std::string& dir, const LoraAdapter& adapter, cons
 // Writes one safetensors file in the diffusers or the LTX-2 layout.
 void write_lora_file(const std::string& path, LoraFormat format, const LoraAdapter& adapter,
                      const LoraFileOptions& options);
+// Writes the ComfyUI file of `family` (sd3, wan, qwen_image; LTX-2's is
+// LoraFormat::Ltx). A module without a name in that layout is an error
+// naming it.
+void write_comfyui_lora(const std::string& path, const std::string& family, const LoraAdapter& adapter,
+                        const LoraFileOptions& options);
+
+// What adapter_config.json may say of base weights at `path`: the Hugging
+// Face repo id when the path lies in a hub cache
+// (`.../models--<org>--<name>/snapshots/<revision>/...`), else "" (null):
+// a path on the training machine means nothing where the adapter is used.
+std::string hub_repo_id(const std::string& path);
 
 // A PEFT folder (or its adapter_model.safetensors), a diffusers folder (its
 // pytorch_lora_weights.safetensors) or LoRA file, or an LTX-2 LoRA file.
