@@ -93,7 +93,8 @@ Config read_config(const toml::table& root, const std::string& source_name) {
 
 void apply_override(toml::table& root, const std::string& assignment) {
   const size_t eq = assignment.find('=');
-  if (eq == std::string::npos || eq == 0) fail("--set {}: expected section.key=value", assignment);
+  if (eq == std::string::npos || eq == 0)
+    fail("--set {}: expected section.key=value", assignment);
   const std::string key = assignment.substr(0, eq);
   const std::string value = assignment.substr(eq + 1);
   const std::vector<std::string> path = split(key, '.');
@@ -124,7 +125,8 @@ void apply_override(toml::table& root, const std::string& assignment) {
   table->insert_or_assign(path.back(), std::move(*parsed.get("v")));
 }
 
-Config parse_deck(const std::string& text, const std::string& source_name, const std::vector<std::string>& overrides) {
+Config parse_deck(const std::string& text, const std::string& source_name,
+                  const std::vector<std::string>& overrides) {
   toml::table root = parse_text(text, source_name);
   for (const std::string& assignment : overrides) apply_override(root, assignment);
   return read_config(root, source_name);

@@ -68,26 +68,16 @@ namespace detail {
 
 std::string node_type_name(const toml::node& node) {
   switch (node.type()) {
-    case toml::node_type::table:
-      return "table";
-    case toml::node_type::array:
-      return "array";
-    case toml::node_type::string:
-      return "string";
-    case toml::node_type::integer:
-      return "integer";
-    case toml::node_type::floating_point:
-      return "number";
-    case toml::node_type::boolean:
-      return "boolean";
-    case toml::node_type::date:
-      return "date";
-    case toml::node_type::time:
-      return "time";
-    case toml::node_type::date_time:
-      return "date-time";
-    default:
-      return "nothing";
+    case toml::node_type::table: return "table";
+    case toml::node_type::array: return "array";
+    case toml::node_type::string: return "string";
+    case toml::node_type::integer: return "integer";
+    case toml::node_type::floating_point: return "number";
+    case toml::node_type::boolean: return "boolean";
+    case toml::node_type::date: return "date";
+    case toml::node_type::time: return "time";
+    case toml::node_type::date_time: return "date-time";
+    default: return "nothing";
   }
 }
 
@@ -95,13 +85,9 @@ std::string show(double v) {
   if (std::floor(v) == v && std::fabs(v) < 1e15) return fmt::format("{}", static_cast<int64_t>(v));
   return fmt::format("{}", v);
 }
-std::string show(const std::string& v) {
-  return "\"" + v + "\"";
-}
+std::string show(const std::string& v) { return "\"" + v + "\""; }
 
-std::string describe(const Between& c) {
-  return fmt::format("a value in [{}, {}]", show(c.lo), show(c.hi));
-}
+std::string describe(const Between& c) { return fmt::format("a value in [{}, {}]", show(c.lo), show(c.hi)); }
 std::string describe(const Above& c) {
   if (c.hi == kFp32Max) return fmt::format("a finite value > {} within fp32's range (<= 3.4e38)", show(c.lo));
   return fmt::format("a value > {} and <= {}", show(c.lo), show(c.hi));
@@ -112,12 +98,8 @@ std::string describe(const OneOf& c) {
   return s;
 }
 
-bool satisfies(double v, const Between& c) {
-  return v >= c.lo && v <= c.hi;
-}
-bool satisfies(double v, const Above& c) {
-  return v > c.lo && v <= c.hi;
-}
+bool satisfies(double v, const Between& c) { return v >= c.lo && v <= c.hi; }
+bool satisfies(double v, const Above& c) { return v > c.lo && v <= c.hi; }
 bool satisfies(const std::string& v, const OneOf& c) {
   return std::find(c.values.begin(), c.values.end(), v) != c.values.end();
 }
@@ -151,8 +133,8 @@ void Reader::missing(std::string_view key, const std::string& expected) {
 
 void Reader::out_of_range(std::string_view key, const toml::node& node, const std::string& shown,
                           const std::string& expected) {
-  diag_.error(
-      fmt::format("{}: '{}' = {} is out of range: expected {}", where(node.source()), dotted(key), shown, expected));
+  diag_.error(fmt::format("{}: '{}' = {} is out of range: expected {}", where(node.source()), dotted(key),
+                          shown, expected));
 }
 
 }  // namespace ditrl::config
