@@ -65,17 +65,18 @@ wait_for() {
   done
 }
 latest_step() { cat "$OUT/run/checkpoints/latest" 2>/dev/null; }
-# children PID: PID's child processes (of all its threads), cheap enough to poll.
-children() { cat /proc/"$1"/task/*/children 2>/dev/null; }
+# children PID: PID's child processes (of all its threads), one per line, cheap enough to poll.
+children() { cat /proc/"$1"/task/*/children 2>/dev/null | tr -s ' ' '\n' | grep .; }
 # handles PID SIGNAL: whether PID has a handler for SIGNAL (its SigCgt bit).
 handles() {
   local mask; mask=$(awk '/^SigCgt/ {print $2}' "/proc/$1/status" 2>/dev/null)
   [[ -n $mask ]] && (( (16#$mask >> ($(kill -l "$2") - 1)) & 1 ))
 }
-# Where a stop signal took effect, from the job log, for the tables.
+# Where a stop signal took effect, for the tables: from rank 0's own log
+# (mpirun stops passing on its ranks' output once it has a TERM of its own).
 stop_point() {
-  grep -o "received during start-up: exiting [^(]*\|rollout [0-9]* dropped [^;]*\|checkpointed after rollout [0-9]*; exiting" \
-    "$OUT/job.log" | head -1 | sed -E 's/received during start-up: exiting before (building|rollout [0-9]+).*/start-up before \1/;
+  grep -ho "received during start-up: exiting [^(]*\|rollout [0-9/]* dropped [^;]*\|checkpointed after rollout [0-9/]*; exiting" \
+    "$OUT/run/logs/rank-0.log" "$OUT/job.log" 2>/dev/null | head -1 | sed -E 's/received during start-up: exiting before (building|rollout [0-9]+).*/start-up before \1/;
       s/rollout ([0-9]+)\/[0-9]+ dropped/r\1 dropped/; s/checkpointed after rollout ([0-9]+).*/end of r\1/' | tr ' ' '-'
 }
 # The committed state must still resume (each checkpoint is verified on load);
@@ -408,15 +409,20 @@ case $SCENARIO in
     table=""
     for who in all mpirun; do
       rm -rf "$OUT/run"
+      : >"$OUT/job.log"  # now: wait_for must not read the previous job's log
       SLURM_NTASKS=2 DITRL_LAUNCHER=mpirun DITRL="$DITRL" DITRL_OUT="$OUT/run" \
         DITRL_SET="checkpoint.every=1000 train.num_rollouts=200 rollout.steps=40 rollout.height=16 rollout.width=16" \
         bash "$SRC/slurm/job.sh" "$DECK" >"$OUT/job.log" 2>&1 &
       job=$!
       wait_for "rollout 2/200" 600
-      launcher=$(children "$job")
+      launcher=""
+      for p in $(children "$job"); do [[ $(cat "/proc/$p/comm" 2>/dev/null) == mpirun ]] && launcher=$p; done
       [[ -n $launcher ]] || fail "$who: no mpirun under job.sh"
       targets=$launcher
-      [[ $who == all ]] && targets+=" $job $(children "$launcher")"
+      if [[ $who == all ]]; then
+        targets+=" $job $(children "$launcher" | tr '\n' ' ')"
+        (( $(wc -w <<<"$targets") == 4 )) || fail "all: expected job.sh, mpirun and 2 ranks, found: $targets"
+      fi
       kill -TERM $targets
       finish 200
       [[ $rc == hung ]] && fail "$who: hung after TERM"
