@@ -12,8 +12,9 @@ SCENARIO=$1 DITRL=$2 MPIEXEC=$3 ROOT=$4 SRC=$5
 OUT=$ROOT/$SCENARIO
 rm -rf "$OUT" && mkdir -p "$OUT"
 DECK=$SRC/inputs/quickstart.toml
-# Rollouts slower than Open MPI's default second between a TERM to the ranks and SIGKILL.
-SLOW=(--set rollout.steps=40 --set rollout.height=16 --set rollout.width=16)
+# Rollouts several times slower than Open MPI's default second between its TERM
+# to the ranks and SIGKILL (2.5-8 s here), each denoising step short (~20 ms).
+SLOW=(--set rollout.steps=400 --set rollout.height=16 --set rollout.width=16)
 # Tiny and fast: 1 optimizer step per rollout, a checkpoint after each.
 BASE=(--set run.out_dir="$OUT/run" --set checkpoint.every=1 --set checkpoint.keep=3 --set train.num_rollouts=200)
 # DITRL_FAULT_SETS: more deck settings for every job (the GPU variant: --set run.device=cuda).
@@ -77,7 +78,7 @@ handles() {
 stop_point() {
   grep -ho "received during start-up: exiting [^(]*\|rollout [0-9/]* dropped [^;]*\|checkpointed after rollout [0-9/]*; exiting" \
     "$OUT/run/logs/rank-0.log" "$OUT/job.log" 2>/dev/null | head -1 | sed -E 's/received during start-up: exiting before (building|rollout [0-9]+).*/start-up before \1/;
-      s/rollout ([0-9]+)\/[0-9]+ dropped/r\1 dropped/; s/checkpointed after rollout ([0-9]+).*/end of r\1/' | tr ' ' '-'
+      s/rollout ([0-9]+)\/[0-9]+ dropped/r\1 dropped/; s/ \(none of it trained\)//; s/checkpointed after rollout ([0-9]+).*/end of r\1/' | tr ' ' '-'
 }
 # The committed state must still resume (each checkpoint is verified on load);
 # ARGS: the job's own deck settings.
@@ -391,7 +392,7 @@ case $SCENARIO in
       rm -rf "$OUT/run"
       start --set checkpoint.every=1000 "${SLOW[@]}"
       wait_for "rollout 2/200" 600
-      delay=$((RANDOM % 3000))
+      delay=$((RANDOM % 6000))
       sleep "$(printf '%d.%03d' $((delay / 1000)) $((delay % 1000)))"
       kill -TERM "$job"
       finish 60
@@ -418,7 +419,7 @@ case $SCENARIO in
       rm -rf "$OUT/run"
       : >"$OUT/job.log"  # now: wait_for must not read the previous job's log
       SLURM_NTASKS=2 DITRL_LAUNCHER=mpirun DITRL="$DITRL" DITRL_OUT="$OUT/run" \
-        DITRL_SET="checkpoint.every=1000 train.num_rollouts=200 rollout.steps=40 rollout.height=16 rollout.width=16" \
+        DITRL_SET="checkpoint.every=1000 train.num_rollouts=200 rollout.steps=400 rollout.height=16 rollout.width=16" \
         bash "$SRC/slurm/job.sh" "$DECK" >"$OUT/job.log" 2>&1 &
       job=$!
       wait_for "rollout 2/200" 600
