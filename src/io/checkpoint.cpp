@@ -12,6 +12,7 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -388,8 +389,12 @@ class CheckpointWriter {
     fs::rename(tmp_path_, dir_ / name_, ec);
     if (ec) fail("cannot rename {} to {}: {}", tmp_path_.string(), name_, ec.message());
     write_pointer(dir_, name_);
+    // Committed: a checkpoint beyond `keep` that cannot be removed is only reported.
     const auto all = checkpoints_in(dir_);
-    for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) fs::remove(all[i].second, ec);
+    for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i)
+      if (!fs::remove(all[i].second, ec) && ec)
+        spdlog::warn("checkpoint {} beyond checkpoint.keep = {} not removed: {}", all[i].second.string(), keep,
+                     ec.message());
   }
 
   void cleanup() {

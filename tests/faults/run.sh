@@ -80,6 +80,17 @@ stop_point() {
     "$OUT/run/logs/rank-0.log" "$OUT/job.log" 2>/dev/null | head -1 | sed -E 's/received during start-up: exiting before (building|rollout [0-9]+).*/start-up before \1/;
       s/rollout ([0-9]+)\/[0-9]+ dropped/r\1 dropped/; s/ \(none of it trained\)//; s/checkpointed after rollout ([0-9]+).*/end of r\1/' | tr ' ' '-'
 }
+# Where a full disk was met, from the job log, for the tables.
+disk_phase() {
+  local log=$OUT/job.log
+  if grep -q "collective timeout" "$log"; then grep -o "waited [0-9.]* s in io [A-Za-z0-9_]*" "$log" | head -1 | tr ' ' '-'
+  elif grep -q "closing and syncing\|closing (writing its metadata)" "$log"; then echo metadata
+  elif grep -q "checkpoint slabs\|bytes at offset" "$log"; then echo slabs
+  elif grep -q "status.tmp" "$log"; then echo status
+  elif grep -qi "metrics" "$log"; then echo metrics
+  else echo other
+  fi
+}
 # The committed state must still resume (each checkpoint is verified on load);
 # ARGS: the job's own deck settings.
 check_resumes() {
@@ -191,16 +202,20 @@ case $SCENARIO in
   disk_full_checkpoint)
     # A tmpfs of 3..19 MiB in a private mount namespace fills during a
     # checkpoint or a metrics write, at sizes that fill it at different
-    # points. Every try must end with exit 1 (the ranks agreed on the error,
-    # or rank 0's metrics write ended the job), never at the watchdog's
-    # deadline; the cause named ("checkpoint not written: disk full" when a
-    # checkpoint hit it); no temporary file left to keep the disk full; and
-    # `latest`, where present, on a complete step file. The tmpfs exists only
-    # inside the namespace, so its listing is taken there before it goes.
+    # points (DITRL_FAULT_SIZES: other sizes, e.g. finer steps around one
+    # checkpoint's size). Every try must end with exit 1 (the ranks agreed on
+    # the error, or rank 0 alone failed outside a checkpoint and ended the
+    # job), never at the watchdog's deadline; the cause named ("checkpoint
+    # not written: disk full" when a checkpoint hit it); no temporary file
+    # left to keep the disk full; and `latest`, where present, on a complete
+    # step file. The tmpfs exists only inside the namespace, so its listing
+    # is taken there before it goes. All tries run; the failures are listed.
     unshare -m true 2>/dev/null || { echo "SKIPPED: no mount namespaces here"; exit 77; }
-    tries=${DITRL_FAULT_TRIES:-20} table=""
+    tries=${DITRL_FAULT_TRIES:-20} table="" bad=""
+    read -ra sizes <<<"${DITRL_FAULT_SIZES:-}"
+    (( ${#sizes[@]} > 0 )) && tries=${#sizes[@]}
     for ((i = 0; i < tries; i++)); do
-      size=$((3 + (i * 7) % 17))M
+      size=${sizes[i]:-$((3 + (i * 7) % 17))M}
       rm -rf "$OUT/mnt" "$OUT/left" && mkdir -p "$OUT/mnt"
       unshare -m bash -c "mount -t tmpfs -o size=$size tmpfs '$OUT/mnt' || exit 99
         $MPIEXEC -np 2 '$DITRL' train '$DECK' --set run.out_dir='$OUT/mnt/run' --set checkpoint.every=1 \
@@ -208,28 +223,31 @@ case $SCENARIO in
         rc=\$?
         mkdir -p '$OUT/left' && ls -A '$OUT/mnt/run/checkpoints' >'$OUT/left/files' 2>/dev/null
         cat '$OUT/mnt/run/checkpoints/latest' >'$OUT/left/latest' 2>/dev/null
+        df -k --output=avail '$OUT/mnt' | tail -n 1 >'$OUT/left/avail'
         exit \$rc" >"$OUT/job.log" 2>&1 &
       job=$!
       finish 240
       [[ $rc == hung ]] && fail "try $i ($size): hung for $took s"
       (( rc != 99 )) || { echo "SKIPPED: cannot mount a tmpfs in a mount namespace"; exit 77; }
-      (( rc == 1 )) || fail "try $i ($size): exit $rc after $took s, expected 1 (124: the watchdog ended a hang)"
+      cp "$OUT/job.log" "$OUT/job-$i.log"
+      why=""
+      (( rc == 1 )) || why+="exit $rc, expected 1 (124: the watchdog ended a hang); "
+      where=$(disk_phase)
       if grep -q "checkpoint not written" "$OUT/job.log"; then
-        grep -q "checkpoint not written: disk full" "$OUT/job.log" || fail "try $i ($size): the checkpoint error does not say disk full"
-        where=checkpoint
-      else
-        grep -Eq "No space left on device|is full|errno 28" "$OUT/job.log" || fail "try $i ($size): the error does not name the cause"
-        where=$(grep -q "metrics" "$OUT/job.log" && echo metrics || echo other)
+        grep -q "checkpoint not written: disk full" "$OUT/job.log" || why+="the checkpoint error does not say disk full; "
+      elif ! grep -Eq "No space left on device|is full|errno 28" "$OUT/job.log"; then
+        why+="the error does not name the cause; "
       fi
       left=$(grep -E '\.tmp$' "$OUT/left/files" 2>/dev/null | tr '\n' ' ')
-      [[ -z $left ]] || fail "try $i ($size): temporary files left on the full disk: $left"
-      if [[ -s $OUT/left/latest ]]; then
-        named=$(cat "$OUT/left/latest")
-        grep -qx "$named" "$OUT/left/files" && [[ $named == step-*.h5 ]] ||
-          fail "try $i ($size): latest names '$named', not a step file there ($(tr '\n' ' ' <"$OUT/left/files"))"
+      [[ -z $left ]] || why+="temporary files left on the full disk: $left; "
+      named=$(cat "$OUT/left/latest" 2>/dev/null)
+      if [[ -n $named ]] && ! { grep -qx "$named" "$OUT/left/files" && [[ $named == step-*.h5 ]]; }; then
+        why+="latest names '$named', not a step file there; "
       fi
-      table+="$size:$where:${took}s "
+      [[ -z $why ]] || bad+="try $i ($size): $why"
+      table+="$size:rc$rc:$where:${took}s:$(cat "$OUT/left/avail" 2>/dev/null | tr -d ' ')kB-free "
     done
+    [[ -z $bad ]] || fail "$bad(all tries: $table)"
     pass "$tries/$tries tries exit 1 with the cause named, no .tmp left, no hang ($table)"
     ;;
 

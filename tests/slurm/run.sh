@@ -96,10 +96,10 @@ check "preempted run status complete" grep -qx complete "$out/status"
 check "preempted+resumed metrics equal the uninterrupted run's (bitwise, perf/* aside)" \
   "$DITRL" standard check "$out" ref.json
 
-# 3. Slow rollouts (40 SDE steps at 16x16 take seconds each) under each
+# 3. Slow rollouts (400 steps at 16x16: 2.5-8 s each, ~20 ms a step) under each
 # launcher: the signal must reach the ranks as a checkpoint request, not as
 # mpirun's kill.
-export DITRL_SET="train.num_rollouts=200 checkpoint.every=1000 rollout.steps=40 rollout.height=16 rollout.width=16"
+export DITRL_SET="train.num_rollouts=200 checkpoint.every=1000 rollout.steps=400 rollout.height=16 rollout.width=16"
 for launcher in srun mpirun; do
   for signal in USR1 TERM cancel; do
     name=$launcher-$signal
