@@ -84,6 +84,7 @@ stop_point() {
 disk_phase() {
   local log=$OUT/job.log
   if grep -q "collective timeout" "$log"; then grep -o "waited [0-9.]* s in io [A-Za-z0-9_]*" "$log" | head -1 | tr ' ' '-'
+  elif grep -q "creating the checkpoint\|cannot create file" "$log"; then echo create
   elif grep -q "closing and syncing\|closing (writing its metadata)" "$log"; then echo metadata
   elif grep -q "checkpoint slabs\|bytes at offset" "$log"; then echo slabs
   elif grep -q "status.tmp" "$log"; then echo status
