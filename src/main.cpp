@@ -4,9 +4,24 @@
 // code (or MPI_Abort, so that no rank is left waiting).
 
 #include <ditrl/app/commands.hpp>
+#include <ditrl/app/stop_signal.hpp>
 #include <ditrl/dist/runtime.hpp>
 
 #include <iostream>
+
+namespace {
+
+// Preemption handlers before anything else runs (app/stop_signal.hpp): the
+// dynamic linker calls the executable's .preinit_array entries before the
+// static initializers of the libraries it loaded, and LibTorch's take most
+// of a rank's first second. Only the mapping of those libraries comes first.
+void install_before_static_initializers(int, char**, char**) {
+  ditrl::app::install_stop_handlers();
+}
+using Preinit = void (*)(int, char**, char**);
+__attribute__((section(".preinit_array"), used)) Preinit preinit_stop_handlers = install_before_static_initializers;
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App cli{"ditrl: RL post-training of flow-matching diffusion transformers (Flow-GRPO, DiffusionNFT, SFT)"};
@@ -29,8 +44,11 @@ int main(int argc, char** argv) {
   try {
     cli.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    ditrl::app::restore_default_stop_actions();
     return cli.exit(e);
   }
+  // Only `train` checkpoints on a stop signal; everything else ends on it as before.
+  if (!cli.got_subcommand("train")) ditrl::app::restore_default_stop_actions();
   if (show_version) {
     std::cout << ditrl::app::version_text();
     return 0;

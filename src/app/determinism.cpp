@@ -1,4 +1,5 @@
 #include <ditrl/app/determinism.hpp>
+#include <ditrl/app/stop_signal.hpp>
 #include <ditrl/error.hpp>
 
 #include <ATen/Context.h>
@@ -58,14 +59,16 @@ void pin_cpu_kernels(int threads) {
   std::error_code ec;
   const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
   // exec resets signal handlers but keeps the mask and pending signals: a
-  // preemption signal that arrives while the new image loads waits for the
-  // handler `train` installs first thing (which unblocks them).
+  // preemption signal recorded by this image, or one that arrives while the
+  // new image loads, waits for the handlers the new image installs before
+  // its static initializers (app/stop_signal.hpp), which unblock it.
   sigset_t stops;
   sigemptyset(&stops);
   sigaddset(&stops, SIGTERM);
   sigaddset(&stops, SIGUSR1);
   sigset_t before;
   sigprocmask(SIG_BLOCK, &stops, &before);
+  keep_stop_signal_pending();
   execv(ec ? "/proc/self/exe" : self.c_str(), argv.data());
   sigprocmask(SIG_SETMASK, &before, nullptr);
   fail("deterministic mode: re-executing with pinned CPU kernels failed: {}", std::strerror(errno));

@@ -1,9 +1,11 @@
 // Metric-row timing, the progress line, peak RSS and the status file of a training run.
 
 #include <ditrl/app/progress.hpp>
+#include <ditrl/error.hpp>
 
 #include <fmt/format.h>
 
+#include <cerrno>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -49,8 +51,19 @@ double peak_rss_bytes() {
 
 void write_status(const std::string& out_dir, const std::string& status) {
   const std::filesystem::path path = std::filesystem::path(out_dir) / "status";
-  std::ofstream(path.string() + ".tmp") << status << "\n";
-  std::filesystem::rename(path.string() + ".tmp", path);
+  const std::string tmp = path.string() + ".tmp";
+  std::ofstream out(tmp);
+  out << status << "\n";
+  out.close();  // a full disk fails here; an empty status must not replace the last one
+  if (!out) {
+    const int error = errno;
+    std::error_code ignored;
+    std::filesystem::remove(tmp, ignored);
+    fail_write(error, fmt::format("cannot write {}", tmp));
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) fail("cannot rename {} to {}: {}", tmp, path.string(), ec.message());
 }
 
 }  // namespace ditrl::app

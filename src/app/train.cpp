@@ -6,8 +6,15 @@
 //             forward (same family code as the rollout) -> loss of the
 //             algorithm (rl/algorithm.hpp) -> backward (gradients reduce-
 //             scattered per unit) -> clip -> AdamW on the fp32 master slices
-//   record    metrics.h5 + a progress line; a checkpoint every N rollouts, at
-//             the end, and at the next rollout boundary after SIGTERM/SIGUSR1.
+//   record    metrics.h5 + a progress line; a checkpoint every N rollouts and
+//             at the end.
+//
+// SIGTERM/SIGUSR1 (app/stop_signal.hpp) stop the run at its next safe point,
+// agreed by every rank: before each denoising step, after the rewards and
+// before each micro-batch of the rollout's first optimizer window drop the
+// rollout in progress (nothing of it has reached the weights yet) and
+// checkpoint the state before it; from the first optimizer step on, the
+// rollout is finished and checkpointed at its end.
 
 #include <ditrl/app/commands.hpp>
 #include <ditrl/app/determinism.hpp>
@@ -16,6 +23,7 @@
 #include <ditrl/app/progress.hpp>
 #include <ditrl/app/run.hpp>
 #include <ditrl/app/run_checkpoints.hpp>
+#include <ditrl/app/stop_signal.hpp>
 #include <ditrl/clock.hpp>
 #include <ditrl/dist/device.hpp>
 #include <ditrl/dist/watchdog.hpp>
@@ -28,22 +36,35 @@
 #include <ATen/Parallel.h>
 #include <spdlog/spdlog.h>
 
-#include <signal.h>
-#include <atomic>
 #include <cmath>
-#include <csignal>
+#include <exception>
 #include <filesystem>
+#include <string>
+#include <utility>
 
 namespace ditrl::app {
 
 namespace {
 
-// Slurm sends SIGUSR1 (--signal=B:USR1@N) or SIGTERM before the time limit;
-// the run checkpoints at the next rollout boundary and exits 0.
-std::atomic<int> stop_signal{0};
-extern "C" void request_stop(int signal) {
-  stop_signal = signal;
+// The largest stop signal any rank has received, 0 for none; collective
+// over `host`, so every rank gets the same answer at the same call.
+int agreed_stop_signal(dist::Communicator& host) {
+  at::Tensor stop = at::full({1}, static_cast<double>(stop_signal()), at::kDouble);
+  host.all_reduce(stop, dist::ReduceOp::Max);
+  return static_cast<int>(stop.item<double>());
 }
+
+// Raised on every rank at the same safe point once a stop is agreed.
+class RolloutAbandoned : public std::exception {
+ public:
+  RolloutAbandoned(int signal, std::string where) : signal_(signal), where_(std::move(where)) {}
+  const char* what() const noexcept override { return where_.c_str(); }
+  int signal() const { return signal_; }
+
+ private:
+  int signal_;
+  std::string where_;
+};
 
 std::string trajectory_path(const std::string& pattern, int64_t rollout_id) {
   std::string path = pattern;
@@ -64,7 +85,9 @@ struct TrainCli {
 
 class Trainer {
  public:
-  Trainer(Run& run, const TrainCli& cli) : run_(run), c_(run.config), cli_(cli), lr_(lr_schedule(run.config)) {}
+  Trainer(Run& run, const TrainCli& cli) : run_(run), c_(run.config), cli_(cli), lr_(lr_schedule(run.config)) {
+    run_.collector->set_before_step([this](int64_t step) { safe_point("before denoising step {}", step + 1); });
+  }
 
   // One rollout: rollout -> rewards -> advantages -> windows -> micro-batches
   // -> clip -> AdamW -> record; one metric row per optimizer step.
@@ -72,6 +95,7 @@ class Trainer {
     const double gather_start = run_.params->comm_seconds().gather;
     const rollout::RolloutBatch batch = collect(rollout_id);
     const double rollout_gather = run_.params->comm_seconds().gather - gather_start;
+    safe_point("after the rewards");
     const auto start = Clock::now();
     const rl::TrainingRollout rollout = training_rollout(batch);
     const rl::TrainData data = run_.algorithm->prepare(rollout);
@@ -87,6 +111,7 @@ class Trainer {
       times.forward_backward.start();
       run_.params->zero_grad();
       for (const rl::MicroBatch& mb : window.micro_batches) {
+        if (rows.empty()) safe_point("before training micro-batch {}", mb_index + 1);
         metrics.set_leaf(mb.leaf);
         micro_batch(rollout, data, mb, mb_index++, window.pairs(), metrics, times);
       }
@@ -119,6 +144,16 @@ class Trainer {
   void resume_at(int64_t global_step) { global_step_ = global_step; }
 
  private:
+  // Until the rollout's first optimizer step its work can be dropped: a
+  // rank's partial gradients are discarded, the weights are untouched.
+  template <class... Args>
+  void safe_point(fmt::format_string<Args...> where, Args&&... args) {
+    if (const int signal = agreed_stop_signal(run_.runtime->host())) {
+      run_.params->zero_grad();
+      throw RolloutAbandoned(signal, fmt::format(where, std::forward<Args>(args)...));
+    }
+  }
+
   rollout::RolloutBatch collect(int64_t rollout_id) {
     if (cli_.trajectories.empty()) return run_.collector->collect(rollout_id);
     const std::string path = trajectory_path(cli_.trajectories, rollout_id);
@@ -174,23 +209,30 @@ class Trainer {
   int64_t skipped_ = 0;
 };
 
-// Whether any rank was signalled before the first rollout (agreed).
-bool stopped_during_start_up(dist::Runtime& runtime) {
-  at::Tensor stop = at::full({1}, static_cast<double>(stop_signal.load()), at::kDouble);
-  runtime.host().all_reduce(stop, dist::ReduceOp::Max);
-  return stop.item<double>() > 0;
+// A stop agreed before the first rollout: nothing new to checkpoint.
+int preempted_at_start_up(const config::Config& config, bool root, int signal, const std::string& when) {
+  spdlog::info("signal {} received during start-up: exiting {} (nothing new to checkpoint)", signal, when);
+  if (root) write_status(config.run.out_dir, "preempted");
+  return 0;
+}
+
+// The rollout dropped at a safe point: the state before it is checkpointed
+// unless the newest checkpoint (or the start) already is that state.
+int preempted_in_rollout(const config::Config& config, bool root, const RolloutAbandoned& stop, int64_t rollout_id,
+                         int64_t committed_rollout, RunCheckpoints& checkpoints, int64_t global_step) {
+  const int64_t total = config.train.num_rollouts;
+  std::string saved = "nothing new to checkpoint";
+  if (rollout_id > committed_rollout) {
+    checkpoints.save(global_step, rollout_id);
+    saved = fmt::format("checkpointed after rollout {}/{}", rollout_id, total);
+  }
+  spdlog::info("signal {} received: rollout {}/{} dropped {} (none of it trained); {}; exiting for requeue",
+               stop.signal(), rollout_id + 1, total, stop.what(), saved);
+  if (root) write_status(config.run.out_dir, "preempted");
+  return 0;
 }
 
 int train(const TrainCli& cli) {
-  // First thing: a preemption signal during start-up or loading is honoured
-  // once the run is up (below), instead of killing it without a status.
-  std::signal(SIGTERM, request_stop);
-  std::signal(SIGUSR1, request_stop);
-  sigset_t stops;
-  sigemptyset(&stops);
-  sigaddset(&stops, SIGTERM);
-  sigaddset(&stops, SIGUSR1);
-  sigprocmask(SIG_UNBLOCK, &stops, nullptr);  // blocked across the deterministic re-exec
   config::Config config = config::load_deck(cli.deck, cli.overrides);
   if (!cli.resume.empty()) config.checkpoint.resume = cli.resume;  // the flag overrides the deck's key
   check_trainable(config);
@@ -200,6 +242,11 @@ int train(const TrainCli& cli) {
   spdlog::info("ditrl train {} on {} rank(s), {} intra-op thread(s){}", cli.deck, runtime->world().size,
                at::get_num_threads(), config.run.deterministic ? ", deterministic: " + cpu_kernel_pins() : "");
   const bool root = runtime->world().rank == 0;
+  // A signal since the process started (its handlers came before LibTorch's
+  // static initializers): the output directory exists now, the model is not
+  // built yet, which at real size takes longer than a launcher's kill grace.
+  if (const int signal = agreed_stop_signal(runtime->host()))
+    return preempted_at_start_up(config, root, signal, "before building the model");
 
   Run run = open_run(config, *runtime);
   Trainer trainer(run, cli);
@@ -207,12 +254,9 @@ int train(const TrainCli& cli) {
   const int64_t first_rollout = checkpoints.resume(config.checkpoint.resume);
   trainer.resume_at(checkpoints.resumed_step());
   dist::Watchdog::mark_started();
-  if (stopped_during_start_up(*run.runtime)) {
-    spdlog::info("signal received during start-up: exiting before rollout {} (nothing new to checkpoint)",
-                 first_rollout);
-    if (root) write_status(config.run.out_dir, "preempted");
-    return 0;
-  }
+  if (const int signal = agreed_stop_signal(run.runtime->host()))
+    return preempted_at_start_up(config, root, signal,
+                                 fmt::format("before rollout {}/{}", first_rollout + 1, config.train.num_rollouts));
 
   std::unique_ptr<io::MetricsWriter> metrics;
   if (root)
@@ -223,9 +267,16 @@ int train(const TrainCli& cli) {
 
   const int64_t total = config.train.num_rollouts;
   const auto run_start = Clock::now();
+  int64_t committed_rollout = first_rollout;  // where the newest checkpoint (or the start) resumes
   for (int64_t rollout_id = first_rollout; rollout_id < total; ++rollout_id) {
     const auto start = Clock::now();
-    std::vector<MetricRow> rows = trainer.train_rollout(rollout_id);
+    std::vector<MetricRow> rows;
+    try {
+      rows = trainer.train_rollout(rollout_id);
+    } catch (const RolloutAbandoned& stop) {
+      return preempted_in_rollout(config, root, stop, rollout_id, committed_rollout, checkpoints,
+                                  trainer.global_step());
+    }
     const double seconds = seconds_since(start);
     const double eta = seconds_since(run_start) / static_cast<double>(rollout_id + 1 - first_rollout) *
                        static_cast<double>(total - rollout_id - 1);
@@ -237,7 +288,7 @@ int train(const TrainCli& cli) {
     // same reduction carries the largest peak RSS (and on a GPU the largest
     // allocator peak) over ranks.
     const bool on_gpu = run.runtime->device().is_cuda();
-    at::Tensor stop = at::tensor({static_cast<double>(stop_signal.load()), peak_rss_bytes(),
+    at::Tensor stop = at::tensor({static_cast<double>(stop_signal()), peak_rss_bytes(),
                                   on_gpu ? dist::peak_device_bytes(run.runtime->device()) : 0.0},
                                  at::kDouble);
     run.runtime->host().all_reduce(stop, dist::ReduceOp::Max);
@@ -245,8 +296,9 @@ int train(const TrainCli& cli) {
     const bool due = config.checkpoint.every > 0 && (rollout_id + 1) % config.checkpoint.every == 0;
     const bool signalled = stop[0].item<double>() > 0;
     const bool boxed = cli.max_rollouts > 0 && rollout_id + 1 - first_rollout >= cli.max_rollouts;
-    const double seconds_checkpoint =
-        last || due || signalled || boxed ? checkpoints.save(trainer.global_step(), rollout_id + 1) : 0.0;
+    const bool save = last || due || signalled || boxed;
+    const double seconds_checkpoint = save ? checkpoints.save(trainer.global_step(), rollout_id + 1) : 0.0;
+    if (save) committed_rollout = rollout_id + 1;
     // Rows go out after the checkpoint, so the last one of a rollout carries
     // its checkpoint time (the iteration's whole cost).
     rows.back().values["perf/checkpoint_seconds"] = seconds_checkpoint;
@@ -258,8 +310,8 @@ int train(const TrainCli& cli) {
     }
     if ((signalled || boxed) && !last) {
       if (signalled)
-        spdlog::info("signal {} received: checkpointed after rollout {}; exiting for requeue",
-                     static_cast<int>(stop[0].item<double>()), rollout_id);
+        spdlog::info("signal {} received: checkpointed after rollout {}/{}; exiting for requeue",
+                     static_cast<int>(stop[0].item<double>()), rollout_id + 1, total);
       else
         spdlog::info("--max-rollouts {} reached: checkpointed after rollout {}", cli.max_rollouts, rollout_id);
       if (root) write_status(config.run.out_dir, "preempted");

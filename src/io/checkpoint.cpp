@@ -12,6 +12,7 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -96,44 +97,54 @@ void fsync_file(const std::string& path) {
   const int rc = ::fsync(fd);
   const int error = errno;
   ::close(fd);
-  if (rc != 0) fail("checkpoint {}: fsync failed: {} (errno {})", path, std::strerror(error), error);
+  if (rc != 0) fail_write(error, fmt::format("checkpoint {}: fsync failed", path));
 }
 
+// How a rank's part of a step ended, as the agreement carries it (the
+// largest wins): a full disk is named as such on every rank.
+enum Outcome : int { kDone = 0, kFailed = 1, kNoSpace = 2 };
+
 // Runs `step`, whose failure may hit this rank alone, then agrees over comm:
-// when any rank failed, every rank runs `cleanup` (collectively) and raises
-// an AgreedError, so no rank is left in the next collective.
+// when any rank failed, every rank runs `cleanup` and raises an
+// AgreedError, so no rank is left in the next collective.
 template <class Step, class Cleanup>
 void agree(MPI_Comm comm, const char* what, Step step, Cleanup cleanup,
            const std::string& outcome = "checkpoint not written") {
   std::string failure;
+  int mine = kDone, any = kDone;
   try {
     step();
+  } catch (const DiskFull& e) {
+    failure = e.what();
+    mine = kNoSpace;
   } catch (const ditrl::Error& e) {
     failure = e.what();
+    mine = kFailed;
   }
-  int failed = failure.empty() ? 0 : 1, any = 0;
   {
     dist::WaitScope waiting("io", fmt::format("agreement after {}", what));
-    MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, comm);
+    MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, comm);
   }
-  if (!any) return;
+  if (any == kDone) return;
   cleanup();
-  throw dist::AgreedError(failure.empty() ? fmt::format("{}: another rank failed {} (see its message)", outcome, what)
-                                          : fmt::format("{}: {}", outcome, failure));
+  const std::string why = any == kNoSpace ? outcome + ": disk full" : outcome;
+  throw dist::AgreedError(failure.empty() ? fmt::format("{}: another rank failed {} (see its message)", why, what)
+                                          : fmt::format("{}: {}", why, failure));
 }
 
-// A checkpoint that failed on some rank: closed on every rank (collective,
-// errors ignored: the disk may be full), its temporary file removed. The
-// previous checkpoint and `latest` stay as they were.
-void abandon(h5::File& file, const fs::path& tmp_path, bool root) {
-  try {
-    file.close();
-  } catch (const ditrl::Error&) {
+// A checkpoint that failed on some rank: rank 0 closes its file (errors
+// ignored: the disk may be full) and removes it, so a full disk gets its
+// space back. The previous checkpoint and `latest` stay as they were.
+void abandon(std::optional<h5::File>& file, const fs::path& tmp_path) {
+  if (file) {
+    try {
+      file->close();
+    } catch (const ditrl::Error&) {
+    }
+    file.reset();
   }
-  if (root) {
-    std::error_code ignored;
-    fs::remove(tmp_path, ignored);
-  }
+  std::error_code ignored;
+  fs::remove(tmp_path, ignored);
 }
 
 void write_pointer(const fs::path& dir, const std::string& target) {
@@ -141,10 +152,13 @@ void write_pointer(const fs::path& dir, const std::string& target) {
   {
     std::ofstream out(tmp);
     out << target << "\n";
-    if (!out) fail("cannot write {}: {} (errno {})", tmp.string(), std::strerror(errno), errno);
+    out.close();  // the bytes reach the file system here: a full disk fails now, not silently in a destructor
+    if (!out) fail_write(errno, fmt::format("cannot write {}", tmp.string()));  // the caller removes it
   }
   fsync_file(tmp.string());
-  fs::rename(tmp, dir / "latest");
+  std::error_code ec;
+  fs::rename(tmp, dir / "latest", ec);
+  if (ec) fail("cannot rename {} to latest: {}", tmp.string(), ec.message());
 }
 
 std::vector<std::pair<int64_t, fs::path>> checkpoints_in(const fs::path& dir) {
@@ -177,8 +191,7 @@ struct Slab {
 };
 using Manifest = std::map<std::string, std::vector<Slab>>;
 
-// Every rank's slabs, on every rank: the attribute is metadata, which all
-// ranks of a parallel file write alike.
+// Every rank's slab lines, on rank 0 (which writes the attribute); empty elsewhere.
 std::string gather_manifest(const std::vector<Entry>& list, const std::vector<std::string>& digests, MPI_Comm comm) {
   std::string mine;
   for (size_t i = 0; i < list.size(); ++i)
@@ -190,10 +203,10 @@ std::string gather_manifest(const std::vector<Entry>& list, const std::vector<st
   const int my_bytes = static_cast<int>(mine.size());
   std::vector<int> bytes(ranks), offsets(ranks, 0);
   dist::WaitScope waiting("io", "checkpoint manifest gather");
-  MPI_Allgather(&my_bytes, 1, MPI_INT, bytes.data(), 1, MPI_INT, comm);
+  MPI_Gather(&my_bytes, 1, MPI_INT, bytes.data(), 1, MPI_INT, 0, comm);
   for (int r = 1; r < ranks; ++r) offsets[r] = offsets[r - 1] + bytes[r - 1];
-  std::string all(static_cast<size_t>(offsets.back() + bytes.back()), '\0');
-  MPI_Allgatherv(mine.data(), my_bytes, MPI_CHAR, all.data(), bytes.data(), offsets.data(), MPI_CHAR, comm);
+  std::string all(comm_rank(comm) == 0 ? static_cast<size_t>(offsets.back() + bytes.back()) : 0, '\0');
+  MPI_Gatherv(mine.data(), my_bytes, MPI_CHAR, all.data(), bytes.data(), offsets.data(), MPI_CHAR, 0, comm);
   return all;
 }
 
@@ -262,97 +275,167 @@ at::Tensor read_range(const h5::File& file, const std::optional<Manifest>& manif
 
 }  // namespace
 
-std::string save_checkpoint(const std::string& out_dir, const TrainingState& state, const CheckpointMeta& meta,
-                            int64_t keep, MPI_Comm comm) {
-  const fs::path dir = fs::path(out_dir) / "checkpoints";
-  const std::string name = fmt::format("step-{}.h5", meta.step);
-  const fs::path final_path = dir / name;
-  const fs::path tmp_path = dir / (name + ".tmp");
-  const bool root = comm_rank(comm) == 0;
-  fs::create_directories(dir);  // on every rank: no barrier before the collective create
+namespace {
 
-  const std::vector<Entry> list = entries(state);
-  {
-    // Large datasets start on O_DIRECT block boundaries, so whole slabs go out directly.
-    h5::File file =
-        h5::File::create(tmp_path.string(), comm, {/*many_objects=*/true, /*data_alignment=*/kDirectAlignment});
-    // Creation is metadata (every rank, no data I/O); each rank then writes
-    // its slabs itself, hashing them on the way: no collective per dataset,
-    // no HDF5 selection per write, no page cache for the bulk.
-    std::vector<ByteRange> slabs(list.size());
-    for (size_t i = 0; i < list.size(); ++i) {
-      const Entry& e = list[i];
-      const int64_t offset = file.create_dataset(e.path, at::kFloat, dims(e.shape), preallocated()).file_offset();
-      if (e.values.defined())
-        slabs[i] = {offset + e.begin * e.values.element_size(), e.values.data_ptr(),
-                    e.values.numel() * e.values.element_size()};
-    }
-    // One worker more than compute threads: the disk is kept busy while the
-    // others copy and hash.
-    const c10::Device device = state.device;
-    // The slabs were computed on the device's streams; the staging copies run on others.
-    if (device.is_cuda()) c10::impl::VirtualGuardImpl(device.type()).synchronizeDevice(device.index());
-    // Disk full, EIO, quota: a rank's own writes can fail alone, so the
-    // ranks agree before the next collective and leave together.
+// Rank 0 writes the file's structure and metadata alone, through HDF5's
+// serial driver; every rank writes its own slabs' bytes (write_hashed). So no
+// step of a save is a collective inside HDF5, where a rank whose write failed
+// (a full disk) would leave the others waiting: each step's failure is
+// agreed on in ditrl's own MPI calls (agree) and the save ends on every rank.
+class CheckpointWriter {
+ public:
+  CheckpointWriter(const fs::path& dir, const std::string& name, MPI_Comm comm)
+      : dir_(dir), name_(name), tmp_path_(dir / (name + ".tmp")), comm_(comm), root_(comm_rank(comm) == 0) {}
+
+  // Rank 0 creates the file and every dataset (contiguous, allocated at
+  // creation: the data's place in the file is fixed); every rank learns
+  // where each dataset starts.
+  std::vector<int64_t> create(const std::vector<Entry>& list) {
+    std::vector<int64_t> offsets(list.size());
+    agree(
+        comm_, "creating the checkpoint",
+        [&] {
+          std::error_code ec;
+          fs::create_directories(dir_, ec);
+          if (ec) fail("cannot create {}: {}", dir_.string(), ec.message());
+          if (root_) offsets = create_datasets(list);
+        },
+        [&] { cleanup(); });
+    dist::WaitScope waiting("io", "checkpoint layout broadcast");
+    MPI_Bcast(offsets.data(), static_cast<int>(offsets.size()), MPI_INT64_T, 0, comm_);
+    return offsets;
+  }
+
+  // Disk full, EIO, quota: a rank's own writes can fail alone. One worker
+  // more than compute threads: the disk is kept busy while the others copy
+  // and hash.
+  std::vector<std::string> write_slabs(const std::vector<ByteRange>& slabs, c10::Device device) {
     std::vector<std::string> digests;
     agree(
-        comm, "writing its checkpoint slabs",
+        comm_, "writing its checkpoint slabs",
         [&] {
           digests =
-              write_hashed(tmp_path.string(), slabs, {at::get_num_threads() + 1, /*direct=*/true, device}).digests;
+              write_hashed(tmp_path_.string(), slabs, {at::get_num_threads() + 1, /*direct=*/true, device}).digests;
         },
-        [&] { abandon(file, tmp_path, root); });
-    // A rank killed halfway through: `latest` must stay on the previous, loadable checkpoint.
-    if (fault_requested("DITRL_TEST_KILL_IN_CHECKPOINT", comm_rank(comm), meta.step)) std::raise(SIGKILL);
-    std::string manifest = gather_manifest(list, digests, comm);
+        [&] { cleanup(); });
+    return digests;
+  }
 
-    // Rank 0's generator states land (Dataset::write); their digests are shared.
+  // Rank 0 adds the generator states, the manifest and the attributes and
+  // closes the file (writing its metadata); every rank then fsyncs: what it
+  // wrote through its own node's page cache (slab edges, rank 0's metadata)
+  // is not durable before, nor are direct writes still in a disk's cache.
+  void finish(std::string manifest, const CheckpointMeta& meta, c10::Device device) {
+    agree(
+        comm_, "closing and syncing the checkpoint",
+        [&] {
+          if (root_) write_metadata(std::move(manifest), meta, device);
+          fsync_file(tmp_path_.string());
+        },
+        [&] { cleanup(); });
+  }
+
+  // Rank 0 renames the file to its final name, moves `latest` to it and
+  // removes the checkpoints beyond `keep`. A failure here leaves a complete
+  // checkpoint that `latest` may not name yet (`--resume auto` finds it).
+  void commit(int64_t keep) {
+    agree(
+        comm_, "committing the checkpoint",
+        [&] {
+          if (root_) commit_on_root(keep);
+        },
+        [&] {
+          if (!root_) return;
+          std::error_code ignored;
+          fs::remove(tmp_path_, ignored);
+          fs::remove(dir_ / "latest.tmp", ignored);
+        },
+        fmt::format("checkpoint {} not committed (latest unchanged)", name_));
+  }
+
+  std::string path() const { return (dir_ / name_).string(); }
+
+ private:
+  std::vector<int64_t> create_datasets(const std::vector<Entry>& list) {
+    // Large datasets start on O_DIRECT block boundaries, so whole slabs go out directly.
+    file_ = h5::File::create(tmp_path_.string(), MPI_COMM_NULL,
+                             {/*many_objects=*/true, /*data_alignment=*/kDirectAlignment});
+    std::vector<int64_t> offsets;
+    for (const Entry& e : list)
+      offsets.push_back(file_->create_dataset(e.path, at::kFloat, dims(e.shape), preallocated()).file_offset());
+    return offsets;
+  }
+
+  void write_metadata(std::string manifest, const CheckpointMeta& meta, c10::Device device) {
     for (const auto& [path, on] : generators(device)) {
-      at::Tensor rng = at::globalContext().defaultGenerator(on).get_state();
-      {
-        dist::WaitScope waiting("io", "checkpoint generator state broadcast");
-        MPI_Bcast(rng.data_ptr(), static_cast<int>(rng.numel()), MPI_BYTE, 0, comm);
-      }
-      h5::Dataset rng_set = file.create_dataset(path, at::kByte, {static_cast<hsize_t>(rng.numel())});
-      rng_set.write(rng);
+      const at::Tensor rng = at::globalContext().defaultGenerator(on).get_state();
+      file_->create_dataset(path, at::kByte, {static_cast<hsize_t>(rng.numel())}).write(rng);
       manifest += fmt::format("{} 0 {} {}\n", path, rng.numel(), digest(rng));
     }
-    // A rank stopped before the attributes: the others must not wait in their writes forever.
-    if (fault_requested("DITRL_TEST_STOP_IN_CHECKPOINT", comm_rank(comm), meta.step)) std::raise(SIGSTOP);
-    file.set_attr("sha256_manifest", manifest);
+    file_->set_attr("sha256_manifest", manifest);
+    file_->set_attr("format", kFormat);
+    file_->set_attr("step", meta.step);
+    file_->set_attr("rollout_id", meta.rollout_id);
+    file_->set_attr("world_size", meta.world_size);
+    file_->set_attr("adam_step", meta.adam_step);
+    file_->set_attr("data_position", meta.data_position);
+    file_->set_attr("deck", meta.deck);
+    file_->set_attr("complete", int64_t{1});
+    file_->close();
+  }
 
-    file.set_attr("format", kFormat);
-    file.set_attr("step", meta.step);
-    file.set_attr("rollout_id", meta.rollout_id);
-    file.set_attr("world_size", meta.world_size);
-    file.set_attr("adam_step", meta.adam_step);
-    file.set_attr("data_position", meta.data_position);
-    file.set_attr("deck", meta.deck);
-    file.set_attr("complete", int64_t{1});
-    // Closing writes the metadata; every rank fsyncs: what it wrote through
-    // its own node's page cache (slab edges, its share of the metadata) is
-    // not durable before, nor are direct writes still in a disk's write cache.
-    agree(
-        comm, "closing and syncing the checkpoint",
-        [&] {
-          file.close();
-          fsync_file(tmp_path.string());
-        },
-        [&] { abandon(file, tmp_path, root); });
+  void commit_on_root(int64_t keep) {
+    std::error_code ec;
+    fs::rename(tmp_path_, dir_ / name_, ec);
+    if (ec) fail("cannot rename {} to {}: {}", tmp_path_.string(), name_, ec.message());
+    write_pointer(dir_, name_);
+    // Committed: a checkpoint beyond `keep` that cannot be removed is only reported.
+    const auto all = checkpoints_in(dir_);
+    for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i)
+      if (!fs::remove(all[i].second, ec) && ec)
+        spdlog::warn("checkpoint {} beyond checkpoint.keep = {} not removed: {}", all[i].second.string(), keep,
+                     ec.message());
   }
-  {
-    dist::WaitScope waiting("io", "checkpoint barrier (synced)");
-    MPI_Barrier(comm);
+
+  void cleanup() {
+    if (root_) abandon(file_, tmp_path_);
   }
-  if (root) {
-    fs::rename(tmp_path, final_path);
-    write_pointer(dir, name);
-    const auto all = checkpoints_in(dir);
-    for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) fs::remove(all[i].second);
+
+  fs::path dir_;
+  std::string name_;
+  fs::path tmp_path_;
+  MPI_Comm comm_;
+  bool root_;
+  std::optional<h5::File> file_;  // rank 0's
+};
+
+}  // namespace
+
+std::string save_checkpoint(const std::string& out_dir, const TrainingState& state, const CheckpointMeta& meta,
+                            int64_t keep, MPI_Comm comm) {
+  CheckpointWriter writer(fs::path(out_dir) / "checkpoints", fmt::format("step-{}.h5", meta.step), comm);
+  const std::vector<Entry> list = entries(state);
+  const std::vector<int64_t> offsets = writer.create(list);
+  // Each rank writes its slabs itself, hashing them on the way: no collective
+  // per dataset, no HDF5 selection per write, no page cache for the bulk.
+  std::vector<ByteRange> slabs(list.size());
+  for (size_t i = 0; i < list.size(); ++i) {
+    const Entry& e = list[i];
+    if (e.values.defined())
+      slabs[i] = {offsets[i] + e.begin * e.values.element_size(), e.values.data_ptr(),
+                  e.values.numel() * e.values.element_size()};
   }
-  dist::WaitScope waiting("io", "checkpoint barrier (committed)");
-  MPI_Barrier(comm);
-  return final_path.string();
+  // The slabs were computed on the device's streams; the staging copies run on others.
+  if (state.device.is_cuda()) c10::impl::VirtualGuardImpl(state.device.type()).synchronizeDevice(state.device.index());
+  const std::vector<std::string> digests = writer.write_slabs(slabs, state.device);
+  // A rank killed halfway through: `latest` must stay on the previous, loadable checkpoint.
+  if (fault_requested("DITRL_TEST_KILL_IN_CHECKPOINT", comm_rank(comm), meta.step)) std::raise(SIGKILL);
+  std::string manifest = gather_manifest(list, digests, comm);
+  // A rank stopped before the metadata: rank 0 must not wait for it forever.
+  if (fault_requested("DITRL_TEST_STOP_IN_CHECKPOINT", comm_rank(comm), meta.step)) std::raise(SIGSTOP);
+  writer.finish(std::move(manifest), meta, state.device);
+  writer.commit(keep);
+  return writer.path();
 }
 
 std::string resolve_checkpoint(const std::string& out_dir, const std::string& which) {

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -56,9 +57,19 @@ std::string error_stack() {
   return text.empty() ? "no HDF5 error detail" : text;
 }
 
+// The file drivers report a refused write as "errno = N, error message = ...".
+bool stack_says_no_space(const std::string& stack) {
+  for (const int error : {ENOSPC, EDQUOT})
+    if (stack.find(fmt::format("errno = {},", error)) != std::string::npos) return true;
+  return false;
+}
+
 [[noreturn]] void raise(const std::string& context, const std::string& what) {
   const std::string stack = error_stack();
-  throw Error(fmt::format("HDF5: {}: {}{} [{}]", context, what, space_note(context), stack));
+  const std::string note = space_note(context);
+  const std::string message = fmt::format("HDF5: {}: {}{} [{}]", context, what, note, stack);
+  if (!note.empty() || stack_says_no_space(stack)) throw DiskFull(message);
+  throw Error(message);
 }
 
 hid_t checked_id(hid_t id, const std::string& context, const std::string& what) {

@@ -48,6 +48,12 @@ class Target {
   bool direct_ok() const { return direct_ok_; }
   int64_t direct_bytes() const { return direct_bytes_; }
   int64_t buffered_bytes() const { return buffered_bytes_; }
+  // A write that failed (errno read before anything can overwrite it).
+  [[noreturn]] void write_failed(int64_t size, int64_t offset) const {
+    const int error = errno;
+    fail_write(error, fmt::format("{}: writing {} bytes at offset {} failed", path_, size, offset));
+  }
+
   std::string refused() {
     std::lock_guard<std::mutex> lock(refused_mutex_);
     return refused_;
@@ -57,7 +63,7 @@ class Target {
     while (size > 0) {
       const ssize_t n = ::pwrite(buffered_.get(), data, static_cast<size_t>(size), offset);
       if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) fail("{}: writing {} bytes at offset {} failed: {}", path_, size, offset, std::strerror(errno));
+      if (n <= 0) write_failed(size, offset);
       buffered_bytes_ += n;
       data += n, size -= n, offset += n;
     }
@@ -75,7 +81,7 @@ class Target {
         direct_ok_ = false;
         break;
       }
-      if (n <= 0) fail("{}: writing {} bytes at offset {} failed: {}", path_, size, offset, std::strerror(errno));
+      if (n <= 0) write_failed(size, offset);
       direct_bytes_ += n;
       data += n, size -= n, offset += n;
       if (n % kDirectAlignment != 0) break;

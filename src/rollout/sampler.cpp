@@ -50,6 +50,7 @@ GroupResult denoise(models::Family& family, const models::ForwardContext& ctx, c
   GroupResult out;
   const diffusion::StepKernel ode{diffusion::SdeType::Ode, 0.0};
   for (int64_t i = 0; i < schedule.steps(); ++i) {
+    if (options.before_step) options.before_step(i);
     if (contains(steps.return_latents, i)) out.kept.push_back(x);
     // The schedule is host data: each step's values travel once, as copies.
     const auto on_device = [&](const at::Tensor& grid, int64_t k) {

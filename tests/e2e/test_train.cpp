@@ -165,7 +165,7 @@ TEST_CASE("train: a rank killed in the middle of a checkpoint leaves `latest` lo
   CHECK_THAT(resumed.output, Contains("rollout 4/4"));
 }
 
-TEST_CASE("train: SIGTERM checkpoints at the next rollout boundary and exits 0", "[e2e][signal]") {
+TEST_CASE("train: SIGTERM checkpoints at the next safe point and exits 0", "[e2e][signal]") {
   const std::string out = test::fresh_output_dir("e2e_sigterm");
   // The job runs in the background; once its first rollout is logged, each of
   // its ranks (the ditrl children of this job's mpiexec, no other process on

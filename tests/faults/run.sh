@@ -12,6 +12,9 @@ SCENARIO=$1 DITRL=$2 MPIEXEC=$3 ROOT=$4 SRC=$5
 OUT=$ROOT/$SCENARIO
 rm -rf "$OUT" && mkdir -p "$OUT"
 DECK=$SRC/inputs/quickstart.toml
+# Rollouts several times slower than Open MPI's default second between its TERM
+# to the ranks and SIGKILL (2.5-8 s here), each denoising step short (~20 ms).
+SLOW=(--set rollout.steps=400 --set rollout.height=16 --set rollout.width=16)
 # Tiny and fast: 1 optimizer step per rollout, a checkpoint after each.
 BASE=(--set run.out_dir="$OUT/run" --set checkpoint.every=1 --set checkpoint.keep=3 --set train.num_rollouts=200)
 # DITRL_FAULT_SETS: more deck settings for every job (the GPU variant: --set run.device=cuda).
@@ -63,9 +66,36 @@ wait_for() {
   done
 }
 latest_step() { cat "$OUT/run/checkpoints/latest" 2>/dev/null; }
-# The committed state must still resume (each checkpoint is verified on load).
+# children PID: PID's child processes (of all its threads), one per line, cheap enough to poll.
+children() { cat /proc/"$1"/task/*/children 2>/dev/null | tr -s ' ' '\n' | grep .; }
+# handles PID SIGNAL: whether PID has a handler for SIGNAL (its SigCgt bit).
+handles() {
+  local mask; mask=$(awk '/^SigCgt/ {print $2}' "/proc/$1/status" 2>/dev/null)
+  [[ -n $mask ]] && (( (16#$mask >> ($(kill -l "$2") - 1)) & 1 ))
+}
+# Where a stop signal took effect, for the tables: from rank 0's own log
+# (mpirun stops passing on its ranks' output once it has a TERM of its own).
+stop_point() {
+  grep -ho "received during start-up: exiting [^(]*\|rollout [0-9/]* dropped [^;]*\|checkpointed after rollout [0-9/]*; exiting" \
+    "$OUT/run/logs/rank-0.log" "$OUT/job.log" 2>/dev/null | head -1 | sed -E 's/received during start-up: exiting before (building|rollout [0-9]+).*/start-up before \1/;
+      s/rollout ([0-9]+)\/[0-9]+ dropped/r\1 dropped/; s/ \(none of it trained\)//; s/checkpointed after rollout ([0-9]+).*/end of r\1/' | tr ' ' '-'
+}
+# Where a full disk was met, from the job log, for the tables.
+disk_phase() {
+  local log=$OUT/job.log
+  if grep -q "collective timeout" "$log"; then grep -o "waited [0-9.]* s in io [A-Za-z0-9_]*" "$log" | head -1 | tr ' ' '-'
+  elif grep -q "creating the checkpoint\|cannot create file" "$log"; then echo create
+  elif grep -q "closing and syncing\|closing (writing its metadata)" "$log"; then echo metadata
+  elif grep -q "checkpoint slabs\|bytes at offset" "$log"; then echo slabs
+  elif grep -q "status.tmp" "$log"; then echo status
+  elif grep -qi "metrics" "$log"; then echo metrics
+  else echo other
+  fi
+}
+# The committed state must still resume (each checkpoint is verified on load);
+# ARGS: the job's own deck settings.
 check_resumes() {
-  $MPIEXEC -np 2 "$DITRL" train "$DECK" "${BASE[@]}" --resume latest --max-rollouts 1 >"$OUT/resume.log" 2>&1 ||
+  $MPIEXEC -np 2 "$DITRL" train "$DECK" "${BASE[@]}" "$@" --resume latest --max-rollouts 1 >"$OUT/resume.log" 2>&1 ||
     { tail -n 20 "$OUT/resume.log" >&2; fail "resuming from latest ($(latest_step)) failed"; }
   grep -q "resumed from" "$OUT/resume.log" || fail "the resume did not load a checkpoint"
 }
@@ -122,16 +152,16 @@ case $SCENARIO in
     ;;
 
   stopped_rank_in_checkpoint)
-    # Stopped inside a checkpoint, before its attributes: the live rank's
-    # attribute write is collective metadata that parallel HDF5 turns into MPI
-    # calls of its own, which the watchdog must cover too.
+    # Stopped inside a checkpoint, before its metadata: rank 0 writes the
+    # metadata alone, then waits for rank 1 in the agreement that ends every
+    # step of a save, which the watchdog must cover too.
     timeout=5
     DITRL_TEST_STOP_IN_CHECKPOINT=1:2 start --set parallel.collective_timeout_s=$timeout
     finish 120
     [[ $rc == hung ]] && fail "the job did not end within $took s"
     (( rc != 0 )) || fail "exit code 0 after a stopped rank"
-    grep -q "collective timeout on rank 0: waited [0-9.]* s in io H5Awrite(sha256_manifest)" "$OUT/job.log" ||
-      fail "no watchdog message naming the attribute write"
+    grep -q "collective timeout on rank 0: waited [0-9.]* s in io agreement after closing and syncing the checkpoint" \
+      "$OUT/job.log" || fail "no watchdog message naming the checkpoint's agreement"
     grep -q "rank 1 (not responding" "$OUT/job.log" || fail "the message does not name rank 1"
     [[ $(latest_step) == step-1.h5 ]] || fail "latest is '$(latest_step)', not step-1.h5"
     check_resumes
@@ -171,30 +201,55 @@ case $SCENARIO in
     ;;
 
   disk_full_checkpoint)
-    # A 24 MiB tmpfs in a private mount namespace fills during a checkpoint or
-    # a metrics write; tried at sizes that fill it at different points.
+    # A tmpfs of 3..19 MiB in a private mount namespace fills during a
+    # checkpoint or a metrics write, at sizes that fill it at different
+    # points (DITRL_FAULT_SIZES: other sizes, e.g. finer steps around one
+    # checkpoint's size). Every try must end with exit 1 (the ranks agreed on
+    # the error, or rank 0 alone failed outside a checkpoint and ended the
+    # job), never at the watchdog's deadline; the cause named ("checkpoint
+    # not written: disk full" when a checkpoint hit it); no temporary file
+    # left to keep the disk full; and `latest`, where present, on a complete
+    # step file. The tmpfs exists only inside the namespace, so its listing
+    # is taken there before it goes. All tries run; the failures are listed.
     unshare -m true 2>/dev/null || { echo "SKIPPED: no mount namespaces here"; exit 77; }
-    tries=${DITRL_FAULT_TRIES:-20} passes=0 table=""
+    tries=${DITRL_FAULT_TRIES:-20} table="" bad=""
+    read -ra sizes <<<"${DITRL_FAULT_SIZES:-}"
+    (( ${#sizes[@]} > 0 )) && tries=${#sizes[@]}
     for ((i = 0; i < tries; i++)); do
-      size=$((3 + (i * 7) % 17))M
-      rm -rf "$OUT/mnt" && mkdir -p "$OUT/mnt"
-      unshare -m bash -c "mount -t tmpfs -o size=$size tmpfs '$OUT/mnt' && exec $MPIEXEC -np 2 '$DITRL' train '$DECK' \
-        --set run.out_dir='$OUT/mnt/run' --set checkpoint.every=1 --set checkpoint.keep=2 \
-        --set train.num_rollouts=40 --set parallel.collective_timeout_s=10" >"$OUT/job.log" 2>&1 &
+      size=${sizes[i]:-$((3 + (i * 7) % 17))M}
+      rm -rf "$OUT/mnt" "$OUT/left" && mkdir -p "$OUT/mnt"
+      unshare -m bash -c "mount -t tmpfs -o size=$size tmpfs '$OUT/mnt' || exit 99
+        $MPIEXEC -np 2 '$DITRL' train '$DECK' --set run.out_dir='$OUT/mnt/run' --set checkpoint.every=1 \
+          --set checkpoint.keep=2 --set train.num_rollouts=40 --set parallel.collective_timeout_s=10
+        rc=\$?
+        mkdir -p '$OUT/left' && ls -A '$OUT/mnt/run/checkpoints' >'$OUT/left/files' 2>/dev/null
+        cat '$OUT/mnt/run/checkpoints/latest' >'$OUT/left/latest' 2>/dev/null
+        df -k --output=avail '$OUT/mnt' | tail -n 1 >'$OUT/left/avail'
+        exit \$rc" >"$OUT/job.log" 2>&1 &
       job=$!
       finish 240
       [[ $rc == hung ]] && fail "try $i ($size): hung for $took s"
-      (( rc != 0 )) || fail "try $i ($size): exit 0 on a full disk"
-      [[ $rc == 1 || $rc == 124 ]] || fail "try $i ($size): exit $rc (a crash?), expected 1 (agreed error) or 124 (watchdog)"
-      if [[ -f $OUT/mnt/run/checkpoints/latest ]]; then
-        named=$(cat "$OUT/mnt/run/checkpoints/latest")
-        [[ -f $OUT/mnt/run/checkpoints/$named && $named != *.tmp ]] || fail "try $i ($size): latest names '$named', not a checkpoint"
+      (( rc != 99 )) || { echo "SKIPPED: cannot mount a tmpfs in a mount namespace"; exit 77; }
+      cp "$OUT/job.log" "$OUT/job-$i.log"
+      why=""
+      (( rc == 1 )) || why+="exit $rc, expected 1 (124: the watchdog ended a hang); "
+      where=$(disk_phase)
+      if grep -q "checkpoint not written" "$OUT/job.log"; then
+        grep -q "checkpoint not written: disk full" "$OUT/job.log" || why+="the checkpoint error does not say disk full; "
+      elif ! grep -Eq "No space left on device|is full|errno 28" "$OUT/job.log"; then
+        why+="the error does not name the cause; "
       fi
-      grep -Eq "No space left on device|is full|errno 28" "$OUT/job.log" || fail "try $i ($size): the error does not name the cause"
-      table+="$size:rc$rc "
-      passes=$((passes + 1))
+      left=$(grep -E '\.tmp$' "$OUT/left/files" 2>/dev/null | tr '\n' ' ')
+      [[ -z $left ]] || why+="temporary files left on the full disk: $left; "
+      named=$(cat "$OUT/left/latest" 2>/dev/null)
+      if [[ -n $named ]] && ! { grep -qx "$named" "$OUT/left/files" && [[ $named == step-*.h5 ]]; }; then
+        why+="latest names '$named', not a step file there; "
+      fi
+      [[ -z $why ]] || bad+="try $i ($size): $why"
+      table+="$size:rc$rc:$where:${took}s:$(cat "$OUT/left/avail" 2>/dev/null | tr -d ' ')kB-free "
     done
-    pass "$passes/$tries tries ended with the cause named, no hang ($table)"
+    [[ -z $bad ]] || fail "$bad(all tries: $table)"
+    pass "$tries/$tries tries exit 1 with the cause named, no .tmp left, no hang ($table)"
     ;;
 
   corrupt_latest)
@@ -328,6 +383,122 @@ case $SCENARIO in
     [[ $(cat "$OUT/run/status" 2>/dev/null) == preempted ]] || fail "status is not preempted"
     [[ -n $(latest_step) ]] || fail "no checkpoint written on TERM"
     pass "TERM through mpirun: rc 0, status preempted, checkpoint $(latest_step)"
+    ;;
+
+  signal_startup_early)
+    # A stop signal while a rank's libraries run their static initializers
+    # (LibTorch's take most of its first second; the handlers used to come
+    # only in `train`, 0.36-0.88 s after exec, so such a signal ended the rank
+    # with 143/138 and no status): stall_init.c, preloaded into the ranks,
+    # holds each one 2 s just before main and says so; both ranks get the
+    # signal there. The handlers the executable installs before those
+    # initializers must record it: the run comes up, agrees to stop before
+    # building the model, writes status = preempted and exits 0. In
+    # deterministic mode the process re-executes itself: a signal recorded in
+    # the first image must stay pending across the exec (image 1), one in the
+    # second image's start-up must be recorded again (image 2).
+    stall=${DITRL_FAULT_STALL_LIB:-}
+    if [[ ! -f $stall ]]; then  # not built (a build of the ditrl target alone): build it here
+      stall=$OUT/stall_init.so
+      cc -shared -fPIC -o "$stall" "$SRC/tests/faults/stall_init.c" 2>"$OUT/cc.log" ||
+        { echo "SKIPPED: no stall library and cc cannot build tests/faults/stall_init.c: $(head -1 "$OUT/cc.log")"; exit 77; }
+    fi
+    tries=("TERM false 1" "USR1 false 1" "TERM true 1" "USR1 true 1" "TERM true 2" "USR1 true 2")
+    table=""
+    for try in "${tries[@]}"; do
+      read -r sig det image <<<"$try"
+      rm -rf "$OUT/run" "$OUT"/mark.*
+      : >"$OUT/job.log"
+      $MPIEXEC -np 2 -x LD_PRELOAD="$stall" -x DITRL_TEST_STALL_INIT="$OUT/mark" "$DITRL" train "$DECK" "${BASE[@]}" \
+        --set train.num_rollouts=3 --set run.deterministic="$det" >"$OUT/job.log" 2>&1 &
+      job=$!
+      t0=$SECONDS
+      # Both ranks (children of this mpiexec) in image $image's stall.
+      until ranks=$(for p in $(children "$job"); do (( $(wc -l <"$OUT/mark.$p" 2>/dev/null || echo 0) >= image )) && echo "$p"; done)
+            (( $(wc -w <<<"$ranks") == 2 )); do
+        (( SECONDS - t0 > 120 )) && fail "$try: the ranks never reached the stall before main"
+        kill -0 "$job" 2>/dev/null || fail "$try: the job ended before both ranks reached the stall"
+        sleep 0.02
+      done
+      at_send=""
+      for p in $ranks; do
+        handles "$p" "$sig" && at_send+="handler," || at_send+="none,"
+        kill -"$sig" "$p"
+      done
+      finish 180
+      [[ $rc == hung ]] && fail "$try: hung after the signal"
+      (( rc == 0 )) || fail "$try: exit $rc after $sig before main (handlers at the send: $at_send)"
+      [[ $(cat "$OUT/run/status" 2>/dev/null) == preempted ]] ||
+        fail "$try: status is '$(cat "$OUT/run/status" 2>/dev/null)', not preempted (the signal was lost?)"
+      table+="$sig$([[ $det == true ]] && echo "-det-image$image"):${at_send%,}:$(stop_point) "
+    done
+    pass "${#tries[@]}/${#tries[@]} tries rc 0, status preempted ($table)"
+    ;;
+
+  signal_mpirun_term)
+    # TERM to mpirun itself (what `kill`, `timeout` and schedulers that signal
+    # only the launcher send), as README starts it (Open MPI's default delay:
+    # the ranks get TERM 1 s after mpirun, SIGKILL 1 s later), at random
+    # moments of rollouts slower than that second: the ranks stop at their
+    # next safe point, checkpoint and write status = preempted; `latest`
+    # resumes. mpirun exits 1 after a TERM of its own however its ranks
+    # ended (Open MPI's choice), so its code is recorded, not asserted.
+    tries=${DITRL_FAULT_TRIES:-3} table=""
+    RANDOM=7
+    for ((i = 0; i < tries; i++)); do
+      rm -rf "$OUT/run"
+      start --set checkpoint.every=1000 "${SLOW[@]}"
+      wait_for "rollout 2/200" 600
+      delay=$((RANDOM % 6000))
+      sleep "$(printf '%d.%03d' $((delay / 1000)) $((delay % 1000)))"
+      kill -TERM "$job"
+      finish 60
+      [[ $rc == hung ]] && fail "try $i: hung after TERM"
+      [[ $(cat "$OUT/run/status" 2>/dev/null) == preempted ]] ||
+        fail "try $i (TERM $delay ms after rollout 2): status is '$(cat "$OUT/run/status" 2>/dev/null)', not preempted (rc $rc)"
+      saved=$(latest_step)
+      [[ -n $saved ]] || fail "try $i: no checkpoint written on TERM"
+      check_resumes "${SLOW[@]}"
+      table+="+${delay}ms:rc$rc:$(stop_point):$saved:${took}s "
+    done
+    pass "$tries/$tries tries checkpointed with status preempted ($table)"
+    ;;
+
+  signal_jobsh_term)
+    # slurm/job.sh's mpirun path during rollouts slower than a second, as a
+    # plain `scancel` or a preemption on one node signals it: TERM to the
+    # batch shell, mpirun and the ranks at once; then TERM to mpirun alone
+    # (its ranks hear of it only when mpirun passes it on, after job.sh's
+    # OMPI_MCA_odls_base_sigkill_timeout). Both times the ranks checkpoint,
+    # status is preempted and job.sh exits 0 although mpirun exits 1.
+    table=""
+    for who in all mpirun; do
+      rm -rf "$OUT/run"
+      : >"$OUT/job.log"  # now: wait_for must not read the previous job's log
+      SLURM_NTASKS=2 DITRL_LAUNCHER=mpirun DITRL="$DITRL" DITRL_OUT="$OUT/run" \
+        DITRL_SET="checkpoint.every=1000 train.num_rollouts=200 rollout.steps=400 rollout.height=16 rollout.width=16" \
+        bash "$SRC/slurm/job.sh" "$DECK" >"$OUT/job.log" 2>&1 &
+      job=$!
+      wait_for "rollout 2/200" 600
+      launcher=""
+      for p in $(children "$job"); do [[ $(cat "/proc/$p/comm" 2>/dev/null) == mpirun ]] && launcher=$p; done
+      [[ -n $launcher ]] || fail "$who: no mpirun under job.sh"
+      targets=$launcher
+      if [[ $who == all ]]; then
+        targets+=" $job $(children "$launcher" | tr '\n' ' ')"
+        (( $(wc -w <<<"$targets") == 4 )) || fail "all: expected job.sh, mpirun and 2 ranks, found: $targets"
+      fi
+      kill -TERM $targets
+      finish 200
+      [[ $rc == hung ]] && fail "$who: hung after TERM"
+      (( rc == 0 )) || fail "$who: job.sh exited $rc after TERM"
+      [[ $(cat "$OUT/run/status" 2>/dev/null) == preempted ]] || fail "$who: status is not preempted"
+      saved=$(latest_step)
+      [[ -n $saved ]] || fail "$who: no checkpoint written on TERM"
+      check_resumes "${SLOW[@]}"
+      table+="TERM-$who:$(grep -o 'step exited [0-9]*' "$OUT/job.log" | tr ' ' '-'):$(stop_point):$saved:${took}s "
+    done
+    pass "TERM through job.sh's mpirun: rc 0, status preempted, checkpoint written ($table)"
     ;;
 
   *) fail "unknown scenario" ;;

@@ -8,7 +8,9 @@
 #      latest, finishes, and its metrics equal an uninterrupted run's;
 #   3. both launchers (srun, and mpirun inside the allocation) during
 #      rollouts slower than Open MPI's ~1 s kill delay: USR1 to the batch
-#      shell checkpoints and requeues, TERM checkpoints and ends the job 0.
+#      shell checkpoints and requeues, TERM checkpoints and ends the job 0,
+#      and a plain `scancel` (TERM to every process of the job, SIGKILL
+#      after KillWait) checkpoints before Slurm's SIGKILL.
 # Exit 77 (CTest SKIP_RETURN_CODE) with the reason when the daemons cannot
 # be set up here. Usage: tests/slurm/run.sh [path/to/ditrl]
 set -uo pipefail
@@ -94,24 +96,32 @@ check "preempted run status complete" grep -qx complete "$out/status"
 check "preempted+resumed metrics equal the uninterrupted run's (bitwise, perf/* aside)" \
   "$DITRL" standard check "$out" ref.json
 
-# 3. Slow rollouts (40 SDE steps at 16x16 take seconds each) under each
+# 3. Slow rollouts (400 steps at 16x16: 2.5-8 s each, ~20 ms a step) under each
 # launcher: the signal must reach the ranks as a checkpoint request, not as
 # mpirun's kill.
-export DITRL_SET="train.num_rollouts=200 checkpoint.every=1000 rollout.steps=40 rollout.height=16 rollout.width=16"
+export DITRL_SET="train.num_rollouts=200 checkpoint.every=1000 rollout.steps=400 rollout.height=16 rollout.width=16"
 for launcher in srun mpirun; do
-  for signal in USR1 TERM; do
+  for signal in USR1 TERM cancel; do
     name=$launcher-$signal
     job=$(DITRL_LAUNCHER=$launcher sbatch --parsable "${SIZE[@]}" -J "$name" -o "$name-%j.out" "$ROOT/slurm/train.sbatch" \
       "$ROOT/inputs/quickstart.toml")
     out=$WORKDIR/runs/$name-$job
     check "$name: run reached rollout 2/200" waitfor 300 grep -qs "rollout 2/200" "$name-$job.out"
-    scancel --signal="$signal" --batch "$job"
-    check "$name: step exited 0 with status preempted" waitfor 120 grep -qs "step exited 0, status preempted" "$name-$job.out"
-    check "$name: checkpoint written on $signal" test -s "$out/checkpoints/latest"
+    if [[ $signal == cancel ]]; then
+      # The job ends by Slurm's hand; the ranks' log says how they stopped.
+      scancel "$job"
+      check "$name: status preempted before Slurm's SIGKILL" waitfor 60 grep -qsx preempted "$out/status"
+      check "$name: checkpoint written on scancel" test -s "$out/checkpoints/latest"
+      grep -h "signal [0-9]* received" "$out/logs/rank-0.log" | head -1
+    else
+      scancel --signal="$signal" --batch "$job"
+      check "$name: step exited 0 with status preempted" waitfor 120 grep -qs "step exited 0, status preempted" "$name-$job.out"
+      check "$name: checkpoint written on $signal" test -s "$out/checkpoints/latest"
+    fi
     if [[ $signal == USR1 ]]; then
       check "$name: requeued itself" grep -q "checkpointed on USR1, requeueing" "$name-$job.out"
     else
-      check "$name: not requeued on TERM" bash -c "! grep -q requeueing '$name-$job.out'"
+      check "$name: not requeued on $signal" bash -c "! grep -q requeueing '$name-$job.out'"
     fi
     scancel "$job" 2>/dev/null
     waitfor 60 bash -c "[[ -z \$(squeue -h -j $job 2>/dev/null) ]]"

@@ -1,7 +1,7 @@
 #pragma once
 
-// Checkpoints: OUT/checkpoints/step-<N>.h5, one per save, written
-// collectively over MPI-IO. Each rank writes its own slab (flat element range)
+// Checkpoints: OUT/checkpoints/step-<N>.h5, one per save, written by every
+// rank together. Each rank writes its own slab (flat element range)
 // of every trainable parameter and its AdamW moments into datasets of the full
 // logical shape, in the master dtype:
 //   /model/<canonical name>                     master values
@@ -13,9 +13,14 @@
 //   sha256_manifest (written after all data): one line per
 //   writer's slab, "<dataset> <begin> <end> <sha256 hex>", the digest of the
 //   stored bytes of flat elements [begin, end)
-// Datasets are contiguous, allocated when created (no fill values): every
-// rank creates them all in one pass (metadata only), then writes its slabs
-// with independent MPI-IO, so no dataset costs a collective. On load each
+// Datasets are contiguous, allocated when created (no fill values): rank 0
+// creates them all in one pass through HDF5's serial driver and writes the
+// file's metadata alone; every rank writes its slabs' bytes at their places
+// with its own file descriptor, so no dataset costs a collective and no step
+// of a save is a collective inside HDF5: a rank whose write fails (a full
+// disk) tells the others in ditrl's own agreement after that step, and the
+// save ends on every rank with the same error, its temporary file removed
+// ("checkpoint not written: disk full" when a write lacked space). On load each
 // rank reads, per dataset, the written slabs overlapping its range and checks
 // their digests, so a flipped byte is reported naming its dataset (format 1
 // checkpoints, chunked with Fletcher-32, still load). The file is written
@@ -67,7 +72,8 @@ struct TrainingState {
   c10::Device device = c10::kCPU;
 };
 
-// Collective. Returns the checkpoint's path.
+// Collective. Returns the checkpoint's path. A failure on any rank raises a
+// dist::AgreedError on every rank, the previous checkpoint and `latest` intact.
 std::string save_checkpoint(const std::string& out_dir, const TrainingState& state, const CheckpointMeta& meta,
                             int64_t keep, MPI_Comm comm);
 

@@ -20,6 +20,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -68,6 +69,10 @@ class Collector {
 
   // Samples rollout `rollout_id` with the current weights.
   RolloutBatch collect(int64_t rollout_id);
+  // The sampler's SamplerOptions::before_step from now on.
+  void set_before_step(std::function<void(int64_t step)> before_step) {
+    options_.sampler.before_step = std::move(before_step);
+  }
   // Reads a rollout produced elsewhere: `path` holds every sample, each rank
   // reads its own rows. Rewards come from the file when it has them, else
   // from the reward.

@@ -15,6 +15,7 @@
 #include <ditrl/rl/step_strategy.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -26,6 +27,10 @@ struct SamplerOptions {
   int64_t microgroup = 1;
   rl::ParityDump* dump = nullptr;  // [debug] dump: records the chosen samples' forwards
   c10::Device device = c10::kCPU;  // where latents live (the runtime's); noise is drawn on the CPU and copied
+  // Called before each denoising step with the step's index, on every rank in
+  // the same order; it may throw to abandon the rollout (`train` does on an
+  // agreed stop signal). Empty: never called.
+  std::function<void(int64_t step)> before_step;
 };
 
 // A rank's samples of one rollout.
