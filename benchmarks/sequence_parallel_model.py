@@ -17,7 +17,7 @@ bandwidth. Every assumption is a constant below.
 
 GIB = 2**30
 
-# Wan2.2-T2V-A14B (families.md §2.2): two experts of this shape.
+# Wan2.2-T2V-A14B (docs/families.md §2.2): two experts of this shape.
 EXPERTS, LAYERS, DIM, HEADS, FFN, TEXT = 2, 40, 5120, 40, 13824, 512
 PARAMS_PER_EXPERT = 14.3e9  # diffusers WanTransformer3DModel at this config
 # 480p x 81 frames: VAE /8 spatial, /4 temporal (+1), patch (1, 2, 2).

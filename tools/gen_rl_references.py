@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Writes tests/support/rl_reference_values.hpp: reference values for the
 diffusion/rl unit tests, computed with NumPy 1.x and torch (CPU) from the
-recipes of algorithms.md (diffusers is not installed; the scheduler is
+recipes of docs/algorithms.md (diffusers is not installed; the scheduler is
 re-derived from §1.1-1.2, ltx_core's LTX2Scheduler from its public source).
 
     /usr/bin/python3 tools/gen_rl_references.py > tests/support/rl_reference_values.hpp

@@ -114,7 +114,7 @@ int64_t training_micro_batch(const config::Config& c) {
 
 rl::StepStrategyOptions strategy_options(const config::Config& c) {
   rl::StepStrategyOptions o;
-  // Algorithms that train on no SDE transition sample with the ODE alone (algorithms.md §4.1).
+  // Algorithms that train on no SDE transition sample with the ODE alone (docs/algorithms.md §4.1).
   const bool ode = !rl::algorithm_traits(c.train.loss).sde_rollout || c.rollout.sde == "ode";
   o.strategy = ode ? "ode_and_return_last" : c.rollout.strategy;
   o.num_steps = c.rollout.steps;

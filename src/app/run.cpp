@@ -28,7 +28,7 @@ namespace ditrl::app {
 namespace {
 
 // The batch knobs against the `world` shares the samples are split into:
-// the ranks, or the sequence-parallel groups (algorithms.md §8).
+// the ranks, or the sequence-parallel groups (docs/algorithms.md §8).
 void check_batching(const config::Config& c, const rl::AlgorithmTraits& traits, int world) {
   if (c.train.global_batch % world != 0)
     fail("{}: train.global_batch = {} is not divisible by the {} {}", c.source, c.train.global_batch, world,

@@ -35,7 +35,7 @@ std::string quoted(const std::string& raw) {
   return out + "\"";
 }
 
-// Rules that span sections: the batch-knob invariant (algorithms.md §8) and
+// Rules that span sections: the batch-knob invariant (docs/algorithms.md §8) and
 // family-specific guidance rules.
 void validate_deck(const Config& c, Diagnostics& diag, const SourceMap& sources) {
   const Checker rollout(diag, sources, "rollout");

@@ -3,7 +3,7 @@
 
 namespace ditrl::diffusion {
 
-// Presets (algorithms.md §1.2 and the public pipelines; choices marked where
+// Presets (docs/algorithms.md §1.2 and the public pipelines; choices marked where
 // the spec is silent):
 // - sd3: SD3.5-medium, FlowMatchEuler static shift 3.0, the scheduler's own
 //   float64 grid (the pipeline passes no sigmas).

@@ -106,7 +106,7 @@ struct DtypeCode {
   int bits;
 };
 
-// Every code of the format (families.md §8.1 item 6).
+// Every code of the format (docs/families.md §8.1).
 constexpr DtypeCode kDtypeCodes[] = {
     {"BOOL", 8},    {"U8", 8},   {"I8", 8},      {"I16", 16},    {"U16", 16},        {"F16", 16},
     {"BF16", 16},   {"I32", 32}, {"U32", 32},    {"F32", 32},    {"F64", 64},        {"I64", 64},

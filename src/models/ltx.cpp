@@ -411,7 +411,7 @@ std::pair<at::Tensor, at::Tensor> LTX::forward(const LtxModality& video, const L
 // The velocity the rollout steps with and the trainer scores. ltx-pipelines
 // denoise in x0 space (X0Model: x0 = to_denoised(x, v, sigma), fp32 math
 // rounded to the latent dtype) and the trainer that matches them (miles)
-// turns that x0 back into a velocity (algorithms.md §9.4): both sides of a
+// turns that x0 back into a velocity (docs/algorithms.md §9.4): both sides of a
 // ditrl run go through this same round trip, and trajectories from such an
 // engine carry velocities with exactly these roundings.
 at::Tensor LTX::noise_pred(const at::Tensor& latents, const at::Tensor& /*timesteps*/, const at::Tensor& sigmas,
@@ -488,7 +488,7 @@ std::vector<WrapUnit> LTX::wrap_units() {
 }
 
 std::vector<std::string> LTX::default_lora_targets() const {
-  // families.md §3.7's projections, limited to the video stream the trainer
+  // docs/families.md §3.7's projections, limited to the video stream the trainer
   // runs: the bare suffixes ("to_q", "net.2") would also adapt the audio and
   // A/V attentions, whose adapters never get a gradient on the video path.
   return {"attn1.to_q", "attn1.to_k", "attn1.to_v",     "attn1.to_out.0", "attn2.to_q",

@@ -15,7 +15,7 @@ namespace json = boost::json;
 namespace {
 
 LtxConfig released(bool v23, bool audio) {
-  // families.md §3.2 (diffusers' convert_ltx2_to_diffusers.py version 2.0 /
+  // docs/families.md §3.2 (diffusers' convert_ltx2_to_diffusers.py version 2.0 /
   // 2.3 flags). Text length: the Gemma connector's 1024 tokens (FastVideo's
   // LTX2GemmaArchConfig.text_len; a prompt dataset fixes the real length).
   LtxConfig c;
@@ -30,7 +30,7 @@ LtxConfig released(bool v23, bool audio) {
 }
 
 LtxConfig tiny(bool audio) {
-  // families.md §6.3 (every 2.3 feature), with an audio stream of the same
+  // docs/families.md §6.3 (every 2.3 feature), with an audio stream of the same
   // head count as ltx_core's AudioVideo build requires.
   LtxConfig c = released(true, audio);
   c.num_attention_heads = 4;

@@ -75,9 +75,9 @@ std::vector<std::string> QwenImageConfig::preset_names() {
 }
 
 QwenImageConfig QwenImageConfig::preset(const std::string& name) {
-  if (name == "qwen-image") return QwenImageConfig{};  // families.md §4.2
+  if (name == "qwen-image") return QwenImageConfig{};  // docs/families.md §4.2
   if (name == "tiny") {
-    // families.md §6.4: every structural feature at hidden 64.
+    // docs/families.md §6.4: every structural feature at hidden 64.
     QwenImageConfig c;
     c.num_layers = 2;
     c.num_attention_heads = 4;
@@ -374,7 +374,7 @@ std::vector<WrapUnit> QwenImage::wrap_units() {
 }
 
 std::vector<std::string> QwenImage::default_lora_targets() const {
-  // miles configs/qwen_image.py (families.md §4.8).
+  // miles configs/qwen_image.py (docs/families.md §4.8).
   return {"to_q",
           "to_k",
           "to_v",
@@ -390,7 +390,7 @@ std::vector<std::string> QwenImage::default_lora_targets() const {
 }
 
 double QwenImage::guidance_scale(const GuidanceOptions& g, double /*timestep*/) const {
-  // algorithms.md §3.7: true_cfg_scale when set, else guidance_scale.
+  // docs/algorithms.md §3.7: true_cfg_scale when set, else guidance_scale.
   return g.true_cfg_scale ? *g.true_cfg_scale : g.scale;
 }
 

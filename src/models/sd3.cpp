@@ -40,7 +40,7 @@ std::vector<std::string> SD3Config::preset_names() {
 }
 
 SD3Config SD3Config::preset(const std::string& name) {
-  // families.md §1.2 (released checkpoints) and §6.1 (tiny, every structural feature).
+  // docs/families.md §1.2 (released checkpoints) and §6.1 (tiny, every structural feature).
   if (name == "sd3-medium") return real_config(24, 24, 192, 0, false);
   if (name == "sd3.5-medium") return real_config(24, 24, 384, 13, true);
   if (name == "sd3.5-large") return real_config(38, 38, 192, 0, true);
@@ -306,7 +306,7 @@ std::vector<WrapUnit> SD3::wrap_units() {
 }
 
 std::vector<std::string> SD3::default_lora_targets() const {
-  // miles configs/sd3.py and flow_grpo train_sd3.py (families.md §1.8).
+  // miles configs/sd3.py and flow_grpo train_sd3.py (docs/families.md §1.8).
   return {"attn.to_q",       "attn.to_k",       "attn.to_v",       "attn.to_out.0",
           "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out"};
 }

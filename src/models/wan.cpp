@@ -48,7 +48,7 @@ std::vector<std::string> WanConfig::preset_names() {
 }
 
 WanConfig WanConfig::preset(const std::string& name) {
-  // families.md §2.2 (diffusers' convert_wan_to_diffusers.py configs).
+  // docs/families.md §2.2 (diffusers' convert_wan_to_diffusers.py configs).
   if (name == "wan2.1-t2v-1.3b") return real_config(30, 12, 8960, 16, 1);
   if (name == "wan2.1-t2v-14b") return real_config(40, 40, 13824, 16, 1);
   if (name == "wan2.2-t2v-a14b") return real_config(40, 40, 13824, 16, 2);
@@ -370,7 +370,7 @@ std::vector<WrapUnit> Wan::wrap_units() {
 }
 
 std::vector<std::string> Wan::default_lora_targets() const {
-  // flow_grpo train_wan2_1.py and miles' default (families.md §2.8): the
+  // flow_grpo train_wan2_1.py and miles' default (docs/families.md §2.8): the
   // self- and cross-attention projections of every block (of both experts).
   return {"to_q", "to_k", "to_v", "to_out.0"};
 }

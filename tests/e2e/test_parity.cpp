@@ -57,7 +57,7 @@ std::vector<std::string> keys_of(const std::string& file) {
   return keys;
 }
 
-// The record points every family provides (families.md naming).
+// The record points every family provides (docs/families.md naming).
 void check_record_points(const std::string& file, const std::string& attention) {
   const io::h5::File f = io::h5::File::open(file);
   std::vector<std::string> paths;

@@ -75,7 +75,7 @@ TEST_CASE("lora: B = 0 leaves the base output bit for bit / only adapters train"
   const at::Tensor expected = batch.run(*base);
   const at::Tensor got = batch.run(*adapted);
   CHECK(at::equal(got, expected));
-  // Default targets (families.md §1.8): 8 per block, 7 in the context_pre_only
+  // Default targets (docs/families.md §1.8): 8 per block, 7 in the context_pre_only
   // last block (no to_add_out); attn2 is not targeted.
   int64_t adapters = 0;
   for (const auto& p : adapted->named_parameters()) {

@@ -410,7 +410,7 @@ TEST_CASE("ltx: presets have the released parameter counts / built on the meta d
     const char* preset;
     int64_t params;
   };
-  // families.md §3.2 and its verification notes: ltx_core's modules built at
+  // docs/families.md §3.2: ltx_core's modules built at
   // full size (LTX-2.3: video branch and full A/V transformer; LTX-2 with
   // its two caption projections).
   for (const Expected& e :

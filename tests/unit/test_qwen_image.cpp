@@ -64,7 +64,7 @@ TEST_CASE("qwen_image: the preset has the released parameter count / built on th
   o.device = c10::kMeta;
   auto family = create_family(o);
   for (const auto& p : family->parameters()) CHECK(p.is_meta());
-  CHECK(test::parameter_count(family->parameters()) == 20430401088);  // families.md §4.2
+  CHECK(test::parameter_count(family->parameters()) == 20430401088);  // docs/families.md §4.2
   const auto units = family->wrap_units();
   REQUIRE(units.size() == 60);
   CHECK(test::parameter_count(units[17].module->parameters()) == 339831296);
@@ -262,7 +262,7 @@ TEST_CASE("qwen_image: LoRA on the default targets starts at the base output", "
     CHECK(p.value().requires_grad() == lora);
     adapters += lora && p.key().find("lora_A") != std::string::npos;
   }
-  CHECK(adapters == 2 * 12);  // 12 targets per block (families.md §4.8)
+  CHECK(adapters == 2 * 12);  // 12 targets per block (docs/families.md §4.8)
   const ReferenceCase c = load_reference_case(fixture_path("qwen_image/case_1.safetensors"));
   CHECK(
       at::equal(run_reference_case(*adapted, c, false).at("output"), run_reference_case(*base, c, false).at("output")));
@@ -303,7 +303,7 @@ TEST_CASE("qwen_image: units run in order / recomputable - gradients reach every
   family->noise_pred(x, sigma * 1000, sigma, cond, {}).square().mean().backward();
   // The last block's text-stream outputs are discarded: its text queries get
   // exact zero gradients, its text output projection and MLP none at all
-  // (families.md §4.3).
+  // (docs/families.md §4.3).
   const std::set<std::string> dead = {
       "transformer_blocks.1.attn.add_q_proj.weight",   "transformer_blocks.1.attn.add_q_proj.bias",
       "transformer_blocks.1.attn.norm_added_q.weight", "transformer_blocks.1.attn.to_add_out.weight",

@@ -58,7 +58,7 @@ TEST_CASE("schedule: SD3.5 10 steps reproduces the spec's numbers and the sde fi
   o.steps = 10;
   o.shift = 3.0;
   const Schedule s = flow_match_schedule(o);
-  // algorithms.md §2.2 reference numbers (5 digits) and the exact last non-terminal sigma (§1.2).
+  // docs/algorithms.md §2.2 reference numbers (5 digits) and the exact last non-terminal sigma (§1.2).
   const std::vector<double> spec = {1.0,     0.96013, 0.91335, 0.85769, 0.79037, 0.70728,
                                     0.60215, 0.46488, 0.27805, 0.00893, 0.0};
   for (size_t i = 0; i < spec.size(); ++i) CHECK(s.sigma(static_cast<int64_t>(i)) == Approx(spec[i]).margin(5e-6));
@@ -83,7 +83,7 @@ TEST_CASE("schedule: 40-step SD3.5 timesteps do not divide back to their sigmas"
   o.steps = 40;
   o.shift = 3.0;
   const Schedule s = flow_match_schedule(o);
-  // algorithms.md §1.3: sigma[9] and sigma[11] fail the t/1000 round trip by -1 and +1 ULP.
+  // docs/algorithms.md §1.3: sigma[9] and sigma[11] fail the t/1000 round trip by -1 and +1 ULP.
   CHECK(static_cast<double>(s.sigma(9)) == 0.9094123840332031);
   CHECK(static_cast<double>(s.timestep(9)) == 909.412353515625);
   CHECK(static_cast<double>(s.timestep(9) / 1000.0f) == 0.9094123244285583);

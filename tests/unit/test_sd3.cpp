@@ -77,7 +77,7 @@ TEST_CASE("sd3: presets have the released parameter counts / built on the meta d
     int64_t params;
     int64_t pos_embed;
   };
-  // families.md §1.2 and its verification notes (trainable parameters, persistent pos_embed buffer).
+  // docs/families.md §1.2 (trainable parameters, persistent pos_embed buffer).
   for (const Expected& e : {Expected{"sd3-medium", 2028328000, 1536LL * 192 * 192},
                             Expected{"sd3.5-medium", 2243171520, 1536LL * 384 * 384},
                             Expected{"sd3.5-large", 8056627520, 2432LL * 192 * 192}}) {
@@ -181,7 +181,7 @@ TEST_CASE("sd3: pos_embed comes from the checkpoint / or the exact fp32-coordina
 
 TEST_CASE("sd3: noise_pred reads the trajectory timesteps t / never sigma", "[models][sd3]") {
   // The rollout ships two arrays: the timesteps t the scheduler fed the DiT
-  // and the sigma snapshot. They are rounded separately (algorithms.md §1.3):
+  // and the sigma snapshot. They are rounded separately (docs/algorithms.md §1.3):
   // the scheduler computes sigma in float64 and t = fl32(sigma64 * 1000) with
   // one rounding, while the snapshot stores fl32(sigma64), and
   // fl32(fl32(sigma64) * 1000) can land an ulp away from t. Deriving one

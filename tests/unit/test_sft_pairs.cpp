@@ -1,4 +1,4 @@
-// SFT pairs (algorithms.md §5): grid indices drawn per sample; with two
+// SFT pairs (docs/algorithms.md §5): grid indices drawn per sample; with two
 // experts every micro-batch trains one expert, a function of its window and
 // its place in its chunk, so the same on every rank at any rank count.
 #include <ditrl/diffusion/schedule_preset.hpp>

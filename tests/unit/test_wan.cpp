@@ -81,7 +81,7 @@ TEST_CASE("wan: presets have the released parameter counts / built on the meta d
     int64_t per_expert;
     size_t experts, blocks;
   };
-  // families.md §2.2 and its verification notes.
+  // docs/families.md §2.2.
   for (const Expected& e :
        {Expected{"wan2.1-t2v-1.3b", 1418996800, 1, 30}, Expected{"wan2.1-t2v-14b", 14288491584, 1, 40},
         Expected{"wan2.2-t2v-a14b", 14288491584, 2, 40}, Expected{"wan2.2-ti2v-5b", 4999787712, 1, 30}}) {

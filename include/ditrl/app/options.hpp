@@ -1,7 +1,7 @@
 #pragma once
 
 // The deck -> each subsystem's options. The subsystems below app/ never read
-// the deck (design.md §2); the commands build what they run from these, so
+// the deck (docs/design.md §2); the commands build what they run from these, so
 // `train`, `rollout`, `plan` and `export` build the same model the same way.
 
 #include <ditrl/config/deck.hpp>

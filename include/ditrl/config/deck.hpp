@@ -1,6 +1,6 @@
 #pragma once
 
-// A deck is a TOML file of sections (design.md §5). load_deck() parses it,
+// A deck is a TOML file of sections (docs/design.md §5). load_deck() parses it,
 // applies `--set section.key=value` overrides, reads every section with type,
 // range and unknown-key checks, runs each section's rules and the deck-wide
 // invariants, and reports all problems at once.

@@ -1,6 +1,6 @@
 #pragma once
 
-// The deck's sections (design.md §5). Each section lists its keys once in
+// The deck's sections (docs/design.md §5). Each section lists its keys once in
 // fields() and checks its cross-key rules in validate(); the subsystem that
 // consumes a section owns its rules. Defaults are the values a user gets when
 // a key is absent and are printed by `ditrl check`.

@@ -1,6 +1,6 @@
 #pragma once
 
-// Flow-matching sigma schedules (algorithms.md §1) and the snapshot a rollout
+// Flow-matching sigma schedules (docs/algorithms.md §1) and the snapshot a rollout
 // records. The trajectory's timesteps t and the sigmas the DiT consumed are
 // computed separately and can sit 1-2 fp32 ULPs apart (t = fl32(sigma * 1000)
 // does not divide back to sigma), so a Schedule keeps both arrays and nothing
@@ -36,7 +36,7 @@ struct DynamicShift {
 };
 
 // FlowMatchEulerDiscreteScheduler(__init__ config) + set_timesteps(n, sigmas, mu),
-// reproduced bit for bit (algorithms.md §1.1-1.2, NumPy 1.x promotion rules).
+// reproduced bit for bit (docs/algorithms.md §1.1-1.2, NumPy 1.x promotion rules).
 struct FlowMatchOptions {
   int64_t steps = 10;                    // n; ignored when `sigmas` is given (n = its size)
   int64_t num_train_timesteps = 1000;    // N

@@ -1,6 +1,6 @@
 #pragma once
 
-// One denoising transition x -> x_next with its Gaussian score (algorithms.md
+// One denoising transition x -> x_next with its Gaussian score (docs/algorithms.md
 // §2). The same function serves the rollout (draws or takes the noise and
 // returns x_next) and the trainer (scores a recorded x_next), so the two sides
 // run identical arithmetic. Everything is computed in fp32 whatever the

@@ -1,6 +1,6 @@
 #pragma once
 
-// safetensors checkpoints (families.md §8): a little-endian u64 header length,
+// safetensors checkpoints (docs/families.md §8): a little-endian u64 header length,
 // a JSON header {name: {dtype, shape, data_offsets}, "__metadata__": {..}},
 // then the raw tensor bytes. Files are memory-mapped (private, copy-on-write);
 // a sharded checkpoint is a `*.index.json` whose weight_map names the shard

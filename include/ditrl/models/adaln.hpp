@@ -1,6 +1,6 @@
 #pragma once
 
-// Adaptive LayerNorm modulation (families.md §0.7): AdaLN-Zero (a per-block
+// Adaptive LayerNorm modulation (docs/families.md §0.7): AdaLN-Zero (a per-block
 // linear on SiLU(temb) chunked into shift/scale/gate) and AdaLN-continuous
 // (LN(x) * (1 + scale) + shift from a linear on SiLU(cond), scale first).
 

@@ -1,7 +1,7 @@
 #pragma once
 
 // Scaled dot-product attention and the diffusers-style Attention module
-// (families.md §0.6): self-, cross- and joint (image+text) attention with
+// (docs/families.md §0.6): self-, cross- and joint (image+text) attention with
 // optional q/k RMSNorm per head or across heads, an optional mask and an
 // optional rotary hook on q/k.
 
@@ -33,7 +33,7 @@ AttentionBackend parse_attention_backend(const std::string& name);
 // softmax(q k^T / sqrt(Dh) + mask) v for q (B, H, Lq, Dh), k and v (B, H, Lk, Dh).
 // `mask` is undefined (none), bool (true = attend) or additive float,
 // broadcastable to (B, H, Lq, Lk). Callers pass a mask only when it masks
-// something: an all-true mask changes the fused kernel (algorithms.md §9.6).
+// something: an all-true mask changes the fused kernel (docs/algorithms.md §9.6).
 at::Tensor scaled_dot_product_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                         const at::Tensor& mask, AttentionBackend backend);
 

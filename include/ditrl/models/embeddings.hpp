@@ -1,7 +1,7 @@
 #pragma once
 
 // Embeddings shared by the DiT families: the sinusoidal timestep projection
-// (families.md §0.1), the timestep MLP (§0.2), the text projection (§0.3) and
+// (docs/families.md §0.1), the timestep MLP (§0.2), the text projection (§0.3) and
 // the patch embedding with its 2-D sin-cos table and centre crop (§1.6).
 
 #include <ditrl/models/linear.hpp>

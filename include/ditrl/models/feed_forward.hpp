@@ -1,6 +1,6 @@
 #pragma once
 
-// diffusers FeedForward with the GELU tanh approximation (families.md §0.4):
+// diffusers FeedForward with the GELU tanh approximation (docs/families.md §0.4):
 // `net.0.proj` (dim -> inner), GELU-tanh, `net.2` (inner -> dim_out).
 
 #include <ditrl/models/linear.hpp>

@@ -42,7 +42,7 @@ class Linear : public torch::nn::Module {
   Linear(int64_t in_features, int64_t out_features, bool bias, const at::TensorOptions& options);
 
   // base(x) with bias first, then ((x A^T) B^T) * alpha/r cast to the output
-  // dtype and added (PEFT order, algorithms.md §9.5).
+  // dtype and added (PEFT order, docs/algorithms.md §9.5).
   at::Tensor forward(const at::Tensor& x) const;
 
   int64_t in_features() const { return weight.size(1); }

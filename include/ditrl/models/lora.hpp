@@ -1,6 +1,6 @@
 #pragma once
 
-// LoRA adapters on the family's Linear layers (families.md §0.9): targets are
+// LoRA adapters on the family's Linear layers (docs/families.md §0.9): targets are
 // globs over module names with PEFT's suffix rule (`attn.to_q` matches
 // `transformer_blocks.3.attn.to_q`), A drawn from a seed, B = 0, base frozen.
 // Canonical names X.lora_A.weight / X.lora_B.weight; PEFT names on export.

@@ -1,6 +1,6 @@
 #pragma once
 
-// LTX-2 / LTX-2.3 audio-video DiT, ltx_core's LTXModel (families.md §3):
+// LTX-2 / LTX-2.3 audio-video DiT, ltx_core's LTXModel (docs/families.md §3):
 // parameters under the native checkpoint names (single-file checkpoints
 // prefix them with `model.diffusion_model.`), AdaLN-single with 9-row tables
 // and the prompt AdaLN of cross-attention (2.3), per-head gated attention
@@ -191,7 +191,7 @@ class LTX : public Family {
   // (ltx_patchify of the VAE latent; ltx_unpatchify turns them back); reads
   // `sigmas`, ignores `timesteps`. Conditioning "video.context" (and an
   // optional "video.context_mask"). Returns the velocity after ltx_core's x0
-  // round trip (algorithms.md §9.4, see ltx.cpp).
+  // round trip (docs/algorithms.md §9.4, see ltx.cpp).
   at::Tensor noise_pred(const at::Tensor& latents, const at::Tensor& timesteps, const at::Tensor& sigmas,
                         const Cond& cond, const ForwardContext& ctx) override;
   // Inputs video.{latent, sigma, timesteps, positions, context[, context_mask,

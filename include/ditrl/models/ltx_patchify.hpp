@@ -1,7 +1,7 @@
 #pragma once
 
 // LTX video latents <-> the token sequence the transformer reads (ltx_core
-// VideoLatentPatchifier with patch size 1, families.md §3.1): a VAE latent
+// VideoLatentPatchifier with patch size 1, docs/families.md §3.1): a VAE latent
 // (B, C, F, H, W) becomes (B, F*H*W, C) tokens in (f, h, w) order, the order
 // ltx_video_positions gives their coordinates in.
 

@@ -1,6 +1,6 @@
 #pragma once
 
-// LTX-2 rotary position embedding (families.md §3.5, ltx_core rope.py, SPLIT
+// LTX-2 rotary position embedding (docs/families.md §3.5, ltx_core rope.py, SPLIT
 // layout): tokens carry [start, end) bounds in pixel/second units; the
 // midpoint over max_pos gives a fractional coordinate per axis; the angles
 // (frequency-major, axis-minor) are front-padded to inner/2 entries and each

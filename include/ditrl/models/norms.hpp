@@ -1,6 +1,6 @@
 #pragma once
 
-// Normalisations of the four DiT families (families.md §0.5). Where the
+// Normalisations of the four DiT families (docs/families.md §0.5). Where the
 // rounding happens matters for bf16 parity, so each reference flavour is its
 // own code path.
 

@@ -1,6 +1,6 @@
 #pragma once
 
-// Qwen-Image MMDiT (diffusers QwenImageTransformer2DModel, families.md §4):
+// Qwen-Image MMDiT (diffusers QwenImageTransformer2DModel, docs/families.md §4):
 // dual-stream blocks with per-stream AdaLN-Zero modulation (img_mod /
 // txt_mod), joint attention text-first with per-head q/k RMSNorm and MSRoPE,
 // text through txt_norm + txt_in with an optional padding mask. Consumes the
@@ -113,7 +113,7 @@ class QwenImage : public Family {
   // The joint [text | image] attention mask, or undefined when every text
   // token is valid (read from the mask's host copy): an all-true mask is
   // dropped as the pipeline does, since its presence changes the fused kernel
-  // (families.md §7.2).
+  // (docs/families.md §7.2).
   at::Tensor joint_mask(const at::Tensor& text_mask, const at::Tensor& text_mask_on_host, int64_t batch,
                         int64_t text_len, int64_t image_len) const;
   void check_inputs(const at::Tensor& hidden_states, const at::Tensor& encoder_hidden_states,

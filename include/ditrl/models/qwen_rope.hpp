@@ -1,6 +1,6 @@
 #pragma once
 
-// Qwen-Image's multi-axis rotary embedding (families.md §4.6, diffusers
+// Qwen-Image's multi-axis rotary embedding (docs/families.md §4.6, diffusers
 // QwenEmbedRope with scale_rope=True): complex64 tables over positions
 // -4096..4095 for the frame, height and width axes; image rows and columns
 // are centred (-ceil(n/2) .. floor(n/2)-1), text token j sits at
@@ -23,7 +23,7 @@ class QwenRope {
   // Complex64 frequencies for the image tokens (F*H*W, head_dim/2), in (f,
   // row, col) order, and the text tokens (text_len, head_dim/2). Tables are
   // built once per device, on that device: the CPU and CUDA tables differ in
-  // the last ulp, which drifts through the blocks (families.md §7.1), so a
+  // the last ulp, which drifts through the blocks (docs/families.md §7.1), so a
   // model matches the reference that built its tables where it runs.
   std::pair<at::Tensor, at::Tensor> freqs(int64_t frames, int64_t height, int64_t width, int64_t text_len,
                                           const at::Device& device) const;

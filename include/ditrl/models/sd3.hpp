@@ -1,7 +1,7 @@
 #pragma once
 
 // Stable Diffusion 3 / 3.5 MMDiT (diffusers SD3Transformer2DModel,
-// families.md §1): joint image+text blocks, the optional dual self-attention
+// docs/families.md §1): joint image+text blocks, the optional dual self-attention
 // of SD3.5-medium, a context_pre_only last block, pooled-text + timestep
 // conditioning, patch embedding with the cropped sin-cos table. Consumes the
 // trajectory timesteps t in [0, 1000].

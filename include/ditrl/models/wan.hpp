@@ -1,7 +1,7 @@
 #pragma once
 
 // Wan 2.1 / 2.2 text-to-video DiT (diffusers WanTransformer3DModel,
-// families.md §2): Conv3d (1,2,2) patchify of (B, C, F, H, W) video latents,
+// docs/families.md §2): Conv3d (1,2,2) patchify of (B, C, F, H, W) video latents,
 // 3-D RoPE self-attention, cross-attention to zero-padded UMT5 text (no
 // mask), AdaLN-single modulation (time_proj + per-block scale_shift_table,
 // added in fp32 as diffusers does). Consumes the trajectory timesteps

@@ -1,6 +1,6 @@
 #pragma once
 
-// Wan's 3-D rotary position embedding (families.md §2.6, diffusers
+// Wan's 3-D rotary position embedding (docs/families.md §2.6, diffusers
 // WanRotaryPosEmbed): per-axis frequency tables for time, height and width
 // computed in float64, repeat-interleaved and stored fp32, rotating
 // interleaved pairs (x[2j], x[2j+1]) of q and k.

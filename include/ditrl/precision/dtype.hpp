@@ -1,6 +1,6 @@
 #pragma once
 
-// Deck dtype names and the boundary input dtype policy (design.md §4).
+// Deck dtype names and the boundary input dtype policy (docs/design.md §4).
 
 #include <ATen/core/Tensor.h>
 
@@ -22,7 +22,7 @@ bool is_half(c10::ScalarType dtype);
 
 // How the DiT's boundary inputs are cast before the forward. Autocast-free
 // code runs element-wise ops at the input dtype, so these casts decide the
-// numerics as much as the parameter dtypes do (algorithms.md §9.3).
+// numerics as much as the parameter dtypes do (docs/algorithms.md §9.3).
 // nullopt = passthrough (keep the caller's dtype).
 struct InputPolicy {
   std::optional<c10::ScalarType> latents;

@@ -1,6 +1,6 @@
 #pragma once
 
-// The precision plan (design.md §4): master, reduce and forward dtypes plus
+// The precision plan (docs/design.md §4): master, reduce and forward dtypes plus
 // ordered per-parameter overrides of the compute dtype, compiled against a
 // model's parameter names into one entry per canonical name.
 //

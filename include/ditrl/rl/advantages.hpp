@@ -1,6 +1,6 @@
 #pragma once
 
-// Group-relative advantages from raw rewards (algorithms.md §3.1).
+// Group-relative advantages from raw rewards (docs/algorithms.md §3.1).
 //   A = R - mean;  A /= std + epsilon  (if std normalisation)
 // mean/std per prompt group (G contiguous samples) or over the whole batch.
 //

@@ -1,7 +1,7 @@
 #pragma once
 
 // EMA shadow of the trainable parameters: the DiffusionNFT "old" policy
-// (algorithms.md §4.4). theta_old <- delta theta_old + (1 - delta) theta,
+// (docs/algorithms.md §4.4). theta_old <- delta theta_old + (1 - delta) theta,
 // updated once per rollout, with delta(step) = decay while step <= flat_steps,
 // else min((step - flat_steps) * ramp, max); steps count updates from 1.
 // Works on whatever tensors it is given (a rank's local parameter shards).

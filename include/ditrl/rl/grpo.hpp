@@ -1,6 +1,6 @@
 #pragma once
 
-// Flow-GRPO (algorithms.md §3): pairs are the rollout's SDE transitions in
+// Flow-GRPO (docs/algorithms.md §3): pairs are the rollout's SDE transitions in
 // micro-group order, so each training forward repeats one rollout forward;
 // the loss is the clipped PPO objective on the kernel's log-prob, with an
 // optional KL to a reference (the LoRA base, or the initial weights kept as

@@ -1,6 +1,6 @@
 #pragma once
 
-// Flow-GRPO per-pair objective (algorithms.md §3.3-3.4):
+// Flow-GRPO per-pair objective (docs/algorithms.md §3.3-3.4):
 //   ratio  = exp(logp_new - logp_old)
 //   L_pair = max(-A * ratio, -A * clamp(ratio, 1 - eps_clip, 1 + eps_clip)),  A clamped to +-adv_clip_max
 //   KL_pair = mean_e((mean_new - mean_ref)^2) / (2 * std_dev_t^2)   (std_dev_t without sqrt(-dt), as flow_grpo)

@@ -1,6 +1,6 @@
 #pragma once
 
-// Loss aggregation and the canonical micro-batch order (algorithms.md §3.5,
+// Loss aggregation and the canonical micro-batch order (docs/algorithms.md §3.5,
 // §8), which makes a training step's sums the same at every power-of-two
 // rank count.
 //

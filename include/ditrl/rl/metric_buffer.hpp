@@ -1,7 +1,7 @@
 #pragma once
 
 // Scalar training metrics accumulated over an optimizer step's micro-batches
-// and reduced across the data-parallel ranks (algorithms.md §7):
+// and reduced across the data-parallel ranks (docs/algorithms.md §7):
 // - MEAN: a float64 (sum, count) per key and leaf (the micro-batch's place in
 //   the window's canonical order, rl/loss_window.hpp); reduce gives every
 //   rank every leaf's (sum, count), adds them over the leaves in leaf order

@@ -1,6 +1,6 @@
 #pragma once
 
-// The training and rollout metrics of algorithms.md §7, with their exact
+// The training and rollout metrics of docs/algorithms.md §7, with their exact
 // definitions, emitted into a MetricBuffer (keys without the "train/" or
 // "rollout/" prefix the logger adds). Per micro-batch of B pairs a MEAN metric
 // adds (total, count):

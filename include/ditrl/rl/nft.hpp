@@ -1,6 +1,6 @@
 #pragma once
 
-// DiffusionNFT (algorithms.md §4): the rollout samples with the ODE; each
+// DiffusionNFT (docs/algorithms.md §4): the rollout samples with the ODE; each
 // sample's final latent is corrupted at K sigmas, and the loss pulls the
 // velocity toward the old (EMA) policy's positive or negative side by the
 // sample's reward weight. The EMA shadow is updated once per rollout and

@@ -1,6 +1,6 @@
 #pragma once
 
-// DiffusionNFT (algorithms.md §4). The rollout is pure ODE and keeps only x0;
+// DiffusionNFT (docs/algorithms.md §4). The rollout is pure ODE and keeps only x0;
 // the trainer corrupts x0 at a sigma of the snapshot and contrasts the
 // implicit positive and negative policies built from the trainable and the
 // "old" (EMA) velocities:

@@ -1,6 +1,6 @@
 #pragma once
 
-// Train pairs from a rank's rollout (algorithms.md §3.2, §4.1, §5), in the
+// Train pairs from a rank's rollout (docs/algorithms.md §3.2, §4.1, §5), in the
 // order the trainer cuts into optimizer windows and micro-batches.
 //
 // Flow-GRPO order: the rank's samples in order, cut into micro-groups of
@@ -57,7 +57,7 @@ struct SftRouting {
 // SFT: `pairs_per_sample` grid indices drawn uniformly per sample from
 // stable_hash("sample", seed, rollout_id, global sample id). With several
 // experts (`expert_of_step[i]` = the expert of grid step i) every micro-batch
-// trains one expert and draws only that expert's grid indices (algorithms.md
+// trains one expert and draws only that expert's grid indices (docs/algorithms.md
 // §5). The ranks run a window's micro-batches in lockstep and their gathers
 // must match, at every rank count: the expert is picked by
 // stable_hash("expert", seed, rollout_id, window, micro-batch of its chunk),

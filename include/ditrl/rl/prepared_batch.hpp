@@ -1,7 +1,7 @@
 #pragma once
 
 // A micro-batch of training pairs ready for the DiT forward and the loss
-// (algorithms.md §3.2, §6.3). It carries both time domains taken from the
+// (docs/algorithms.md §3.2, §6.3). It carries both time domains taken from the
 // rollout's snapshot at the same index: the trajectory timesteps t (SD3, Wan
 // read these) and the sigmas (LTX, Qwen-Image read these, and the kernels).
 

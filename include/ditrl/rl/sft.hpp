@@ -1,7 +1,7 @@
 #pragma once
 
 // Supervised fine-tuning with the flow-matching velocity loss
-// (algorithms.md §5): per sample one grid step drawn from a seeded stream,
+// (docs/algorithms.md §5): per sample one grid step drawn from a seeded stream,
 // the target latent corrupted at its sigma, MSE to the velocity
 // noise - x0. Targets are [data] sft_latents rows (row = prompt index) or
 // seeded synthetic latents per prompt. With two experts (Wan2.2 A14B) each

@@ -1,6 +1,6 @@
 #pragma once
 
-// SFT rectified-flow velocity loss (algorithms.md §5): the pair is corrupted
+// SFT rectified-flow velocity loss (docs/algorithms.md §5): the pair is corrupted
 // at a snapshot sigma, x_sigma = (1 - sigma) x0 + sigma eps (rl::corrupt), and
 //   L_pair = mean_e((v.float() - (eps - x0))^2).
 

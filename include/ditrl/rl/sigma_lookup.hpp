@@ -1,6 +1,6 @@
 #pragma once
 
-// Exact lookup into the rollout's schedule snapshot (algorithms.md §6.3).
+// Exact lookup into the rollout's schedule snapshot (docs/algorithms.md §6.3).
 // A trained timestep t is matched by exact fp32 equality against the
 // snapshot's timesteps; its sigma (and the next one) are read from the sigma
 // snapshot at that index. There is no "t / 1000" fallback: the two arrays are

@@ -1,6 +1,6 @@
 #pragma once
 
-// stable_hash(parts...) of miles (algorithms.md §4.1): the BLAKE2b digest
+// stable_hash(parts...) of miles (docs/algorithms.md §4.1): the BLAKE2b digest
 // (RFC 7693) of size 8 of ":".join(str(part)), read as a little-endian integer
 // and masked to 63 bits. Seeds every trainer-side random draw (NFT shuffles
 // and corruption noise, SFT grids) so runs and ranks reproduce; integers and

@@ -1,7 +1,7 @@
 #pragma once
 
 // Which denoising steps of a rollout are SDE steps (and so trained) and which
-// latents the rollout keeps (algorithms.md §3.2). Seeded and reproducible:
+// latents the rollout keeps (docs/algorithms.md §3.2). Seeded and reproducible:
 // - sde_window: a contiguous window of w steps whose start is
 //   numpy.default_rng(seed).integers(lo, hi - w + 1), reproduced bit for bit
 //   (NumpyGenerator), so a seed picks the reference's window.

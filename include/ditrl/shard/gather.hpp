@@ -1,6 +1,6 @@
 #pragma once
 
-// Just-in-time gathers of wrap units (design.md §3): a unit's compute slices
+// Just-in-time gathers of wrap units (docs/design.md §3): a unit's compute slices
 // are all-gathered into one byte buffer holding every group's full tensor,
 // the module's parameters are pointed at views of it while the unit runs,
 // and the buffer goes back to a pool when the unit is released. On one rank

@@ -1,6 +1,6 @@
 #pragma once
 
-// Gradient reduction of one unit (design.md §3): its parameters' gradients
+// Gradient reduction of one unit (docs/design.md §3): its parameters' gradients
 // are flattened per trainable group in the group's reduce dtype, padded,
 // reduce-scattered (averaged over the ranks) and added to this rank's fp32
 // gradient slices, which accumulate over an optimizer step's micro-batches.

@@ -1,7 +1,7 @@
 #pragma once
 
 // Where every parameter lives when a model is sharded over N ranks
-// (design.md §3). Each wrap unit, and the root unit (every parameter in no
+// (docs/design.md §3). Each wrap unit, and the root unit (every parameter in no
 // wrap unit), splits its parameters into flat groups of one kind (compute /
 // master / reduce dtype, trainable or frozen); a group concatenates its
 // parameters' flattened elements (a trainable group in module order, a
@@ -52,7 +52,7 @@ struct UnitLayout {
   int64_t gathered_bytes(int world_size) const;
 };
 
-// Bytes one rank holds (design.md §3): fp32 master, two fp32 AdamW moments
+// Bytes one rank holds (docs/design.md §3): fp32 master, two fp32 AdamW moments
 // and an fp32 gradient slice per trainable element (16 bytes), a compute
 // slice where its dtype differs from the master's (frozen parameters: their
 // only state; an fp32 compute slice of an fp32 master is the master itself),

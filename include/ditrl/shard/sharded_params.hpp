@@ -1,6 +1,6 @@
 #pragma once
 
-// The sharded-parameter manager (design.md §3, ZeRO-3 / FSDP2 semantics).
+// The sharded-parameter manager (docs/design.md §3, ZeRO-3 / FSDP2 semantics).
 //
 // Each rank keeps, per flat group of the layout (shard/layout.hpp), its
 // slices (shard/slices.hpp). The model's parameters hold no data between
