@@ -8,7 +8,7 @@ metrics.h5 holds /metrics/step (the optimizer step of each row) and one float64
 series per metric under /metrics/<name>; a metric absent from a row is NaN.
 The reward panel shows the raw mean with its +-std band and a moving average,
 so a learning run is visible at a glance. --summary prints the first and last
---smooth-row means of the reward (what the README quotes), the run's peak
+--smooth-row means of the reward (what benchmarks/results/quickstart.md quotes), the run's peak
 memory per rank and the median seconds of each timed phase; --no-plot prints
 only that (no matplotlib needed: the GPU check kit falls back to it where
 python3 lacks matplotlib).

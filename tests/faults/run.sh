@@ -437,7 +437,7 @@ case $SCENARIO in
 
   signal_mpirun_term)
     # TERM to mpirun itself (what `kill`, `timeout` and schedulers that signal
-    # only the launcher send), as README starts it (Open MPI's default delay:
+    # only the launcher send), with mpirun's defaults (Open MPI's default delay:
     # the ranks get TERM 1 s after mpirun, SIGKILL 1 s later), at random
     # moments of rollouts slower than that second: the ranks stop at their
     # next safe point, checkpoint and write status = preempted; `latest`

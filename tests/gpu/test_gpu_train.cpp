@@ -114,7 +114,7 @@ TEST_CASE("gpu: the quickstart trains on the GPU and its reward rises", "[gpu][q
   REQUIRE(m.steps.size() == 150);
   const std::vector<double>& reward = m.series.at("rollout/reward/raw_mean");
   // On 2 CPU ranks the mean of the last 10 rollouts is 0.72 above the first
-  // 10 (README); on the GPU the bf16 kernels differ, the learning must not.
+  // 10 (benchmarks/results/quickstart.md); on the GPU the bf16 kernels differ, the learning must not.
   const double gain = mean(reward, 140, 10) - mean(reward, 0, 10);
   INFO("reward gain, last 10 - first 10 rollouts: " << gain);
   CHECK(gain > 0.3);

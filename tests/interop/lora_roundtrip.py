@@ -4,7 +4,7 @@ Per family, on the fixture model (tests/fixtures/<family>: the reference config 
 the real checkpoint names) and its case_0 inputs:
   1. `ditrl train` a LoRA (2 ranks, fp32), `ditrl export --merged`;
   2. the reference forward with the exported adapter, loaded by PEFT (PeftModel.from_pretrained)
-     and by diffusers (pipe.load_lora_weights, and transformer.load_lora_adapter as the README
+     and by diffusers (pipe.load_lora_weights, and transformer.load_lora_adapter as docs/user-guide.md
      gives it) -- for LTX-2 fused by ltx_core's LoRA loader -- and the merged folder
      (from_pretrained, strict), each equal to `ditrl forward --checkpoint` within fp32 noise; the
      adapter's own effect is checked to be far above that noise; adapter_config.json names no
@@ -253,7 +253,7 @@ def diffusers_family(family, work):
     compare(f"{family}: {type(pipe).__name__}.load_lora_weights(export) forward", ours,
             reference_forward(family, transformer, inputs), base_out)
 
-    # The README's call, as it stands there.
+    # docs/user-guide.md's call, as it stands there.
     adapted = diffusers_model(family, state)
     adapted.load_lora_adapter(export, weight_name="pytorch_lora_weights.safetensors")
     compare(f"{family}: transformer.load_lora_adapter(export, weight_name=...) forward", ours,

@@ -10,7 +10,7 @@
 //
 // Sizes keep every rank's GEMMs on MKL's large-matrix path (>= 96 rows, >= 16
 // columns): below that MKL's small-matrix kernels round a row differently
-// depending on the row count (measured, see README "Sequence parallelism").
+// depending on the row count (measured, see docs/gpus-and-clusters.md, sequence parallelism).
 
 #include <ditrl/dist/communicator.hpp>
 #include <ditrl/dist/sequence_parallel.hpp>

@@ -9,7 +9,7 @@
 // leaves a GEMM's result free to depend on its operands' addresses: on an
 // Intel Xeon with AMX, `MKL_CBWR=AVX2` gave the training forward other bits
 // than the rollout's on the same shapes, and 2 ranks other bits than 1
-// (README, Determinism). The libraries read these when they load, so a
+// (docs/determinism-and-parity.md). The libraries read these when they load, so a
 // process started without them re-executes itself with them set (before MPI
 // starts); values the user set are kept. oneDNN's bf16 matmuls are not
 // pinned, so bf16 forwards stay bitwise only on one CPU model.

@@ -4,8 +4,8 @@
 // option DITRL_TCMALLOC, on by default): a step of a small model makes
 // thousands of short-lived allocations, and glibc's malloc and free had
 // 20-26% of the quickstart's perf samples (malloc_consolidate, memalign).
-// With tcmalloc the quickstart takes 0.76-0.79x the time and the tiny peer
-// steps 0.71-0.95x (README, benchmarks/results/peer_forward.md).
+// With tcmalloc the tiny peer steps took 0.71-0.95x the time
+// (benchmarks/results/peer_forward.md).
 //
 // Under glibc's malloc (a build without tcmalloc) freed memory goes back to
 // the kernel: glibc trims the heap's top once more than the trim threshold

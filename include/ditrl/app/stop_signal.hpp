@@ -2,7 +2,7 @@
 
 // Preemption signals: SIGTERM and SIGUSR1 ask `ditrl train` to checkpoint at
 // its next safe point and exit 0 with OUT/status = preempted (what each
-// signal does under each launcher: README "Signals").
+// signal does under each launcher: docs/gpus-and-clusters.md, preemption).
 //
 // The handlers only record the signal. The executable installs them before
 // anything else of the process runs (src/main.cpp: its .preinit_array entry,
