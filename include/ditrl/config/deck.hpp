@@ -29,17 +29,17 @@ struct Config {
 
   template <class V>
   void sections(V& v) {
-    v.table("run", run);
-    v.table("model", model);
-    v.table("precision", precision);
-    v.table("parallel", parallel);
-    v.table("rollout", rollout);
-    v.table("reward", reward);
-    v.table("train", train);
-    v.table("data", data);
-    v.table("checkpoint", checkpoint);
-    v.table("metrics", metrics);
-    v.table("debug", debug);
+    v.table("run", run, "The run: its output folder, seed, determinism, threads and device.");
+    v.table("model", model, "The model: its family and architecture, weights and LoRA adapters.");
+    v.table("precision", precision, "Dtypes of the weights, gradients and forward, and the kernels that compute them.");
+    v.table("parallel", parallel, "Parameter sharding and gathers, the collective watchdog, sequence parallelism.");
+    v.table("rollout", rollout, "Sampling: schedule, SDE kernel and steps, guidance, batch and latent grid.");
+    v.table("reward", reward, "What scores the rollout's final latents.");
+    v.table("train", train, "The loss, AdamW, batching, the learning-rate schedule and advantages.");
+    v.table("data", data, "The prompts (and SFT targets) the rollouts draw from.");
+    v.table("checkpoint", checkpoint, "When checkpoints are written and kept, and where a run resumes from.");
+    v.table("metrics", metrics, "How often metrics.h5 gets a row.");
+    v.table("debug", debug, "Tensor dumps for `ditrl align` and checks for debugging.");
   }
 };
 

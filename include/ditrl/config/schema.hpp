@@ -2,10 +2,14 @@
 
 // The deck schema machinery. A section is a plain struct with a
 //   template <class V> void fields(V& v)
-// member that names each key once: v("key", member, constraints...). The same
-// description drives reading (Reader: types, ranges, unknown keys with a
-// did-you-mean), writing back to TOML (Writer) and so `--set` overrides, which
-// are applied to the TOML tree before reading and get the same checks.
+// member that names each key once: v("key", member, "meaning", constraints...).
+// The same description drives reading (Reader: types, ranges, unknown keys
+// with a did-you-mean), writing back to TOML (Writer) and so `--set`
+// overrides, which are applied to the TOML tree before reading and get the
+// same checks, and the deck reference (config/reference.hpp), which prints
+// each key's type, default, constraints and meaning. The meaning is a
+// required argument so that no key goes undocumented; only the reference
+// reads it.
 
 #include <toml++/toml.h>
 
@@ -131,16 +135,16 @@ class Reader {
       : table_(table), prefix_(std::move(prefix)), diag_(diag), sources_(sources) {}
 
   template <class T, class... C>
-  void operator()(std::string_view key, T& value, const C&... constraints) {
+  void operator()(std::string_view key, T& value, std::string_view /*meaning*/, const C&... constraints) {
     read(key, value, false, constraints...);
   }
   template <class T, class... C>
-  void required(std::string_view key, T& value, const C&... constraints) {
+  void required(std::string_view key, T& value, std::string_view /*meaning*/, const C&... constraints) {
     read(key, value, true, constraints...);
   }
   // A sub-table ([section.key]) read into a struct with its own fields().
   template <class S>
-  void table(std::string_view key, S& sub) {
+  void table(std::string_view key, S& sub, std::string_view /*meaning*/) {
     known_.emplace_back(key);
     // An absent table is read as empty so its required keys are reported.
     static const toml::table empty;
@@ -153,7 +157,7 @@ class Reader {
   }
   // An array of tables ([[section.key]]), each read into S.
   template <class S>
-  void tables(std::string_view key, std::vector<S>& subs) {
+  void tables(std::string_view key, std::vector<S>& subs, std::string_view /*meaning*/) {
     known_.emplace_back(key);
     const toml::node* node = table_.get(key);
     if (!node) return;
@@ -254,7 +258,7 @@ class Writer {
   explicit Writer(toml::table& out) : out_(out) {}
 
   template <class T, class... C>
-  void operator()(std::string_view key, const T& value, const C&...) {
+  void operator()(std::string_view key, const T& value, std::string_view /*meaning*/, const C&...) {
     if constexpr (detail::is_optional<T>::value) {
       if (value) out_.insert_or_assign(key, to_node(*value));
     } else {
@@ -262,18 +266,18 @@ class Writer {
     }
   }
   template <class T, class... C>
-  void required(std::string_view key, const T& value, const C&... c) {
-    (*this)(key, value, c...);
+  void required(std::string_view key, const T& value, std::string_view meaning, const C&... c) {
+    (*this)(key, value, meaning, c...);
   }
   template <class S>
-  void table(std::string_view key, S& sub) {
+  void table(std::string_view key, S& sub, std::string_view /*meaning*/) {
     toml::table t;
     Writer w(t);
     sub.fields(w);
     out_.insert_or_assign(key, std::move(t));
   }
   template <class S>
-  void tables(std::string_view key, std::vector<S>& subs) {
+  void tables(std::string_view key, std::vector<S>& subs, std::string_view /*meaning*/) {
     if (subs.empty()) return;
     toml::array arr;
     for (S& sub : subs) {
