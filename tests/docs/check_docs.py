@@ -18,6 +18,8 @@ What is checked, outside fenced code and inline code unless said otherwise:
              ```toml           a deck excerpt (some sections or keys): its keys are set with --set
                                over inputs/quickstart.toml, so it must name real keys with valid
                                values (and leave the quickstart a valid deck);
+             ```toml over=D    an excerpt of deck D (a repository path, such as a recipe under
+                               inputs/): its keys are set over D;
              ```toml nocheck   TOML that is not a deck: skipped.
   commands In ```sh / ```bash / ```shell / ```console blocks, in fenced blocks with no language, and in
            inline code: every command whose word is `ditrl` (or a path ending in /ditrl, such as
@@ -268,8 +270,12 @@ def check_decks(page, root, ditrl, work, report):
             except tomllib.TOMLDecodeError as e:
                 report.problem(f"{where}: toml excerpt is not valid TOML: {e}")
                 continue
-            deck = os.path.join(root, EXCERPT_BASE)
-            overrides, kind = list(assignments(excerpt)), f"excerpt (over {EXCERPT_BASE})"
+            base = next((w[len("over="):] for w in words[1:] if w.startswith("over=")), EXCERPT_BASE)
+            deck = os.path.join(root, base)
+            if not os.path.isfile(deck):
+                report.problem(f"{where}: toml excerpt over {base}: no such deck in the repository")
+                continue
+            overrides, kind = list(assignments(excerpt)), f"excerpt (over {base})"
         command = [ditrl, "check", "--without-files", deck] + [a for o in overrides for a in ("--set", o)]
         result = subprocess.run(command, cwd=work, capture_output=True, text=True, timeout=300)
         if result.returncode != 0:
@@ -329,8 +335,8 @@ def ditrl_arguments(tokens):
     start = command_word(tokens)
     if start < len(tokens) and tokens[start] == "ditrl":
         return tokens[start + 1:]
-    for i, token in enumerate(tokens):
-        if token.endswith("/ditrl") and not token.startswith("$"):
+    for i in range(start, len(tokens)):
+        if tokens[i].endswith("/ditrl") and not tokens[i].startswith("$"):
             return tokens[i + 1:]
     return None
 
