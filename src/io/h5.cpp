@@ -749,6 +749,20 @@ File File::open(const std::string& path, Mode mode, MPI_Comm comm) {
   return file;
 }
 
+File File::open_image(const std::string& name, const std::string& bytes) {
+  silence_default_printing();
+  PropList fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  checked(H5Pset_fapl_core(fapl.id(), std::max<size_t>(bytes.size(), 1), /*backing_store=*/false), "file access",
+          "H5Pset_fapl_core");
+  // HDF5 copies the image, so `bytes` need not outlive the file.
+  checked(H5Pset_file_image(fapl.id(), const_cast<char*>(bytes.data()), bytes.size()), "file access",
+          "H5Pset_file_image");
+  // The core driver refuses an image under the name of a file that exists.
+  const std::string label = name + " (a copy in memory)";
+  const hid_t f = H5Fopen(label.c_str(), H5F_ACC_RDONLY, fapl.id());
+  return File(checked_id(f, name, "cannot open the copy in memory"), H5Fclose, label, "/", MPI_COMM_NULL);
+}
+
 void File::mark_collective() {
   int ranks = 1;
   if (parallel()) MPI_Comm_size(comm(), &ranks);

@@ -191,6 +191,9 @@ class File : public Group {
   // otherwise the call is collective over comm.
   static File create(const std::string& path, MPI_Comm comm = MPI_COMM_NULL, const FileOptions& options = {});
   static File open(const std::string& path, Mode mode = Mode::ReadOnly, MPI_Comm comm = MPI_COMM_NULL);
+  // A read-only file from a copy of its bytes held in memory (HDF5's core
+  // driver): nothing on disk is opened or locked. `name` labels messages.
+  static File open_image(const std::string& name, const std::string& bytes);
   void flush();
   // Closes now (collective in a parallel file) and raises when HDF5 could not
   // write the file's metadata; closing twice is a no-op.
