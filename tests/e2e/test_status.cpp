@@ -10,7 +10,9 @@
 #include "corrupt.hpp"
 #include "e2e.hpp"
 
+#include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <thread>
@@ -165,4 +167,30 @@ TEST_CASE("status: read again and again while the job trains / it sees the job r
   const auto diff = test::run_process("h5diff " + reference + "/checkpoints/step-12.h5 " + watched +
                                       "/checkpoints/step-12.h5 /model");
   CHECK(diff.exit_code == 0);
+}
+
+TEST_CASE("status: a job killed mid-run is reported as stopped / not as preempted", "[e2e][status]") {
+  const std::string out = test::fresh_output_dir("e2e_status_killed");
+  std::atomic<bool> done{false};
+  test::ProcessResult job;
+  std::thread trainer([&] {
+    job = test::train(kQuickstart, out, 1, "--max-rollouts 40");
+    done = true;
+  });
+  // Rank 0 names itself in OUT/.lock; once it has written a row, SIGKILL it (no checkpoint, no status).
+  int64_t pid = 0;
+  while (!done && pid == 0) {
+    const std::string lock = test::read_file(out + "/.lock");
+    const size_t at = lock.find("PID ");
+    if (at != std::string::npos && std::filesystem::exists(out + "/metrics.h5")) pid = std::stoll(lock.substr(at + 4));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  REQUIRE(pid > 0);
+  REQUIRE(::kill(static_cast<pid_t>(pid), SIGKILL) == 0);
+  trainer.join();
+  CHECK(job.exit_code != 0);
+  const boost::json::object s = status_json(out);
+  CHECK(s.at("state").as_string() == "stopped");
+  CHECK_FALSE(s.at("preempted").as_bool());
+  CHECK(s.at("status_file").as_string() == "");
 }
