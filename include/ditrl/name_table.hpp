@@ -23,8 +23,8 @@ struct Named {
 template <class E, std::size_t N>
 using NameTable = std::array<Named<E>, N>;
 
-// The name of `value`. Every value of E has one (tests/unit/test_deck_names.cpp
-// checks each table), so the empty fallback is never printed.
+// The name of `value`. Every value of E has one (a unit test checks each
+// table), so the empty fallback is never printed.
 template <class E, std::size_t N>
 constexpr std::string_view name_of(const NameTable<E, N>& names, E value) {
   for (const Named<E>& n : names)
