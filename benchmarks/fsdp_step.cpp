@@ -17,6 +17,7 @@
 // benchmark resets its counters after the warm-up step, so the files it
 // writes at MPI_Finalize hold the timed steps only.
 
+#include <ditrl/app/named_option.hpp>
 #include <ditrl/dist/communicator.hpp>
 #include <ditrl/dist/runtime.hpp>
 #include <ditrl/shard/sharded_params.hpp>
@@ -56,7 +57,7 @@ void reset_shim_counters() {
 }
 
 int run(const std::string& dir, const std::string& family_name, int steps, bool recompute, bool fused_adamw,
-        const std::string& attention) {
+        models::AttentionBackend attention) {
   const auto comm = dist::make_mpi_communicator();
   at::set_num_threads(1);
   const auto family = peer::make_family(family_name, dir + "/config.json", at::kBFloat16, attention);
@@ -116,7 +117,7 @@ int main(int argc, char** argv) {
   int64_t batch = 4;
   int steps = 3;
   bool tiny = false, no_recompute = false, fused_adamw = false;
-  std::string attention = "math";
+  models::AttentionBackend attention = models::AttentionBackend::Math;
   CLI::App app{"ditrl ShardedParams training step on N ranks (the FSDP2 comparison's ditrl side)"};
   app.add_option("mode", mode, "prepare | run")->required()->check(CLI::IsMember({"prepare", "run"}));
   app.add_option("dir", dir, "directory of config.json, weights.safetensors, inputs.safetensors")->required();
@@ -126,7 +127,8 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "timed steps after one warm-up step (run)");
   app.add_flag("--no-recompute", no_recompute, "keep every block's graph instead of recomputing it (run)");
   app.add_flag("--fused-adamw", fused_adamw, "LibTorch's fused AdamW kernel (run)");
-  app.add_option("--attention", attention, "math | flash (run)")->check(CLI::IsMember({"math", "flash"}));
+  app::add_named_option(app, "--attention", attention, models::kAttentionNames,
+                        {models::AttentionBackend::Math, models::AttentionBackend::Flash}, "math | flash (run)");
   CLI11_PARSE(app, argc, argv);
   try {
     if (mode == "run") return run(dir, family, steps, !no_recompute, fused_adamw, attention);

@@ -12,6 +12,7 @@
 //   bench_gpu_step --model wan2.1-1.3b --size tiny --device cpu --out wan.json   (CI: runs here)
 
 #include <ditrl/app/determinism.hpp>
+#include <ditrl/app/named_option.hpp>
 #include <ditrl/dist/runtime.hpp>
 #include <ditrl/models/family.hpp>
 #include <ditrl/precision/plan.hpp>
@@ -197,7 +198,7 @@ std::string profile_steps(const std::function<void()>& step, const std::string& 
 precision::CompiledPlan bf16_plan(models::Family& family) {
   std::vector<precision::DtypeRule> rules;
   for (const models::DtypeOverride& o : family.default_overrides())
-    rules.push_back({o.pattern, precision::parse_dtype(o.dtype), "family default \"" + o.pattern + "\"", false});
+    rules.push_back({o.pattern, o.dtype, "family default \"" + o.pattern + "\"", false});
   std::vector<std::string> names;
   for (const auto& item : family.named_parameters()) names.push_back(item.key());
   return precision::PrecisionPlan(at::kFloat, at::kFloat, at::kBFloat16, rules).compile(names);
@@ -206,7 +207,8 @@ precision::CompiledPlan bf16_plan(models::Family& family) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model, size = "full", device_name = "cuda", attention, out, profile;
+  std::string model, size = "full", device_name = "cuda", out, profile;
+  models::AttentionBackend attention = models::AttentionBackend::Math;
   int warmup = 3, steps = 10;
   int64_t batch = 1;
   bool recompute = false, chunked_adamw = false, deterministic = false;
@@ -214,7 +216,8 @@ int main(int argc, char** argv) {
   app.add_option("--model", model)->required()->check(CLI::IsMember({"sd3.5-medium", "wan2.1-1.3b"}));
   app.add_option("--size", size)->check(CLI::IsMember({"full", "tiny"}));
   app.add_option("--device", device_name)->check(CLI::IsMember({"cuda", "cpu"}));
-  app.add_option("--attention", attention, "SDPA backend (default: flash on cuda, math on cpu)");
+  const CLI::Option* attention_option = app::add_named_option(app, "--attention", attention, models::kAttentionNames,
+                                                              "SDPA backend (default: flash on cuda, math on cpu)");
   app.add_flag("--recompute", recompute,
                "rebuild each block's graph in backward (parallel.recompute = true; the peer keeps its activations)");
   app.add_flag("--chunked-adamw", chunked_adamw,
@@ -234,7 +237,9 @@ int main(int argc, char** argv) {
     std::cerr << "bench_gpu_step: --profile times CUDA kernels; it needs --device cuda\n";
     return 2;
   }
-  if (attention.empty()) attention = device_name == "cuda" ? "flash" : "math";
+  if (attention_option->count() == 0)
+    attention = device_name == "cuda" ? models::AttentionBackend::Flash : models::AttentionBackend::Math;
+  const std::string attention_name(name_of(models::kAttentionNames, attention));
   try {
     // cuBLAS reads it at its first handle: before any CUDA work, as `ditrl train`'s re-exec sets it.
     if (deterministic) setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
@@ -261,7 +266,9 @@ int main(int argc, char** argv) {
     fo.config_json = config;
     fo.device = device;
     fo.attention = attention;
-    fo.inputs = precision::InputPolicy::resolve("default", "default", "passthrough", at::kBFloat16);
+    using precision::InputDtype;
+    fo.inputs = precision::InputPolicy::resolve(InputDtype::Default, InputDtype::Default, InputDtype::Passthrough,
+                                                at::kBFloat16);
     auto family = models::create_family(fo);
     int64_t params = 0;
     for (const auto& p : family->parameters()) params += p.numel();
@@ -309,7 +316,7 @@ int main(int argc, char** argv) {
         {"batch", batch},
         {"image_tokens", spec.image_tokens},
         {"text_tokens", spec.text_tokens},
-        {"attention", attention},
+        {"attention", attention_name},
         {"precision", "fp32 masters and AdamW moments, bf16 compute copies, fp32 gradient reduction"},
         {"recompute", recompute},
         {"adamw", chunked_adamw ? "chunked" : "fused"},
@@ -326,7 +333,7 @@ int main(int argc, char** argv) {
     if (!profile.empty())
       std::ofstream(profile, std::ios::app)
           << profile_steps(step, fmt::format("ditrl, {} at batch {} ({} attention, {:.1f} ms per timed step)", model,
-                                             batch, attention, median * 1e3));
+                                             batch, attention_name, median * 1e3));
   } catch (const std::exception& e) {
     return dist::report_fatal(e);
   }

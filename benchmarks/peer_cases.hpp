@@ -138,16 +138,18 @@ inline const std::map<std::string, FamilyBench> kFamilies = {
     {"qwen_image", {qwen_image_cases, {"encoder_hidden_states", "encoder_hidden_states_mask"}}},
 };
 
-inline std::shared_ptr<models::Family> make_family(const std::string& family, const std::string& config,
-                                                   c10::ScalarType compute = at::kFloat,
-                                                   const std::string& attention = "math") {
+inline std::shared_ptr<models::Family> make_family(
+    const std::string& family, const std::string& config, c10::ScalarType compute = at::kFloat,
+    models::AttentionBackend attention = models::AttentionBackend::Math) {
   models::FamilyOptions options;
   options.family = family;
   options.config_json = config;
   options.attention = attention;
   options.init_seed = 1234;
   // The deck's defaults: latents and conditioning cast to the compute dtype, the timestep passed through.
-  options.inputs = precision::InputPolicy::resolve("default", "default", "passthrough", compute);
+  using precision::InputDtype;
+  options.inputs =
+      precision::InputPolicy::resolve(InputDtype::Default, InputDtype::Default, InputDtype::Passthrough, compute);
   return models::create_family(options);
 }
 
@@ -156,7 +158,7 @@ inline std::shared_ptr<models::Family> make_family(const std::string& family, co
 inline precision::CompiledPlan training_plan(models::Family& family, c10::ScalarType compute) {
   std::vector<precision::DtypeRule> rules;
   for (const models::DtypeOverride& rule : family.default_overrides())
-    rules.push_back({rule.pattern, precision::parse_dtype(rule.dtype), "family default", /*must_match=*/false});
+    rules.push_back({rule.pattern, rule.dtype, "family default", /*must_match=*/false});
   std::vector<std::string> names;
   for (const auto& item : family.named_parameters()) names.push_back(item.key());
   return precision::PrecisionPlan(at::kFloat, at::kFloat, compute, std::move(rules)).compile(names);

@@ -22,6 +22,7 @@
 // `<family>_cases()` function here, one kFamilies entry, and its class and
 // velocity() in benchmarks/peer_diffusers.py.
 
+#include <ditrl/app/named_option.hpp>
 #include <ditrl/dist/communicator.hpp>
 #include <ditrl/dist/runtime.hpp>
 #include <ditrl/io/safetensors.hpp>
@@ -109,7 +110,7 @@ constexpr double kWeightDecay = 0.01;  // torch.optim.AdamW's default, on both s
 class DitrlTrainer {
  public:
   DitrlTrainer(const std::string& family, const std::string& config, const std::string& weights,
-               const std::string& inputs, const Variant& variant, const std::string& attention,
+               const std::string& inputs, const Variant& variant, models::AttentionBackend attention,
                dist::Communicator& comm) {
     family_ = make_family(family, config, variant.compute, attention);
     models::load_weights(*family_, io::Checkpoint(weights));
@@ -169,8 +170,8 @@ struct Row {
   peer::Summary s;
 };
 
-Row measure(const Case& c, const std::string& dir, const Variant& variant, const std::string& attention, int threads,
-            bool tuned, const std::string& python, const std::string& script, dist::Communicator& comm) {
+Row measure(const Case& c, const std::string& dir, const Variant& variant, models::AttentionBackend attention,
+            int threads, bool tuned, const std::string& python, const std::string& script, dist::Communicator& comm) {
   at::set_num_threads(threads);
   const std::string config = dir + "/config.json", weights = dir + "/weights.safetensors",
                     inputs = dir + "/inputs.safetensors";
@@ -214,7 +215,7 @@ int main(int argc, char** argv) {
   for (const auto& [name, bench] : kFamilies) known.push_back(name);
   std::vector<std::string> families = known;
   std::vector<std::string> variant_names = {"fp32-eager", "fp32-sharded", "bf16-sharded"};
-  std::string attention = "math";
+  models::AttentionBackend attention = models::AttentionBackend::Math;
   bool fused_adamw = false;
   std::string fp32_gemm = "auto";
   CLI::App app{"ditrl vs diffusers (PyTorch eager): forward+backward+AdamW step time per model family"};
@@ -223,8 +224,9 @@ int main(int argc, char** argv) {
                  "fp32-eager | fp32-sharded[-keep] | bf16-sharded[-keep], optionally with -ckpt (diffusers' gradient "
                  "checkpointing); -keep: ditrl without recompute")
       ->delimiter(',');
-  app.add_option("--attention", attention, "ditrl's attention backend: math | flash")
-      ->check(CLI::IsMember({"math", "flash"}));
+  app::add_named_option(app, "--attention", attention, models::kAttentionNames,
+                        {models::AttentionBackend::Math, models::AttentionBackend::Flash},
+                        "ditrl's attention backend: math | flash");
   app.add_flag("--fused-adamw", fused_adamw, "ditrl's sharded variants use LibTorch's fused AdamW kernel");
   app.add_option("--cpu-fp32-gemm", fp32_gemm,
                  "ditrl's fp32 GEMMs (precision.cpu_fp32_gemm of a deck that is not deterministic): auto | blas | "
@@ -297,8 +299,10 @@ int main(int argc, char** argv) {
      << "- Machine: " << peer::cpu_model() << ", " << std::thread::hardware_concurrency()
      << " hardware threads; 1-minute load average " << load_at_start << " at the start, " << peer::load_average()
      << " at the end (anything above the benchmark's own 1 is other work sharing the cores)\n"
-     << "- ditrl: LibTorch " << TORCH_VERSION << " (C++), `" << attention << "` attention ("
-     << (attention == "math" ? "matmul, softmax, matmul" : "LibTorch's CPU flash kernel, as the peer's SDPA picks")
+     << "- ditrl: LibTorch " << TORCH_VERSION << " (C++), `" << name_of(models::kAttentionNames, attention)
+     << "` attention ("
+     << (attention == models::AttentionBackend::Math ? "matmul, softmax, matmul"
+                                                     : "LibTorch's CPU flash kernel, as the peer's SDPA picks")
      << "), sharded variants' AdamW: "
      << (fused_adamw ? "LibTorch's fused kernel (`train.fused_adamw`)" : "ditrl's chunked passes over the flat slices")
      << ", fp32 GEMMs: "

@@ -23,10 +23,12 @@
 //                      [--peer [--python PY]]
 
 #include <ditrl/app/host_malloc.hpp>
+#include <ditrl/app/named_option.hpp>
 #include <ditrl/dist/communicator.hpp>
 #include <ditrl/dist/runtime.hpp>
 #include <ditrl/models/widened_gemm.hpp>
 #include <ditrl/precision/cpu_fp32_gemm.hpp>
+#include <ditrl/precision/dtype.hpp>
 #include <ditrl/shard/sharded_params.hpp>
 
 #include "peer_cases.hpp"
@@ -244,8 +246,10 @@ double family_seconds(const Profile& p, const std::string& family) {
 
 int main(int argc, char** argv) {
   dist::MpiRuntime mpi(&argc, &argv);
-  std::string family_name = "sd3", compute_name = "fp32", out, work = "/tmp/ditrl_step_profile";
-  std::string attention = "math", case_name = "big", trace;
+  std::string family_name = "sd3", out, work = "/tmp/ditrl_step_profile";
+  std::string case_name = "big", trace;
+  c10::ScalarType compute = at::kFloat;
+  models::AttentionBackend attention = models::AttentionBackend::Math;
   int steps = 2, warmup = 2;
   bool no_recompute = false, fused_adamw = false, with_peer = false;
   std::string python = DITRL_PYTHON;
@@ -254,8 +258,9 @@ int main(int argc, char** argv) {
   app.add_option("--case", case_name,
                  "big: the ~100M config | tiny / tiny2: the family's tiny preset, peer_forward's batch 1 / 2 case")
       ->check(CLI::IsMember({"big", "tiny", "tiny2"}));
-  app.add_option("--compute", compute_name, "fp32 | bf16")->check(CLI::IsMember({"fp32", "bf16"}));
-  app.add_option("--attention", attention, "math | flash")->check(CLI::IsMember({"math", "flash"}));
+  app::add_named_option(app, "--compute", compute, precision::kDtypeNames, {at::kFloat, at::kBFloat16}, "fp32 | bf16");
+  app::add_named_option(app, "--attention", attention, models::kAttentionNames,
+                        {models::AttentionBackend::Math, models::AttentionBackend::Flash}, "math | flash");
   app.add_flag("--no-recompute", no_recompute, "every block keeps its forward's graph (parallel.recompute = false)");
   app.add_flag("--fused-adamw", fused_adamw, "LibTorch's fused AdamW kernel (train.fused_adamw = true)");
   app.add_option("--steps", steps, "profiled steps");
@@ -270,7 +275,7 @@ int main(int argc, char** argv) {
   app.add_option("--python", python, "Python interpreter with torch and diffusers (for --peer)");
   CLI11_PARSE(app, argc, argv);
   app::keep_freed_host_memory();
-  const c10::ScalarType compute = compute_name == "bf16" ? at::kBFloat16 : at::kFloat;
+  const std::string compute_name = precision::dtype_name(compute);
   at::set_num_threads(1);
   const auto comm = dist::make_mpi_communicator();
 
@@ -345,8 +350,8 @@ int main(int argc, char** argv) {
       "(the profiler adds its own per-op cost)\n\n",
       family_name, c.name, params / 1e6, compute_name, c.batch, c.image_tokens, c.text_tokens,
       peer::command_line(argc, argv), peer::utc_now(), peer::cpu_model(), peer::load_average(), TORCH_VERSION,
-      attention, no_recompute ? "no recompute" : "blocks recomputed in backward", fused_adamw ? "fused" : "chunked",
-      steps, warmup, 1e3 * per_step);
+      name_of(models::kAttentionNames, attention), no_recompute ? "no recompute" : "blocks recomputed in backward",
+      fused_adamw ? "fused" : "chunked", steps, warmup, 1e3 * per_step);
   if (peer) {
     for (const auto& [name, s] : peer->profile.self_seconds)
       if (!p.self_seconds.count(name)) families.emplace_back(name, 0.0);
@@ -355,7 +360,7 @@ int main(int argc, char** argv) {
         "step, **{:.2f}x ditrl's profiled step**.\n\n"
         "| op family | ditrl ms per step | share | diffusers ms per step | share |\n|---|---|---|---|---|\n",
         std::string(c.config.at("_class_name").as_string()),
-        compute_name == "bf16" ? "fp32 parameters, bf16 autocast" : "fp32", peer->runtime,
+        compute == at::kBFloat16 ? "fp32 parameters, bf16 autocast" : "fp32", peer->runtime,
         1e3 * peer->profile.step_seconds / steps, peer->profile.step_seconds / seconds);
     for (const auto& [name, s] : families) {
       const double theirs = family_seconds(peer->profile, name);

@@ -47,6 +47,14 @@ std::string did_you_mean(std::string_view key, const std::vector<std::string>& c
   return best_distance <= limit ? best : std::string();
 }
 
+std::string not_a_choice(std::string_view what, const std::string& text, const std::vector<std::string>& choices) {
+  std::string message = fmt::format("{} = {} is out of range: expected {}", what, detail::show(text),
+                                    detail::describe(choices));
+  if (const std::string suggestion = did_you_mean(text, choices); !suggestion.empty())
+    message += fmt::format(" (did you mean {}?)", detail::show(suggestion));
+  return message;
+}
+
 void Diagnostics::throw_if_any(std::string_view what) const {
   if (errors_.empty()) return;
   std::string message = fmt::format("{}: {} problem{}", what, errors_.size(), errors_.size() == 1 ? "" : "s");
@@ -92,9 +100,10 @@ std::string describe(const Above& c) {
   if (c.hi == kFp32Max) return fmt::format("a finite value > {} within fp32's range (<= 3.4e38)", show(c.lo));
   return fmt::format("a value > {} and <= {}", show(c.lo), show(c.hi));
 }
-std::string describe(const OneOf& c) {
+std::string describe(const OneOf& c) { return describe(c.values); }
+std::string describe(const std::vector<std::string>& choices) {
   std::string s = "one of";
-  for (size_t i = 0; i < c.values.size(); ++i) s += (i ? ", \"" : " \"") + c.values[i] + "\"";
+  for (size_t i = 0; i < choices.size(); ++i) s += (i ? ", \"" : " \"") + choices[i] + "\"";
   return s;
 }
 
@@ -135,6 +144,12 @@ void Reader::out_of_range(std::string_view key, const toml::node& node, const st
                           const std::string& expected) {
   diag_.error(fmt::format("{}: '{}' = {} is out of range: expected {}", where(node.source()), dotted(key),
                           shown, expected));
+}
+
+void Reader::not_a_choice(std::string_view key, const toml::node& node, const std::string& text,
+                          const std::vector<std::string>& choices) {
+  diag_.error(fmt::format("{}: {}", where(node.source()),
+                          config::not_a_choice("'" + dotted(key) + "'", text, choices)));
 }
 
 }  // namespace ditrl::config

@@ -152,7 +152,7 @@ void cast_parameters(torch::nn::Module& model, c10::ScalarType forward, const st
     if (!t.is_floating_point()) return;
     c10::ScalarType dtype = forward;
     for (const DtypeOverride& rule : overrides)
-      if (precision::glob_match(rule.pattern, name)) dtype = precision::parse_dtype(rule.dtype);
+      if (precision::glob_match(rule.pattern, name)) dtype = rule.dtype;
     if (t.scalar_type() != dtype) t.set_data(t.to(dtype));
   };
   torch::NoGradGuard no_grad;

@@ -502,7 +502,9 @@ TEST_CASE("ltx: noise_pred reads sigma / builds positions from the grid / round-
 
   // bf16 forward: latents and text in bf16, sigma stays fp32; x0 rounded to bf16.
   FamilyOptions b = o;
-  b.inputs = precision::InputPolicy::resolve("default", "default", "passthrough", at::kBFloat16);
+  using precision::InputDtype;
+  b.inputs =
+      precision::InputPolicy::resolve(InputDtype::Default, InputDtype::Default, InputDtype::Passthrough, at::kBFloat16);
   auto bf16 = test::fixture_family("ltx", b);
   cast_parameters(*bf16, at::kBFloat16, bf16->default_overrides());
   const at::Tensor vb = bf16->noise_pred(x, sigma, sigma, cond, {});
