@@ -7,9 +7,9 @@
 #include <ditrl/error.hpp>
 #include <ditrl/io/checkpoint.hpp>
 #include <ditrl/io/metrics.hpp>
+#include <ditrl/io/out_dir_lock.hpp>
 
 #include <fmt/format.h>
-#include <unistd.h>
 #include <boost/json.hpp>
 
 #include <algorithm>
@@ -197,21 +197,10 @@ void read_log_problems(const fs::path& dir, RunStatus& s) {
 }
 
 // The lock's holder still runs when it is a live ditrl process of this host.
-bool lock_holder_runs_here(const std::string& holder) {
-  const std::regex pattern(R"(^host (.+), PID (\d+),)");
-  std::smatch m;
-  if (!std::regex_search(holder, m, pattern)) return false;
-  char host[256] = {};
-  gethostname(host, sizeof(host) - 1);
-  if (m[1].str() != host) return false;
-  const std::string cmdline = trimmed_text(fs::path("/proc") / m[2].str() / "cmdline");
+bool holder_runs_here(const io::LockHolder& holder, const std::string& host) {
+  if (holder.host != host) return false;
+  const std::string cmdline = trimmed_text(fs::path("/proc") / std::to_string(holder.pid) / "cmdline");
   return cmdline.find("ditrl") != std::string::npos;
-}
-
-std::string lock_host(const std::string& holder) {
-  const std::regex pattern(R"(^host (.+), PID)");
-  std::smatch m;
-  return std::regex_search(holder, m, pattern) ? m[1].str() : "";
 }
 
 // complete | preempted: the status the last job wrote, no job having started
@@ -221,16 +210,15 @@ std::string lock_host(const std::string& holder) {
 std::string run_state(const fs::path& dir, const RunStatus& s) {
   std::error_code ec;
   const bool locked = fs::exists(dir / ".lock", ec);
-  if (locked && lock_holder_runs_here(s.lock_holder)) return "running";
+  const std::optional<io::LockHolder> holder = io::parse_lock_holder(s.lock_holder);
+  const std::string host = io::this_host();
+  if (locked && holder && holder_runs_here(*holder, host)) return "running";
   const bool newer_job =
       locked && (s.status.empty() || fs::last_write_time(dir / ".lock", ec) > fs::last_write_time(dir / "status", ec));
   if (!newer_job) return s.status.empty() ? "not started" : s.status;
-  char host[256] = {};
-  gethostname(host, sizeof(host) - 1);
-  const std::string holder_host = lock_host(s.lock_holder);
-  if (!holder_host.empty() && holder_host != host)
+  if (holder && holder->host != host)
     return fmt::format("unknown (its newest job ran on host {}: run `ditrl status` there or ask the scheduler)",
-                       holder_host);
+                       holder->host);
   return "stopped";
 }
 
