@@ -15,18 +15,6 @@ SdeType parse_sde_type(const std::string& name) {
   fail("unknown sde type '{}': expected sde, cps or ode", name);
 }
 
-std::string sde_type_name(SdeType type) {
-  switch (type) {
-    case SdeType::Sde:
-      return "sde";
-    case SdeType::Cps:
-      return "cps";
-    case SdeType::Ode:
-      return "ode";
-  }
-  return "?";
-}
-
 StepTarget StepTarget::draw(at::Generator generator) {
   StepTarget t;
   t.kind_ = Kind::Draw;
@@ -49,6 +37,18 @@ StepTarget StepTarget::score(at::Tensor x_next) {
 }
 
 namespace {
+
+std::string sde_type_name(SdeType type) {
+  switch (type) {
+    case SdeType::Sde:
+      return "sde";
+    case SdeType::Cps:
+      return "cps";
+    case SdeType::Ode:
+      return "ode";
+  }
+  return "?";
+}
 
 void check_inputs(const StepKernel& kernel, const at::Tensor& velocity, const at::Tensor& sample,
                   const StepSigmas& sigmas, const StepTarget& target) {

@@ -44,9 +44,6 @@ struct OneOf {
 // "file:line:col" for a node, or "--set k=v" for an override.
 std::string where(const toml::source_region& region);
 
-// Closest candidate by edit distance, or empty when nothing is close enough.
-std::string did_you_mean(std::string_view key, const std::vector<std::string>& candidates);
-
 // Collects every problem of a deck so a user fixes them in one pass.
 class Diagnostics {
  public:
@@ -95,7 +92,6 @@ std::string type_name() {
   else return "table";
 }
 
-std::string node_type_name(const toml::node& node);
 std::string describe(const Between& c);
 std::string describe(const Above& c);
 std::string describe(const OneOf& c);

@@ -32,7 +32,6 @@ enum class SdeType { Sde, Cps, Ode };
 
 // "sde" | "cps" | "ode"
 SdeType parse_sde_type(const std::string& name);
-std::string sde_type_name(SdeType type);
 
 struct StepKernel {
   SdeType type = SdeType::Sde;
