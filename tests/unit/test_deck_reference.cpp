@@ -75,7 +75,7 @@ TEST_CASE("config: each default in the deck reference is the value a deck withou
   CHECK(ditrl::config::to_toml(parse_deck(kMinimal, "deck.toml", {"rollout.steps=11"})) != baseline);
 }
 
-TEST_CASE("config: the deck reference shows the reader's ranges, choices and required keys", "[config]") {
+TEST_CASE("config: the deck reference shows the reader's ranges and choices and required keys", "[config]") {
   const std::vector<SectionReference> sections = deck_reference();
   const std::map<std::string, KeyReference> row = rows(sections);
   const KeyReference& microgroup = row.at("rollout.microgroup");
