@@ -48,6 +48,7 @@
 #include <iostream>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -198,74 +199,82 @@ Row measure(const Case& c, const std::string& dir, const Variant& variant, const
   return row;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  dist::MpiRuntime mpi(&argc, &argv);
-  const auto comm = dist::make_mpi_communicator();
-  if (comm->size() != 1) {
-    std::cerr << "bench_peer_forward runs on one rank (the sharded variants shard over one rank)\n";
-    return 2;
-  }
-  // Not __FILE__: ccache's CCACHE_BASEDIR makes that path relative to the build directory.
-  const fs::path source_dir = DITRL_BENCHMARKS_DIR;
-  peer::Options o("peer_forward");
-  std::vector<std::string> known;
-  for (const auto& [name, bench] : kFamilies) known.push_back(name);
-  std::vector<std::string> families = known;
+struct Settings {
+  peer::Options o{"peer_forward"};
+  std::vector<std::string> families;
   std::vector<std::string> variant_names = {"fp32-eager", "fp32-sharded", "bf16-sharded"};
   std::string attention = "math";
   bool fused_adamw = false;
   std::string fp32_gemm = "auto";
-  CLI::App app{"ditrl vs diffusers (PyTorch eager): forward+backward+AdamW step time per model family"};
-  app.add_option("--families", families, "model families to measure (default: all)")->delimiter(',');
-  app.add_option("--variants", variant_names,
+};
+
+std::vector<std::string> known_families() {
+  std::vector<std::string> known;
+  for (const auto& [name, bench] : kFamilies) known.push_back(name);
+  return known;
+}
+
+void add_options(CLI::App& app, Settings& s) {
+  app.add_option("--families", s.families, "model families to measure (default: all)")->delimiter(',');
+  app.add_option("--variants", s.variant_names,
                  "fp32-eager | fp32-sharded[-keep] | bf16-sharded[-keep], optionally with -ckpt (diffusers' gradient "
                  "checkpointing); -keep: ditrl without recompute")
       ->delimiter(',');
-  app.add_option("--attention", attention, "ditrl's attention backend: math | flash")
+  app.add_option("--attention", s.attention, "ditrl's attention backend: math | flash")
       ->check(CLI::IsMember({"math", "flash"}));
-  app.add_flag("--fused-adamw", fused_adamw, "ditrl's sharded variants use LibTorch's fused AdamW kernel");
-  app.add_option("--cpu-fp32-gemm", fp32_gemm,
+  app.add_flag("--fused-adamw", s.fused_adamw, "ditrl's sharded variants use LibTorch's fused AdamW kernel");
+  app.add_option("--cpu-fp32-gemm", s.fp32_gemm,
                  "ditrl's fp32 GEMMs (precision.cpu_fp32_gemm of a deck that is not deterministic): auto | blas | "
                  "onednn")
       ->check(CLI::IsMember({"auto", "blas", "onednn"}));
-  o.add_to(app);
-  CLI11_PARSE(app, argc, argv);
-  ditrl::precision::set_cpu_fp32_gemm(ditrl::precision::parse_cpu_fp32_gemm(fp32_gemm, false));
-  o.sort_threads();
-  std::vector<Variant> variants;
-  for (const std::string& name : variant_names) {
-    variants.push_back(parse_variant(name));
-    variants.back().fused_adamw = fused_adamw;
-  }
+  s.o.add_to(app);
+}
 
+std::vector<Variant> variants_of(const Settings& s) {
+  std::vector<Variant> variants;
+  for (const std::string& name : s.variant_names) {
+    variants.push_back(parse_variant(name));
+    variants.back().fused_adamw = s.fused_adamw;
+  }
+  return variants;
+}
+
+// Every case of the chosen families; nothing, with the error printed, for a family not benchmarked.
+std::optional<std::vector<Case>> cases_of(const Settings& s) {
   std::vector<Case> cases;
-  for (const std::string& family : families) {
+  for (const std::string& family : s.families) {
     const auto it = kFamilies.find(family);
     if (it == kFamilies.end()) {
       std::cerr << "unknown family '" << family << "': benchmarked families are "
-                << fmt::format("{}", fmt::join(known, ", ")) << "\n";
-      return 2;
+                << fmt::format("{}", fmt::join(known_families(), ", ")) << "\n";
+      return std::nullopt;
     }
-    for (const Case& c : it->second.cases(o.tiny_rounds, o.big_rounds)) cases.push_back(c);
+    for (const Case& c : it->second.cases(s.o.tiny_rounds, s.o.big_rounds)) cases.push_back(c);
   }
-  const std::string script = (source_dir / "peer" / "peer_diffusers.py").string();
-  const std::string load_at_start = peer::load_average();
-  const std::string started = peer::utc_now();
+  return cases;
+}
+
+// Every case, variant and thread count, in each malloc mode.
+std::vector<Row> measure_all(const Settings& s, const std::vector<Variant>& variants, const std::vector<Case>& cases,
+                             dist::Communicator& comm) {
+  // Not __FILE__: ccache's CCACHE_BASEDIR makes that path relative to the build directory.
+  const std::string script = (fs::path(DITRL_BENCHMARKS_DIR) / "peer" / "peer_diffusers.py").string();
   std::vector<Row> rows;
-  peer::for_each_malloc_mode(o.skip_tuned, [&](bool tuned) {
+  peer::for_each_malloc_mode(s.o.skip_tuned, [&](bool tuned) {
     for (size_t i = 0; i < cases.size(); ++i) {
       if (cases[i].rounds <= 0) continue;
-      const std::string dir = o.work + "/" + cases[i].family + std::to_string(i);
+      const std::string dir = s.o.work + "/" + cases[i].family + std::to_string(i);
       if (!tuned) prepare_case(cases[i], dir);
       for (const Variant& variant : variants)
-        for (int threads : o.thread_counts)
-          rows.push_back(measure(cases[i], dir, variant, attention, threads, tuned, o.python, script, *comm));
+        for (int threads : s.o.thread_counts)
+          rows.push_back(measure(cases[i], dir, variant, s.attention, threads, tuned, s.o.python, script, comm));
     }
   });
+  return rows;
+}
 
-  std::ofstream md(o.out);
+// The method and the table's header.
+void write_method(std::ostream& md) {
   md << "# peer_forward: ditrl vs diffusers (PyTorch eager), training step per model family\n\n"
      << "Forward + backward + AdamW step (lr 1e-4, betas 0.9/0.999, eps 1e-8, weight decay 0.01 on both sides) of a\n"
      << "family's DiT (ditrl: `Family::noise_pred` on the family's latent layout; Python: diffusers' own class for "
@@ -289,31 +298,38 @@ int main(int argc, char** argv) {
         "ms/step | diffusers ms/step | speedup | min ditrl / diffusers ms | page faults/step ditrl / diffusers | "
         "rel. loss gap first / last step |\n"
      << "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
-  for (const Row& r : rows)
-    md << fmt::format("| {} | {} | {:.1f} M | {} | {} | {} | {} | {} |\n", r.family, r.config, r.params_m, r.tokens,
-                      r.variant, r.threads, r.malloc_mode, peer::cells(r.s));
-  md << "\n- Command: `" << peer::command_line(argc, argv) << "`\n"
+}
+
+// How the run was made: command, dates, machine, both sides' settings.
+void write_setup(std::ostream& md, const Settings& s, const std::string& command, const std::string& started,
+                 const std::string& load_at_start) {
+  md << "\n- Command: `" << command << "`\n"
      << "- Date: " << started << " to " << peer::utc_now() << "\n"
      << "- Machine: " << peer::cpu_model() << ", " << std::thread::hardware_concurrency()
      << " hardware threads; 1-minute load average " << load_at_start << " at the start, " << peer::load_average()
      << " at the end (anything above the benchmark's own 1 is other work sharing the cores)\n"
-     << "- ditrl: LibTorch " << TORCH_VERSION << " (C++), `" << attention << "` attention ("
-     << (attention == "math" ? "matmul, softmax, matmul" : "LibTorch's CPU flash kernel, as the peer's SDPA picks")
+     << "- ditrl: LibTorch " << TORCH_VERSION << " (C++), `" << s.attention << "` attention ("
+     << (s.attention == "math" ? "matmul, softmax, matmul" : "LibTorch's CPU flash kernel, as the peer's SDPA picks")
      << "), sharded variants' AdamW: "
-     << (fused_adamw ? "LibTorch's fused kernel (`train.fused_adamw`)" : "ditrl's chunked passes over the flat slices")
+     << (s.fused_adamw ? "LibTorch's fused kernel (`train.fused_adamw`)"
+                       : "ditrl's chunked passes over the flat slices")
      << ", fp32 GEMMs: "
      << (ditrl::precision::cpu_fp32_gemm() == ditrl::precision::CpuFp32Gemm::Onednn
              ? "oneDNN's from 2^20 multiply-adds up"
              : "LibTorch's BLAS")
-     << " (`precision.cpu_fp32_gemm = \"" << fp32_gemm << "\"`)\n"
-     << "- diffusers peer: " << o.python << ", torch " << peer::python_torch_version(o.python) << ", diffusers "
-     << peer::python_module_version(o.python, "diffusers")
+     << " (`precision.cpu_fp32_gemm = \"" << s.fp32_gemm << "\"`)\n"
+     << "- diffusers peer: " << s.o.python << ", torch " << peer::python_torch_version(s.o.python) << ", diffusers "
+     << peer::python_module_version(s.o.python, "diffusers")
      << " (the torch wheel whose LibTorch ditrl links), benchmarks/peer/peer_diffusers.py: "
         "`<Class>.from_config(config.json)`,\n"
      << "  `load_state_dict(strict=True)` of the shared weights, diffusers' default attention processor\n"
      << "  (`F.scaled_dot_product_attention`), `torch.optim.AdamW`, `zero_grad(set_to_none=True)`; a child process\n"
-     << "  driven over a pipe\n"
-     << "- sd3 (SD3Transformer2DModel): `tiny` = the sd3 `tiny` preset (4 blocks, D = 64, two dual-attention blocks,\n"
+     << "  driven over a pipe\n";
+}
+
+// The configs of the table's `config` column.
+void write_configs(std::ostream& md) {
+  md << "- sd3 (SD3Transformer2DModel): `tiny` = the sd3 `tiny` preset (4 blocks, D = 64, two dual-attention blocks,\n"
      << "  qk RMSNorm); `sd3-110m` = SD3.5-medium structure at D = 768 (12 heads x 64), 5 blocks, block 0 dual, qk\n"
      << "  RMSNorm, joint_attention_dim 4096, pooled 2048, latent 16 x 32 x 32.\n"
      << "- wan (WanTransformer3DModel, one expert): `tiny` = the wan `tiny` preset (2 blocks, 2 heads x 32, ffn 128,\n"
@@ -323,6 +339,38 @@ int main(int argc, char** argv) {
      << "  RoPE axes 4/6/6, text 32); `qwen-111m` = D = 768 (6 heads x 128, axes 16/56/56), 5 blocks, text width\n"
      << "  3584, latent 16 x 32 x 32 packed 2x2 (the peer packs/unpacks around the forward like ditrl's noise_pred);\n"
      << "  the all-ones text mask is dropped on both sides.\n";
-  std::cerr << "wrote " << o.out << "\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  dist::MpiRuntime mpi(&argc, &argv);
+  const auto comm = dist::make_mpi_communicator();
+  if (comm->size() != 1) {
+    std::cerr << "bench_peer_forward runs on one rank (the sharded variants shard over one rank)\n";
+    return 2;
+  }
+  Settings s;
+  s.families = known_families();
+  CLI::App app{"ditrl vs diffusers (PyTorch eager): forward+backward+AdamW step time per model family"};
+  add_options(app, s);
+  CLI11_PARSE(app, argc, argv);
+  ditrl::precision::set_cpu_fp32_gemm(ditrl::precision::parse_cpu_fp32_gemm(s.fp32_gemm, false));
+  s.o.sort_threads();
+  const std::vector<Variant> variants = variants_of(s);
+  const std::optional<std::vector<Case>> cases = cases_of(s);
+  if (!cases) return 2;
+  const std::string load_at_start = peer::load_average();
+  const std::string started = peer::utc_now();
+  const std::vector<Row> rows = measure_all(s, variants, *cases, *comm);
+
+  std::ofstream md(s.o.out);
+  write_method(md);
+  for (const Row& r : rows)
+    md << fmt::format("| {} | {} | {:.1f} M | {} | {} | {} | {} | {} |\n", r.family, r.config, r.params_m, r.tokens,
+                      r.variant, r.threads, r.malloc_mode, peer::cells(r.s));
+  write_setup(md, s, peer::command_line(argc, argv), started, load_at_start);
+  write_configs(md);
+  std::cerr << "wrote " << s.o.out << "\n";
   return 0;
 }

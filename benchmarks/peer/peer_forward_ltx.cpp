@@ -151,23 +151,18 @@ Row measure(const Case& c, const std::string& dir, int threads, bool tuned, cons
   return row;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  // Not __FILE__: ccache's CCACHE_BASEDIR makes that path relative to the build directory.
-  const fs::path source_dir = DITRL_BENCHMARKS_DIR;
-  peer::Options o("peer_forward_ltx");
-  CLI::App app{"ditrl vs Python PyTorch eager: LTX-2.3 video transformer forward+backward+AdamW step time"};
-  o.add_to(app);
-  CLI11_PARSE(app, argc, argv);
-  o.sort_threads();
-
+// The tiny preset at batch 1 and 2 and the ~100M config.
+std::vector<Case> ltx_cases(const peer::Options& o) {
   const models::LtxConfig tiny = models::LtxConfig::preset("tiny-video");
-  const std::vector<Case> cases = {{"tiny", tiny, 1, 2, 4, 4, 8, 10, o.tiny_rounds, 10},
-                                   {"tiny", tiny, 2, 3, 8, 8, 8, 10, o.tiny_rounds, 10},
-                                   {"ltx-100m", config_100m(), 2, 4, 8, 8, 128, 3, o.big_rounds, 1}};
-  const std::string script = (source_dir / "peer" / "peer_ltx.py").string();
-  const std::string load_at_start = peer::load_average();
+  return {{"tiny", tiny, 1, 2, 4, 4, 8, 10, o.tiny_rounds, 10},
+          {"tiny", tiny, 2, 3, 8, 8, 8, 10, o.tiny_rounds, 10},
+          {"ltx-100m", config_100m(), 2, 4, 8, 8, 128, 3, o.big_rounds, 1}};
+}
+
+// Every case and thread count, in each malloc mode.
+std::vector<Row> measure_all(const peer::Options& o, const std::vector<Case>& cases) {
+  // Not __FILE__: ccache's CCACHE_BASEDIR makes that path relative to the build directory.
+  const std::string script = (fs::path(DITRL_BENCHMARKS_DIR) / "peer" / "peer_ltx.py").string();
   std::vector<Row> rows;
   peer::for_each_malloc_mode(o.skip_tuned, [&](bool tuned) {
     for (size_t i = 0; i < cases.size(); ++i) {
@@ -177,8 +172,11 @@ int main(int argc, char** argv) {
       for (int threads : o.thread_counts) rows.push_back(measure(cases[i], dir, threads, tuned, o.python, script));
     }
   });
+  return rows;
+}
 
-  std::ofstream md(o.out);
+void write_report(std::ostream& md, const peer::Options& o, const std::vector<Row>& rows, const std::string& command,
+                  const std::string& load_at_start) {
   md << "# peer_forward_ltx: ditrl vs Python PyTorch eager, LTX-2.3 video transformer training step\n\n"
      << "Forward + backward + AdamW step (lr 1e-4, default betas/eps/weight decay on both sides) of the LTX-2.3\n"
      << "video stream (ltx_core's LTXModel with audio = None), MSE loss of the velocity against a fixed target,\n"
@@ -196,7 +194,7 @@ int main(int argc, char** argv) {
   for (const Row& r : rows)
     md << fmt::format("| {} | {:.1f} M | {} | {} | {} | {} |\n", r.config, r.params_m, r.tokens, r.threads,
                       r.malloc_mode, peer::cells(r.s));
-  md << "\n- Command: `" << peer::command_line(argc, argv) << "`\n"
+  md << "\n- Command: `" << command << "`\n"
      << "- Date: " << peer::utc_now() << "\n"
      << "- Machine: " << peer::cpu_model() << ", " << std::thread::hardware_concurrency()
      << " hardware threads; 1-minute load average " << load_at_start << " at the start, " << peer::load_average()
@@ -212,6 +210,21 @@ int main(int argc, char** argv) {
      << "- Configs: `tiny` = the ltx `tiny-video` preset (2 blocks, D = 64, 4 heads, 2.3 flags, 16 latent\n"
      << "  channels); `ltx-100m` = the LTX-2.3 video stream at D = 768 (12 heads x 64), 10 blocks, 128 latent\n"
      << "  channels, latent grid 4 x 8 x 8.\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  peer::Options o("peer_forward_ltx");
+  CLI::App app{"ditrl vs Python PyTorch eager: LTX-2.3 video transformer forward+backward+AdamW step time"};
+  o.add_to(app);
+  CLI11_PARSE(app, argc, argv);
+  o.sort_threads();
+  const std::vector<Case> cases = ltx_cases(o);
+  const std::string load_at_start = peer::load_average();
+  const std::vector<Row> rows = measure_all(o, cases);
+  std::ofstream md(o.out);
+  write_report(md, o, rows, peer::command_line(argc, argv), load_at_start);
   std::cerr << "wrote " << o.out << "\n";
   return 0;
 }

@@ -130,6 +130,95 @@ std::string load_average() {
   return a + " " + b + " " + c;
 }
 
+struct Timings {
+  std::vector<double> checkpoint_s, plain_s, direct_s, prune_s;
+};
+
+// The writes of one launch: checkpoints of `state`, each replacing the
+// previous one (whose removal is timed on its own), and rank 0's plain
+// writes of the same bytes to a file beside them.
+class Writes {
+ public:
+  Writes(const std::string& out_dir, const io::TrainingState& state, const std::string& deck, int repeats,
+         const dist::WorldInfo& world)
+      : out_dir_(out_dir),
+        state_(state),
+        deck_(deck),
+        repeats_(repeats),
+        world_size_(world.size),
+        root_(world.rank == 0),
+        plain_path_((fs::path(out_dir) / "checkpoints" / "plain.bin").string()) {
+    if (root_) fs::remove_all(fs::path(out_dir) / "checkpoints");
+  }
+
+  // Untimed warm-up: the first checkpoint also pays first-touch page faults
+  // and HDF5/MPI-IO start-up, which a training run pays once. Its seconds.
+  double warm_up() {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double start = now();
+    previous_ = io::save_checkpoint(out_dir_, state_, {0, 0, world_size_, 0, 0, deck_}, 1, MPI_COMM_WORLD);
+    const double seconds = now() - start;
+    if (root_) bytes_ = file_bytes(previous_);
+    return seconds;
+  }
+
+  void checkpoint(int r) {
+    settle();
+    const double start = now();
+    // keep = all: deleting the previous checkpoint is not writing this one;
+    // it is timed on its own below (a `discard` mount makes it costly).
+    const std::string path =
+        io::save_checkpoint(out_dir_, state_, {r + 1, r + 1, world_size_, 0, 0, deck_}, repeats_, MPI_COMM_WORLD);
+    t_.checkpoint_s.push_back(now() - start);
+    if (root_) {
+      const double prune_start = now();
+      fs::remove(previous_);
+      t_.prune_s.push_back(now() - prune_start);
+    }
+    previous_ = path;
+  }
+
+  void plain(bool direct) {
+    settle();
+    if (root_) (direct ? t_.direct_s : t_.plain_s).push_back(plain_write(plain_path_, bytes_, direct));
+  }
+
+  const Timings& timings() const { return t_; }
+  int64_t bytes() const { return bytes_.size; }
+
+ private:
+  const std::string out_dir_;
+  const io::TrainingState& state_;
+  const std::string deck_;
+  const int repeats_;
+  const int64_t world_size_;
+  const bool root_;
+  const std::string plain_path_;
+  std::string previous_;
+  Payload bytes_;
+  Timings t_;
+};
+
+// The results table's row (stdout) and every timing (stderr).
+void report(const std::string& label, int world_size, int64_t bytes, const Timings& t, double first_s) {
+  auto paired = [&](const std::vector<double>& plain) {
+    std::vector<double> ratios;
+    for (size_t i = 0; i < t.checkpoint_s.size(); ++i) ratios.push_back(plain[i] / t.checkpoint_s[i]);
+    return median(ratios);
+  };
+  const double mib = static_cast<double>(bytes) / (1 << 20);
+  const double c = median(t.checkpoint_s), p = median(t.plain_s), d = median(t.direct_s);
+  std::cout << fmt::format(
+      "| {} | {} | {:.1f} | {:.3f} | {:.1f} | {:.3f} | {:.1f} | **{:.2f}x** | {:.2f}x | {:.3f} | {:.1f} | {:.2f}x | "
+      "{:.2f}x | {:.3f} | {} |\n",
+      label, world_size, mib, c, mib / c, p, mib / p, p / c, paired(t.plain_s), d, mib / d, d / c, paired(t.direct_s),
+      median(t.prune_s), load_average());
+  std::cerr << fmt::format(
+      "{}: first (warm-up) checkpoint s {:.3f}; checkpoint s {:.3f}; plain s {:.3f}; direct s {:.3f}; prune s {:.3f}\n",
+      label, first_s, fmt::join(t.checkpoint_s, " "), fmt::join(t.plain_s, " "), fmt::join(t.direct_s, " "),
+      fmt::join(t.prune_s, " "));
+}
+
 int run(int argc, char** argv, dist::Runtime& mpi) {
   if (argc < 4) fail("usage: bench_checkpoint DECK OUT_DIR LABEL [repeats] [k=v ...]");
   const std::string out_dir = argv[2], label = argv[3];
@@ -139,64 +228,18 @@ int run(int argc, char** argv, dist::Runtime& mpi) {
   app::Run run = app::open_run(config::load_deck(argv[1], overrides), mpi);
   const io::TrainingState state = app::training_state(run);
   at::set_num_threads(mpi.default_threads());  // as `ditrl train` outside deterministic mode
-  const bool root = mpi.world().rank == 0;
-  if (root) fs::remove_all(fs::path(out_dir) / "checkpoints");
-
-  // Untimed warm-up: the first checkpoint also pays first-touch page faults
-  // and HDF5/MPI-IO start-up, which a training run pays once.
-  MPI_Barrier(MPI_COMM_WORLD);
-  const double first_start = now();
-  std::string previous =
-      io::save_checkpoint(out_dir, state, {0, 0, mpi.world().size, 0, 0, run.deck_text}, 1, MPI_COMM_WORLD);
-  const double first_s = now() - first_start;
-  const Payload bytes = root ? file_bytes(previous) : Payload();
-  std::vector<double> checkpoint_s, plain_s, direct_s, prune_s;
-  const std::string plain_path = (fs::path(out_dir) / "checkpoints" / "plain.bin").string();
-  auto time_checkpoint = [&](int r) {
-    settle();
-    const double start = now();
-    // keep = all: deleting the previous checkpoint is not writing this one;
-    // it is timed on its own below (a `discard` mount makes it costly).
-    const std::string path = io::save_checkpoint(out_dir, state, {r + 1, r + 1, mpi.world().size, 0, 0, run.deck_text},
-                                                 repeats, MPI_COMM_WORLD);
-    checkpoint_s.push_back(now() - start);
-    if (root) {
-      const double prune_start = now();
-      fs::remove(previous);
-      prune_s.push_back(now() - prune_start);
-    }
-    previous = path;
-  };
-  auto time_plain = [&](bool direct) {
-    settle();
-    if (root) (direct ? direct_s : plain_s).push_back(plain_write(plain_path, bytes, direct));
-  };
+  Writes writes(out_dir, state, run.deck_text, repeats, mpi.world());
+  const double first_s = writes.warm_up();
   for (int r = 0; r < repeats; ++r) {
     // Reversed on odd repeats: no kind always follows another's I/O.
     if (r % 2 == 0) {
-      time_checkpoint(r), time_plain(false), time_plain(true);
+      writes.checkpoint(r), writes.plain(false), writes.plain(true);
     } else {
-      time_plain(true), time_plain(false), time_checkpoint(r);
+      writes.plain(true), writes.plain(false), writes.checkpoint(r);
     }
     MPI_Barrier(MPI_COMM_WORLD);
   }
-  if (!root) return 0;
-  auto paired = [&](const std::vector<double>& plain) {
-    std::vector<double> ratios;
-    for (size_t i = 0; i < checkpoint_s.size(); ++i) ratios.push_back(plain[i] / checkpoint_s[i]);
-    return median(ratios);
-  };
-  const double mib = static_cast<double>(bytes.size) / (1 << 20);
-  const double c = median(checkpoint_s), p = median(plain_s), d = median(direct_s);
-  std::cout << fmt::format(
-      "| {} | {} | {:.1f} | {:.3f} | {:.1f} | {:.3f} | {:.1f} | **{:.2f}x** | {:.2f}x | {:.3f} | {:.1f} | {:.2f}x | "
-      "{:.2f}x | {:.3f} | {} |\n",
-      label, mpi.world().size, mib, c, mib / c, p, mib / p, p / c, paired(plain_s), d, mib / d, d / c, paired(direct_s),
-      median(prune_s), load_average());
-  std::cerr << fmt::format(
-      "{}: first (warm-up) checkpoint s {:.3f}; checkpoint s {:.3f}; plain s {:.3f}; direct s {:.3f}; prune s {:.3f}\n",
-      label, first_s, fmt::join(checkpoint_s, " "), fmt::join(plain_s, " "), fmt::join(direct_s, " "),
-      fmt::join(prune_s, " "));
+  if (mpi.world().rank == 0) report(label, mpi.world().size, writes.bytes(), writes.timings(), first_s);
   return 0;
 }
 
