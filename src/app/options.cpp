@@ -153,6 +153,8 @@ rl::AlgorithmOptions algorithm_options(const config::Config& c) {
   return o;
 }
 
+namespace {
+
 // model.weights for the whole family, or with model.weights_2 the two expert
 // checkpoints for their experts (Wan2.2 A14B: the diffusers folders
 // transformer/ and transformer_2/, names without the expert prefix).
@@ -171,12 +173,11 @@ std::vector<models::CheckpointPart> weight_parts(const std::shared_ptr<models::F
   return {{experts[0], c.model.weights}, {experts[1], c.model.weights_2}};
 }
 
+// Those checkpoints into the (materialised) family.
 void load_deck_weights(const std::shared_ptr<models::Family>& family, const config::Config& c) {
   for (const models::CheckpointPart& part : weight_parts(family, c))
     models::load_weights(*part.module, io::Checkpoint(part.path));
 }
-
-namespace {
 
 // Starts from an existing PEFT / diffusers / LTX-2 adapter (model.lora.weights).
 void load_deck_lora(models::Family& family, const config::Config& c) {

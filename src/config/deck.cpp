@@ -89,8 +89,9 @@ Config read_config(const toml::table& root, const std::string& source_name) {
   return config;
 }
 
-}  // namespace
-
+// Applies one `section.key=value` assignment to a TOML tree. The value is
+// parsed as TOML (numbers, booleans, arrays, quoted strings); anything that is
+// not valid TOML is taken as a bare string.
 void apply_override(toml::table& root, const std::string& assignment) {
   const size_t eq = assignment.find('=');
   if (eq == std::string::npos || eq == 0)
@@ -124,6 +125,8 @@ void apply_override(toml::table& root, const std::string& assignment) {
   }
   table->insert_or_assign(path.back(), std::move(*parsed.get("v")));
 }
+
+}  // namespace
 
 Config parse_deck(const std::string& text, const std::string& source_name,
                   const std::vector<std::string>& overrides) {

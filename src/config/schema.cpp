@@ -33,8 +33,7 @@ size_t edit_distance(std::string_view a, std::string_view b) {
   return row[b.size()];
 }
 
-}  // namespace
-
+// Closest candidate by edit distance, or empty when nothing is close enough.
 std::string did_you_mean(std::string_view key, const std::vector<std::string>& candidates) {
   std::string best;
   size_t best_distance = std::numeric_limits<size_t>::max();
@@ -46,6 +45,23 @@ std::string did_you_mean(std::string_view key, const std::vector<std::string>& c
   const size_t limit = std::max<size_t>(2, key.size() / 3);
   return best_distance <= limit ? best : std::string();
 }
+
+std::string node_type_name(const toml::node& node) {
+  switch (node.type()) {
+    case toml::node_type::table: return "table";
+    case toml::node_type::array: return "array";
+    case toml::node_type::string: return "string";
+    case toml::node_type::integer: return "integer";
+    case toml::node_type::floating_point: return "number";
+    case toml::node_type::boolean: return "boolean";
+    case toml::node_type::date: return "date";
+    case toml::node_type::time: return "time";
+    case toml::node_type::date_time: return "date-time";
+    default: return "nothing";
+  }
+}
+
+}  // namespace
 
 std::string not_a_choice(std::string_view what, const std::string& text, const std::vector<std::string>& choices) {
   std::string message = fmt::format("{} = {} is out of range: expected {}", what, detail::show(text),
@@ -73,21 +89,6 @@ std::string SourceMap::locate(const std::string& key) const {
 }
 
 namespace detail {
-
-std::string node_type_name(const toml::node& node) {
-  switch (node.type()) {
-    case toml::node_type::table: return "table";
-    case toml::node_type::array: return "array";
-    case toml::node_type::string: return "string";
-    case toml::node_type::integer: return "integer";
-    case toml::node_type::floating_point: return "number";
-    case toml::node_type::boolean: return "boolean";
-    case toml::node_type::date: return "date";
-    case toml::node_type::time: return "time";
-    case toml::node_type::date_time: return "date-time";
-    default: return "nothing";
-  }
-}
 
 std::string show(double v) {
   if (std::floor(v) == v && std::fabs(v) < 1e15) return fmt::format("{}", static_cast<int64_t>(v));
@@ -132,7 +133,7 @@ void Reader::finish() {
 
 void Reader::wrong_type(std::string_view key, const toml::node& node, const std::string& expected) {
   diag_.error(fmt::format("{}: '{}' must be a {}, got a {}", where(node.source()), dotted(key), expected,
-                          detail::node_type_name(node)));
+                          node_type_name(node)));
 }
 
 void Reader::missing(std::string_view key, const std::string& expected) {

@@ -2,7 +2,6 @@
 #include <ditrl/error.hpp>
 #include <ditrl/models/lora.hpp>
 #include <ditrl/models/ltx.hpp>
-#include <ditrl/models/ltx_patchify.hpp>
 #include <ditrl/models/reference.hpp>
 #include <ditrl/models/weights.hpp>
 
@@ -299,23 +298,6 @@ TEST_CASE("ltx: RoPE frequency grid / pixel coordinates and table layout", "[mod
   const at::Tensor h = x.view({2, 2, 4});
   CHECK(at::equal(r.select(1, 0), -h.select(1, 1)));
   CHECK(at::equal(r.select(1, 1), h.select(1, 0)));
-}
-
-TEST_CASE("ltx: video latent patchify/unpatchify / token order matches the RoPE positions", "[models][ltx]") {
-  const int64_t b = 2, c = 3, f = 3, h = 2, w = 4;
-  const at::Tensor latent = at::randn({b, c, f, h, w});
-  const at::Tensor tokens = ltx_patchify(latent);
-  REQUIRE(tokens.sizes() == at::IntArrayRef{b, f * h * w, c});
-  CHECK(at::equal(ltx_unpatchify(tokens, f, h, w), latent));
-  const at::Tensor positions = ltx_video_positions(b, f, h, w, 24.0, at::kCPU);
-  // Token (f, h, w) = (2, 1, 3) holds that voxel's channels and sits at its pixel bounds.
-  const int64_t index = (2 * h + 1) * w + 3;
-  CHECK(at::equal(tokens[1][index], latent[1].select(1, 2).select(1, 1).select(1, 3)));
-  CHECK(positions[1][0][index][0].item<float>() == 9 / 24.0f);  // frame 2 covers pixel frames [9, 17)
-  CHECK(positions[1][1][index][0].item<float>() == 32.0f);
-  CHECK(positions[1][2][index][1].item<float>() == 128.0f);
-  CHECK_THROWS_WITH(ltx_patchify(at::zeros({1, 3, 4, 4})), Contains("(B, C, F, H, W)"));
-  CHECK_THROWS_WITH(ltx_unpatchify(tokens, f, h, w + 1), Contains("latent grid 3x2x5"));
 }
 
 TEST_CASE("ltx: single-file checkpoint names load / non-DiT tensors are skipped", "[models][ltx]") {

@@ -65,9 +65,6 @@ std::vector<std::string> names_of(const NameTable<E, N>& names) {
 // "file:line:col" for a node, or "--set k=v" for an override.
 std::string where(const toml::source_region& region);
 
-// Closest candidate by edit distance, or empty when nothing is close enough.
-std::string did_you_mean(std::string_view key, const std::vector<std::string>& candidates);
-
 // "`what` = "text" is out of range: expected one of "a", "b" (did you mean
 // "a"?)": a name that is none of `choices`.
 std::string not_a_choice(std::string_view what, const std::string& text, const std::vector<std::string>& choices);
@@ -127,7 +124,6 @@ std::string type_name() {
     return "table";
 }
 
-std::string node_type_name(const toml::node& node);
 std::string describe(const Between& c);
 std::string describe(const Above& c);
 std::string describe(const OneOf& c);

@@ -85,10 +85,6 @@ class Dataspace : public Handle {
   void select_none();
 };
 
-// HDF5 type for a torch dtype (bf16 and fp16 as 16-bit custom floats).
-Handle datatype_for(c10::ScalarType dtype);
-// torch dtype of a stored HDF5 type; throws for types ditrl does not use.
-c10::ScalarType scalar_type_of(hid_t type, const std::string& context);
 const char* dtype_name(c10::ScalarType dtype);
 
 struct DatasetOptions {
@@ -126,8 +122,6 @@ class Object : public Handle {
   void set_attr(const std::string& name, const std::vector<int64_t>& value);
   std::string string_attr(const std::string& name) const;
   int64_t int_attr(const std::string& name) const;
-  double double_attr(const std::string& name) const;
-  std::vector<int64_t> ints_attr(const std::string& name) const;
 
  protected:
   std::string child_path(const std::string& name) const;
