@@ -8,6 +8,7 @@
 #include <ditrl/dist/log.hpp>
 #include <ditrl/error.hpp>
 #include <ditrl/io/safetensors.hpp>
+#include <ditrl/models/family_traits.hpp>
 #include <ditrl/models/guided.hpp>
 #include <ditrl/models/weights.hpp>
 #include <ditrl/precision/cpu_fp32_gemm.hpp>
@@ -241,8 +242,8 @@ Run open_run(const config::Config& config, dist::Runtime& runtime, const std::st
   run.reward = rollout::make_reward(reward_options(c, runtime.device()));
 
   const models::LatentGrid grid = latent_grid(c);
-  diffusion::Schedule schedule = diffusion::family_schedule(
-      c.model.family, {c.rollout.steps, c.rollout.shift, grid.frames, grid.height, grid.width});
+  diffusion::Schedule schedule =
+      models::family_schedule(c.model.family, {c.rollout.steps, c.rollout.shift, grid.frames, grid.height, grid.width});
   const std::vector<int64_t> shape = run.family->latent_shape(1, grid);
   const std::vector<int64_t> latent_shape(shape.begin() + 1, shape.end());
 

@@ -53,7 +53,7 @@ SETTINGS = {
     "threads": 1,
 }
 
-# ditrl's `tiny` SD3 preset (src/models/sd3.cpp SD3Config::preset("tiny")) in diffusers' config names.
+# ditrl's `tiny` SD3 preset (src/models/sd3/sd3.cpp SD3Config::preset("tiny")) in diffusers' config names.
 TINY_SD3 = {
     "_class_name": "SD3Transformer2DModel",
     "sample_size": 16,

@@ -14,7 +14,7 @@
 #include <ditrl/dist/nccl_communicator.hpp>
 #include <ditrl/dist/sequence_parallel.hpp>
 #include <ditrl/models/ulysses.hpp>
-#include <ditrl/models/wan.hpp>
+#include <ditrl/models/wan/wan.hpp>
 #include <ditrl/models/weights.hpp>
 
 #include <ATen/ATen.h>
