@@ -97,6 +97,8 @@ endif()
 add_library(Boost::json INTERFACE IMPORTED)
 set_target_properties(Boost::json PROPERTIES
   INTERFACE_INCLUDE_DIRECTORIES "${DITRL_BOOST_INCLUDE_DIR}" INTERFACE_LINK_LIBRARIES "${DITRL_BOOST_JSON_LIBRARY}")
+# SHA-256 of checkpoints and prompt datasets (io/sha256.cpp): OpenSSL's libcrypto.
+find_package(OpenSSL REQUIRED COMPONENTS Crypto)
 find_package(tomlplusplus REQUIRED)
 find_package(CLI11 REQUIRED)
 find_package(spdlog REQUIRED)

@@ -27,6 +27,8 @@
 # --only: configure, build and the named steps (a second call on a warm machine, whose build dir
 # is kept, runs the steps the first call's budget left NOT RUN).
 # Exit status: 0 when every step passed or was skipped for want of a GPU.
+# The results folder's raw files go into git only as one archive beside the tables of
+# benchmarks/results/gpu_check.md (benchmarks/README.md), never as loose files.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prepares kit/prefix/: the libraries ditrl builds and runs with that a bare
 # GPU machine lacks (Open MPI, parallel HDF5, Boost.JSON, toml++,
-# spdlog + fmt, CLI11, Catch2), as Debian bookworm packages unpacked into one
+# spdlog + fmt, CLI11, Catch2, OpenSSL's libcrypto), as Debian bookworm packages unpacked into one
 # relocatable prefix, for scripts/gpu_check.sh. The device tool copies the
 # tree to the GPU machine with at most 64 MiB of ignored paths, so the prefix
 # is pruned (no docs, static libraries, Fortran/Java/OpenSHMEM, only the
@@ -23,7 +23,7 @@ PACKAGES=(
   libhdf5-openmpi-103-1 libhdf5-openmpi-hl-100 libhdf5-openmpi-dev libsz2 libaec0
   libboost-json1.81.0 libboost-json1.81-dev libboost1.81-dev
   libtomlplusplus3 libtomlplusplus-dev libspdlog1.10 libspdlog-dev libfmt9 libfmt-dev libcli11-dev catch2
-  libtcmalloc-minimal4
+  libtcmalloc-minimal4 libssl3 libssl-dev
 )
 
 # Where a machine with a C++ compiler has its own copy (the C library and the
@@ -58,6 +58,11 @@ find "$PREFIX" \( -name '*oshmem*' -o -name 'mca_spml_*' -o -name 'mca_sshmem_*'
 rm -f "$L/openmpi/lib/openmpi3/"mca_{pml_ucx,osc_ucx,btl_uct,mtl_ofi,mtl_psm,mtl_psm2,btl_ofi,btl_openib,common_ucx,common_ofi,common_verbs}*.so \
   "$L/openmpi/lib/"libmca_common_{ucx,ofi,verbs}.so* "$L/"libmca_common_{ucx,ofi,verbs}.so*
 rm -f "$U/bin/"{osh*,shmem*,mpif*,mpijavac*,h5pfc*,aggregate_profile,profile2mat}
+# OpenSSL's two generated headers (configuration.h, opensslconf.h) sit in
+# Debian's multiarch folder, which only Debian's own compiler searches: beside
+# the other OpenSSL headers, in the folder CMake's FindOpenSSL names.
+mv "$U/include/$ARCH/openssl/"*.h "$U/include/openssl/"
+rmdir "$U/include/$ARCH/openssl"
 # Boost: the modules Boost.JSON's headers reach (whole module folders, so a
 # compiler's other #if branches find theirs too) and the top-level headers.
 keep=$(printf '#include <boost/json.hpp>\n#include <boost/version.hpp>\n' |

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Turns the runs of benchmarks/train_step.sh into benchmarks/results/
+"""Turns the runs of benchmarks/scaling/train_step.sh into benchmarks/results/
 train_step.md and scaling.md (tables, a projection model) and PNG plots.
 
 usage: /usr/bin/python3 tools/train_step_report.py RUNS_DIR
@@ -221,7 +221,7 @@ def main():
         ax.legend(); ax.set_title("Per-rank memory vs model size, 2 ranks")
         fig.tight_layout(); fig.savefig(os.path.join(RESULTS, "scaling_memory.png"), dpi=90); plt.close(fig)
 
-    header = f"""- Driver: `benchmarks/train_step.sh build/ditrl RUNS` then `/usr/bin/python3 tools/train_step_report.py RUNS`
+    header = f"""- Driver: `benchmarks/scaling/train_step.sh build/ditrl RUNS` then `/usr/bin/python3 tools/train_step_report.py RUNS`
 - {machine.replace(chr(10), chr(10) + '- ')}
 - Commands (each run also writes OUT/metrics.h5; the breakdown is its measured row's perf/* series):
 {commands}

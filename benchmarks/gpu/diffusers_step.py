@@ -10,7 +10,7 @@ same run. Writes one JSON object (and prints it).
     python diffusers_step.py --model sd3.5-medium --size full --device cuda --out sd3.json
     python diffusers_step.py --model wan2.1-1.3b --size tiny --device cpu --out wan.json   (CI: runs here)
 
-ditrl's side of the comparison is benchmarks/gpu_step.cpp (bench_gpu_step);
+ditrl's side of the comparison is benchmarks/gpu/gpu_step.cpp (bench_gpu_step);
 benchmarks/gpu/run.sh runs both in alternating rounds.
 """
 

@@ -39,7 +39,7 @@ config::Config stored_deck(const std::string& checkpoint) {
 
 // The model the deck starts from: the trained adapters replace whatever
 // model.lora.weights held at the start.
-config::Config base_deck(const config::Config& c, const std::string& attention) {
+config::Config base_deck(const config::Config& c, models::AttentionBackend attention) {
   config::Config base = c;
   base.model.lora.weights.clear();
   base.precision.attention = attention;
@@ -59,7 +59,7 @@ at::Tensor& trained_target(std::map<std::string, at::Tensor>& params, const std:
 
 }  // namespace
 
-CheckpointModel load_checkpoint_model(const std::string& checkpoint, const std::string& attention) {
+CheckpointModel load_checkpoint_model(const std::string& checkpoint, models::AttentionBackend attention) {
   CheckpointModel out;
   out.config = stored_deck(checkpoint);
   out.lora = out.config.model.lora.enabled;
@@ -78,7 +78,7 @@ CheckpointModel load_checkpoint_model(const std::string& checkpoint, const std::
 }
 
 StreamedCheckpointModel::StreamedCheckpointModel(const std::string& checkpoint) : config_(stored_deck(checkpoint)) {
-  SlicedModel sliced = sliced_deck_model(base_deck(config_, "math"), c10::kCPU);
+  SlicedModel sliced = sliced_deck_model(base_deck(config_, models::AttentionBackend::Math), c10::kCPU);
   family_ = std::move(sliced.family);
   source_ = std::move(sliced.source);
   trained_ = std::make_unique<io::TrainedWeights>(checkpoint);

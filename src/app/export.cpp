@@ -24,6 +24,7 @@
 
 #include <ditrl/app/checkpoint_model.hpp>
 #include <ditrl/app/commands.hpp>
+#include <ditrl/app/named_option.hpp>
 #include <ditrl/error.hpp>
 #include <ditrl/io/safetensors.hpp>
 #include <ditrl/io/safetensors_shards.hpp>
@@ -52,7 +53,7 @@ namespace fs = std::filesystem;
 struct ExportCli {
   std::string checkpoint;
   std::string out;
-  std::string dtype = "fp32";
+  c10::ScalarType dtype = at::kFloat;
   std::string max_shard_size = "10GB";
   bool merged = false;
 };
@@ -113,7 +114,7 @@ std::vector<Entry> entries_of(const Part& part, StreamedCheckpointModel& m, c10:
 std::vector<std::string> write_model(const std::string& dir, const Part& part, StreamedCheckpointModel& m,
                                      const ExportCli& cli, bool merged,
                                      const std::map<std::string, std::string>& metadata) {
-  const c10::ScalarType dtype = precision::parse_dtype(cli.dtype);
+  const c10::ScalarType dtype = cli.dtype;
   const bool ltx = m.family().family_name() == "ltx";
   // ltx_core's single-file checkpoint: the DiT under model.diffusion_model.,
   // its config in the metadata (LTXModelConfigurator.from_metadata).
@@ -165,7 +166,7 @@ std::vector<std::string> write_lora(const std::string& dir, const models::Family
 }
 
 int export_command(const ExportCli& cli) {
-  const c10::ScalarType dtype = precision::parse_dtype(cli.dtype);
+  const c10::ScalarType dtype = cli.dtype;
   io::parse_byte_size(cli.max_shard_size, "--max-shard-size");  // a bad size fails before any work
   StreamedCheckpointModel m(cli.checkpoint);
   models::Family& family = m.family();
@@ -213,8 +214,7 @@ void add_export_command(CLI::App& app, Command& selected) {
       "export", "Write a checkpoint as diffusers/PEFT/LTX-2 files (LoRA adapters or the full model folder)");
   sub->add_option("checkpoint", cli->checkpoint, "Training checkpoint (OUT/checkpoints/step-N.h5)")->required();
   sub->add_option("--out", cli->out, "Output directory")->required();
-  sub->add_option("--dtype", cli->dtype, "Stored dtype: fp32 (default), bf16 or fp16")
-      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  add_named_option(*sub, "--dtype", cli->dtype, precision::kDtypeNames, "Stored dtype: fp32 (default), bf16 or fp16");
   sub->add_option("--max-shard-size", cli->max_shard_size,
                   "Full weights above this size are sharded with an index, as diffusers saves them (default 10GB)");
   sub->add_flag("--merged", cli->merged, "LoRA runs: also write DIR/merged/, the full model with the adapters merged");

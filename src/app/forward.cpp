@@ -6,6 +6,7 @@
 
 #include <ditrl/app/checkpoint_model.hpp>
 #include <ditrl/app/commands.hpp>
+#include <ditrl/app/named_option.hpp>
 #include <ditrl/build_info.hpp>
 #include <ditrl/error.hpp>
 #include <ditrl/io/safetensors.hpp>
@@ -38,8 +39,8 @@ struct ForwardOptions {
   std::string lora;
   std::string inputs;
   std::string out;
-  std::string dtype = "fp32";
-  std::string attention = "math";
+  c10::ScalarType dtype = at::kFloat;
+  models::AttentionBackend attention = models::AttentionBackend::Math;
   bool intermediates = false;
   int threads = 0;
 };
@@ -114,8 +115,7 @@ int forward(ForwardOptions o) {
   if (!nonfinite.empty())
     fail("{}: {} weight tensor(s) hold non-finite values: {}", o.checkpoint.empty() ? o.weights : o.checkpoint,
          nonfinite.size(), models::describe_nonfinite(nonfinite));
-  const c10::ScalarType dtype = precision::parse_dtype(o.dtype);
-  models::cast_parameters(*family, dtype, family->default_overrides());
+  models::cast_parameters(*family, o.dtype, family->default_overrides());
   const models::ReferenceCase reference_case = models::load_reference_case(o.inputs);
   const auto outputs = models::run_reference_case(*family, reference_case, o.intermediates);
   check_finite_outputs(*family, reference_case, outputs);
@@ -130,11 +130,12 @@ int forward(ForwardOptions o) {
                          {"checkpoint", o.checkpoint},
                          {"lora", o.lora},
                          {"inputs", o.inputs},
-                         {"dtype", o.dtype},
-                         {"attention", o.attention}});
+                         {"dtype", precision::dtype_name(o.dtype)},
+                         {"attention", std::string(name_of(models::kAttentionNames, o.attention))}});
   const std::string source = o.checkpoint.empty() ? o.weights : o.checkpoint;
   std::cout << fmt::format("# {} forward of {}{} on {} ({}), {} tensors written to {}\n", o.family, source,
-                           o.lora.empty() ? "" : " + LoRA " + o.lora, o.inputs, o.dtype, tensors.size(), o.out);
+                           o.lora.empty() ? "" : " + LoRA " + o.lora, o.inputs, precision::dtype_name(o.dtype),
+                           tensors.size(), o.out);
   // Outputs the inputs file also carries (a reference run) are compared.
   for (const auto& [name, value] : outputs) {
     const auto stored = reference_case.stored.find(name);
@@ -167,11 +168,12 @@ void add_forward_command(CLI::App& app, Command& selected) {
                   "safetensors with the forward's tensor arguments (non-tensor ones in the JSON sidecar next to it)")
       ->required();
   sub->add_option("--out", o->out, "output safetensors: `output` (+ intermediate.<module>.out<i>)")->required();
-  sub->add_option("--dtype", o->dtype, "forward dtype of the parameters (the family's overrides stay)")
-      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  add_named_option(*sub, "--dtype", o->dtype, precision::kDtypeNames,
+                   "forward dtype of the parameters (the family's overrides stay)");
   // `ditrl forward` runs on the host, where only these two kernels exist.
-  sub->add_option("--attention", o->attention, "attention backend (the forward runs on the CPU): math | flash")
-      ->check(CLI::IsMember({"math", "flash"}));
+  add_named_option(*sub, "--attention", o->attention, models::kAttentionNames,
+                   {models::AttentionBackend::Math, models::AttentionBackend::Flash},
+                   "attention backend (the forward runs on the CPU): math | flash");
   sub->add_flag("--intermediates", o->intermediates, "also write the block outputs the fixtures store");
   sub->add_option("--threads", o->threads, "intra-op threads (default: LibTorch's)");
   sub->callback([o, &selected] { selected = [o] { return forward(*o); }; });

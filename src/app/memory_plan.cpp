@@ -130,8 +130,7 @@ MemoryPlan memory_plan(const config::Config& c, const models::Family& family, co
     else
       plan.load = std::max(plan.load, p.value().numel() * 4);
   }
-  const bool nft = c.train.loss == "nft";
-  if (nft || (c.train.loss == "grpo" && c.train.kl_beta > 0 && !c.model.lora.enabled)) plan.shadows = report.masters;
+  if (rl::copies_masters(c.train.loss, c.train.kl_beta, c.model.lora.enabled)) plan.shadows = report.masters;
 
   plan.gathered = report.peak_gathered;
   if (c.parallel.rollout_keep_gathered) {
@@ -146,7 +145,7 @@ MemoryPlan memory_plan(const config::Config& c, const models::Family& family, co
   plan.trajectories = trajectory_bytes(c, family, samples, cfg);
   plan.unit_grads = unit_gradient_bytes(layout);
 
-  const int64_t element_bytes = precision::dtype_bytes(precision::parse_dtype(c.precision.forward));
+  const int64_t element_bytes = precision::dtype_bytes(c.precision.forward);
   const auto [stored, cast] = conditioning_bytes(family, element_bytes);
   const int64_t halves = cfg ? 2 : 1;
   const int64_t microgroup = sampler_options(c).microgroup;
@@ -161,7 +160,7 @@ MemoryPlan memory_plan(const config::Config& c, const models::Family& family, co
     models::ActivationOptions o;
     o.sequence_parallel = sequence;
     o.element_bytes = element_bytes;
-    o.math_attention = c.precision.attention == "math";
+    o.math_attention = c.precision.attention == models::AttentionBackend::Math;
     o.batch = sampler_options(c).microgroup * (cfg ? 2 : 1);
     plan.rollout = models::estimate_forward(*geometry, o);
     o.batch = training_micro_batch(c) * (cfg ? 2 : 1);

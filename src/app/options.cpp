@@ -53,7 +53,7 @@ models::FamilyOptions family_options(const config::Config& c, c10::Device device
   o.lora.init = c.model.lora.init;
   o.lora.seed = c.model.init_seed;
   o.inputs = precision::InputPolicy::resolve(c.precision.inputs.latents, c.precision.inputs.cond,
-                                             c.precision.inputs.timestep, precision::parse_dtype(c.precision.forward));
+                                             c.precision.inputs.timestep, c.precision.forward);
   o.latent_grid = latent_grid(c);
   return o;
 }
@@ -64,17 +64,15 @@ precision::PrecisionPlan precision_plan(const config::Config& c,
   std::vector<precision::DtypeRule> rules;
   if (p.family_overrides) rules = family_rules;
   for (size_t i = 0; i < p.overrides.size(); ++i)
-    rules.push_back({p.overrides[i].pattern, precision::parse_dtype(p.overrides[i].dtype),
+    rules.push_back({p.overrides[i].pattern, p.overrides[i].dtype,
                      fmt::format("precision.override[{}] \"{}\"", i, p.overrides[i].pattern), /*must_match=*/true});
-  return precision::PrecisionPlan(precision::parse_dtype(p.master), precision::parse_dtype(p.reduce),
-                                  precision::parse_dtype(p.forward), std::move(rules));
+  return precision::PrecisionPlan(p.master, p.reduce, p.forward, std::move(rules));
 }
 
 precision::CompiledPlan compiled_plan(const config::Config& c, models::Family& family) {
   std::vector<precision::DtypeRule> family_rules;
   for (const models::DtypeOverride& rule : family.default_overrides())
-    family_rules.push_back({rule.pattern, precision::parse_dtype(rule.dtype), "family default \"" + rule.pattern + "\"",
-                            /*must_match=*/false});
+    family_rules.push_back({rule.pattern, rule.dtype, "family default \"" + rule.pattern + "\"", /*must_match=*/false});
   std::vector<std::string> names;
   for (const auto& item : family.named_parameters()) names.push_back(item.key());
   return precision_plan(c, family_rules).compile(names);
@@ -108,7 +106,7 @@ rollout::RewardOptions reward_options(const config::Config& c, c10::Device devic
 
 rollout::SamplerOptions sampler_options(const config::Config& c) {
   rollout::SamplerOptions o;
-  o.kernel = {diffusion::parse_sde_type(c.rollout.sde), c.rollout.noise_level};
+  o.kernel = {c.rollout.sde, c.rollout.noise_level};
   o.guidance.scale = c.rollout.guidance_scale;
   o.guidance.scale_2 = c.rollout.guidance_scale_2;
   o.guidance.true_cfg_scale = c.rollout.true_cfg_scale;
@@ -123,8 +121,8 @@ int64_t training_micro_batch(const config::Config& c) {
 rl::StepStrategyOptions strategy_options(const config::Config& c) {
   rl::StepStrategyOptions o;
   // Algorithms that train on no SDE transition sample with the ODE alone (docs/algorithms.md §4.1).
-  const bool ode = !rl::algorithm_traits(c.train.loss).sde_rollout || c.rollout.sde == "ode";
-  o.strategy = ode ? "ode_and_return_last" : c.rollout.strategy;
+  const bool ode = !rl::algorithm_traits(c.train.loss).sde_rollout || c.rollout.sde == diffusion::SdeType::Ode;
+  o.strategy = ode ? rl::StepStrategy::OdeAndReturnLast : c.rollout.strategy;
   o.num_steps = c.rollout.steps;
   o.sde_steps = c.rollout.sde_steps;
   o.window = c.rollout.window;
@@ -163,6 +161,8 @@ rl::AlgorithmOptions algorithm_options(const config::Config& c) {
   return o;
 }
 
+namespace {
+
 // model.weights for the whole family, or with model.weights_2 the two expert
 // checkpoints for their experts (Wan2.2 A14B: the diffusers folders
 // transformer/ and transformer_2/, names without the expert prefix).
@@ -181,12 +181,11 @@ std::vector<models::CheckpointPart> weight_parts(const std::shared_ptr<models::F
   return {{experts[0], c.model.weights}, {experts[1], c.model.weights_2}};
 }
 
+// Those checkpoints into the (materialised) family.
 void load_deck_weights(const std::shared_ptr<models::Family>& family, const config::Config& c) {
   for (const models::CheckpointPart& part : weight_parts(family, c))
     models::load_weights(*part.module, io::Checkpoint(part.path));
 }
-
-namespace {
 
 // Starts from an existing PEFT / diffusers / LTX-2 adapter (model.lora.weights).
 void load_deck_lora(models::Family& family, const config::Config& c) {

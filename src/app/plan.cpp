@@ -6,6 +6,7 @@
 #include <ditrl/app/options.hpp>
 #include <ditrl/error.hpp>
 #include <ditrl/models/activation_memory.hpp>
+#include <ditrl/precision/dtype.hpp>
 #include <ditrl/shard/plan_report.hpp>
 
 #include <fmt/format.h>
@@ -29,15 +30,16 @@ std::string activation_table(const config::Config& c, const models::Family& fami
   if (!geometry) return "# activations per rank: no model for family '" + family.family_name() + "'\n";
   models::ActivationOptions o;
   o.batch = training_micro_batch(c);
-  o.element_bytes = c.precision.forward == "fp32" ? 4 : 2;
-  o.math_attention = c.precision.attention == "math";
+  o.element_bytes = precision::dtype_bytes(c.precision.forward);
+  o.math_attention = c.precision.attention == models::AttentionBackend::Math;
   std::set<int64_t> sizes = {1, c.parallel.sequence_parallel};
   for (int64_t n = 2; n <= 8; n *= 2)
     if (geometry->heads % n == 0 && geometry->tokens % n == 0) sizes.insert(n);
   std::string out = fmt::format(
       "# training activations per rank (models/activation_memory.hpp): {} tokens + {} text tokens, "
       "micro-batch {} (without CFG), {} forward, {} attention\n",
-      geometry->tokens, geometry->text_tokens, o.batch, c.precision.forward, c.precision.attention);
+      geometry->tokens, geometry->text_tokens, o.batch, precision::dtype_name(c.precision.forward),
+      name_of(models::kAttentionNames, c.precision.attention));
   for (const int64_t n : sizes) {
     if (geometry->heads % n != 0 || geometry->tokens % n != 0) continue;
     if (n > 1 && n != c.parallel.sequence_parallel) {

@@ -52,7 +52,9 @@ int rollout_command(const RolloutCli& cli) {
   dist::Watchdog::mark_started();
   const rollout::RolloutBatch batch = run.collector->collect(cli.rollout_id);
   run.collector->save(batch, cli.out,
-                      {{"family", config.model.family}, {"sde", config.rollout.sde}, {"deck", run.deck_text}},
+                      {{"family", config.model.family},
+                       {"sde", std::string(name_of(diffusion::kSdeNames, config.rollout.sde))},
+                       {"deck", run.deck_text}},
                       {{"noise_level", config.rollout.noise_level},
                        {"guidance_scale", config.rollout.guidance_scale},
                        {"rollout_id", static_cast<double>(batch.rollout_id)}});

@@ -12,9 +12,8 @@
 #include <ditrl/models/weights.hpp>
 #include <ditrl/precision/cpu_fp32_gemm.hpp>
 #include <ditrl/precision/cpu_half_gemm.hpp>
+#include <ditrl/precision/dtype.hpp>
 #include <ditrl/rl/loss_window.hpp>
-#include <ditrl/rl/nft_loss.hpp>
-#include <ditrl/rl/sft.hpp>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -52,9 +51,8 @@ void check_batching(const config::Config& c, const rl::AlgorithmTraits& traits, 
           c.source, window_samples, microgroup);
     return;
   }
-  const int64_t pairs_per_sample = c.train.loss == "nft"
-                                       ? rl::nft_pairs_per_sample(c.rollout.steps, c.rollout.timestep_fraction)
-                                       : rl::Sft::kPairsPerSample;
+  const int64_t pairs_per_sample =
+      rl::chunk_pairs_per_sample(c.train.loss, c.rollout.steps, c.rollout.timestep_fraction);
   const int64_t chunk = rl::chunk_samples(pairs_per_sample, c.train.micro_batch);
   if (window_samples % chunk != 0)
     fail(
@@ -91,8 +89,9 @@ std::unique_ptr<rl::ParityDump> open_parity_dump(const config::Config& c, const 
                fmt::join(c.debug.samples, ", "),
                c.debug.steps.empty() ? std::string("trained") : fmt::format("{}", fmt::join(c.debug.steps, ", ")), path,
                traits.microgroup_batches ? ""
-                                         : " (rollout side only: the " + c.train.loss +
-                                               " training forward runs on corrupted latents, not the rollout's)");
+                                         : fmt::format(" (rollout side only: the {} training forward runs on "
+                                                       "corrupted latents, not the rollout's)",
+                                                       name_of(rl::kLossNames, c.train.loss)));
   return dump;
 }
 
@@ -125,8 +124,9 @@ void use_cpu_gemms(const config::Config& c, c10::Device device) {
   precision::set_cpu_fp32_gemm(fp32);
   if (!device.is_cpu()) return;
   const bool widened = half == precision::CpuHalfGemm::Widened;
-  if (c.precision.forward != "fp32")
-    spdlog::info("{} GEMMs on the CPU: {} (precision.cpu_half_gemm = \"{}\"{})", c.precision.forward,
+  if (c.precision.forward != at::kFloat)
+    spdlog::info("{} GEMMs on the CPU: {} (precision.cpu_half_gemm = \"{}\"{})",
+                 precision::dtype_name(c.precision.forward),
                  widened ? "widened to fp32, rounded once" : "LibTorch's own kernels", c.precision.cpu_half_gemm,
                  c.precision.cpu_half_gemm != "auto" ? ""
                  : widened                           ? ": this CPU has no AVX512-BF16 / AMX-BF16"
@@ -167,12 +167,13 @@ void check_run_inputs(const config::Config& config, int world, bool files) {
 
 void check_trainable(const config::Config& config) {
   if (!rl::algorithm_traits(config.train.loss).sde_rollout) return;
-  if (strategy_options(config).strategy == "ode_and_return_last")
+  if (strategy_options(config).strategy == rl::StepStrategy::OdeAndReturnLast)
     fail(
         "{}: train.loss = \"{}\" trains on the rollout's SDE steps, and rollout.sde = \"{}\" with rollout.strategy "
         "= \"{}\" samples none (use sde = \"sde\" or \"cps\" and an SDE strategy; `ditrl rollout` writes pure-ODE "
         "rollouts)",
-        config.source, config.train.loss, config.rollout.sde, config.rollout.strategy);
+        config.source, name_of(rl::kLossNames, config.train.loss), name_of(diffusion::kSdeNames, config.rollout.sde),
+        name_of(rl::kStepStrategyNames, config.rollout.strategy));
 }
 
 void check_latent_grid(const config::Config& config, const models::Family& family) {

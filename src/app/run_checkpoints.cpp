@@ -38,7 +38,7 @@ std::vector<std::pair<std::string, std::string>> trajectory_keys(const config::C
       {"rollout.height", text(c.rollout.height)},
       {"rollout.width", text(c.rollout.width)},
       {"rollout.frames", text(c.rollout.frames)},
-      {"train.loss", c.train.loss},
+      {"train.loss", std::string(name_of(rl::kLossNames, c.train.loss))},
       {"data.prompts", c.data.prompts},
       {"data.synthetic_prompts", text(c.data.synthetic_prompts)},
       {"data.seed", text(c.data.seed)},

@@ -1,6 +1,7 @@
 #include <ditrl/app/commands.hpp>
 #include <ditrl/app/host_malloc.hpp>
 #include <ditrl/build_info.hpp>
+#include <ditrl/io/sha256.hpp>
 #include <ditrl/precision/cpu_fp32_gemm.hpp>
 
 #include <ATen/Parallel.h>
@@ -77,6 +78,7 @@ std::string version_text() {
                       BOOST_VERSION % 100);
   text += fmt::format("  toml++     {}.{}.{}\n", TOML_LIB_MAJOR, TOML_LIB_MINOR, TOML_LIB_PATCH);
   text += fmt::format("  CLI11      {}\n", CLI11_VERSION);
+  text += fmt::format("  OpenSSL    {} (libcrypto: SHA-256)\n", io::sha256_library_version());
   text += fmt::format("  malloc     {}\n", host_malloc_name());
   text += fmt::format("  spdlog     {}.{}.{} (fmt {}.{}.{})\n", SPDLOG_VER_MAJOR, SPDLOG_VER_MINOR, SPDLOG_VER_PATCH,
                       FMT_VERSION / 10000, FMT_VERSION / 100 % 100, FMT_VERSION % 100);

@@ -54,11 +54,11 @@ void validate_deck(const Config& c, Diagnostics& diag, const SourceMap& sources)
     rollout.error("guidance_scale_2", "is only used by Wan2.2's low-noise expert (family = \"wan\")");
   if (c.rollout.true_cfg_scale && c.model.family != "qwen_image")
     rollout.error("true_cfg_scale", "is only used by Qwen-Image (family = \"qwen_image\")");
-  if (c.train.loss != "grpo" && c.train.kl_beta > 0)
+  if (!rl::algorithm_traits(c.train.loss).kl_term && c.train.kl_beta > 0)
     train.error("kl_beta", "applies to the Flow-GRPO loss only (loss = \"grpo\")");
   // Deterministic mode turns on LibTorch's deterministic algorithms, and LibTorch's SDPA dispatcher
   // refuses its cuDNN kernel under them: the first attention would fail with no kernel available.
-  if (c.run.deterministic && c.precision.attention == "cudnn")
+  if (c.run.deterministic && c.precision.attention == models::AttentionBackend::Cudnn)
     Checker(diag, sources, "precision")
         .error("attention",
                "= \"cudnn\" has no deterministic kernel in LibTorch and run.deterministic = true: use \"efficient\" "
@@ -89,8 +89,9 @@ Config read_config(const toml::table& root, const std::string& source_name) {
   return config;
 }
 
-}  // namespace
-
+// Applies one `section.key=value` assignment to a TOML tree. The value is
+// parsed as TOML (numbers, booleans, arrays, quoted strings); anything that is
+// not valid TOML is taken as a bare string.
 void apply_override(toml::table& root, const std::string& assignment) {
   const size_t eq = assignment.find('=');
   if (eq == std::string::npos || eq == 0)
@@ -124,6 +125,8 @@ void apply_override(toml::table& root, const std::string& assignment) {
   }
   table->insert_or_assign(path.back(), std::move(*parsed.get("v")));
 }
+
+}  // namespace
 
 Config parse_deck(const std::string& text, const std::string& source_name,
                   const std::vector<std::string>& overrides) {

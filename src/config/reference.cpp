@@ -55,10 +55,26 @@ std::string allowed(const Above& c) {
   if (c.hi == kFp32Max) return "> " + detail::show(c.lo);
   return fmt::format("({}, {}]", detail::show(c.lo), detail::show(c.hi));
 }
-std::string allowed(const OneOf& c) {
+std::string allowed(const std::vector<std::string>& choices) {
   std::vector<std::string> shown;
-  for (const std::string& v : c.values) shown.push_back(detail::show(v));
+  for (const std::string& v : choices) shown.push_back(detail::show(v));
   return fmt::format("{}", fmt::join(shown, ", "));
+}
+std::string allowed(const OneOf& c) {
+  return allowed(c.values);
+}
+template <class E, size_t N>
+std::string allowed(const NameTable<E, N>& names) {
+  return allowed(names_of(names));
+}
+
+// The default as TOML text; an enum's by its name in the key's table.
+template <class T, class... C>
+std::string default_text(const T& value, const C&... constraints) {
+  if constexpr (std::is_enum_v<T>)
+    return toml_string(std::string(name_of(constraints..., value)));
+  else
+    return toml_text(value);
 }
 
 // A visitor like Reader and Writer that records each key of the fields() it
@@ -111,7 +127,7 @@ class Describer {
     if constexpr (detail::is_optional<T>::value) {
       if (value) k.default_value = toml_text(*value);
     } else if (!required) {
-      k.default_value = toml_text(value);
+      k.default_value = default_text(value, constraints...);
     }
     const std::vector<std::string> each{allowed(constraints)...};
     k.allowed = fmt::format("{}", fmt::join(each, " and "));

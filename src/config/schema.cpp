@@ -33,8 +33,7 @@ size_t edit_distance(std::string_view a, std::string_view b) {
   return row[b.size()];
 }
 
-}  // namespace
-
+// Closest candidate by edit distance, or empty when nothing is close enough.
 std::string did_you_mean(std::string_view key, const std::vector<std::string>& candidates) {
   std::string best;
   size_t best_distance = std::numeric_limits<size_t>::max();
@@ -45,6 +44,31 @@ std::string did_you_mean(std::string_view key, const std::vector<std::string>& c
   // A suggestion must be closer than rewriting most of the key.
   const size_t limit = std::max<size_t>(2, key.size() / 3);
   return best_distance <= limit ? best : std::string();
+}
+
+std::string node_type_name(const toml::node& node) {
+  switch (node.type()) {
+    case toml::node_type::table: return "table";
+    case toml::node_type::array: return "array";
+    case toml::node_type::string: return "string";
+    case toml::node_type::integer: return "integer";
+    case toml::node_type::floating_point: return "number";
+    case toml::node_type::boolean: return "boolean";
+    case toml::node_type::date: return "date";
+    case toml::node_type::time: return "time";
+    case toml::node_type::date_time: return "date-time";
+    default: return "nothing";
+  }
+}
+
+}  // namespace
+
+std::string not_a_choice(std::string_view what, const std::string& text, const std::vector<std::string>& choices) {
+  std::string message = fmt::format("{} = {} is out of range: expected {}", what, detail::show(text),
+                                    detail::describe(choices));
+  if (const std::string suggestion = did_you_mean(text, choices); !suggestion.empty())
+    message += fmt::format(" (did you mean {}?)", detail::show(suggestion));
+  return message;
 }
 
 void Diagnostics::throw_if_any(std::string_view what) const {
@@ -66,21 +90,6 @@ std::string SourceMap::locate(const std::string& key) const {
 
 namespace detail {
 
-std::string node_type_name(const toml::node& node) {
-  switch (node.type()) {
-    case toml::node_type::table: return "table";
-    case toml::node_type::array: return "array";
-    case toml::node_type::string: return "string";
-    case toml::node_type::integer: return "integer";
-    case toml::node_type::floating_point: return "number";
-    case toml::node_type::boolean: return "boolean";
-    case toml::node_type::date: return "date";
-    case toml::node_type::time: return "time";
-    case toml::node_type::date_time: return "date-time";
-    default: return "nothing";
-  }
-}
-
 std::string show(double v) {
   if (std::floor(v) == v && std::fabs(v) < 1e15) return fmt::format("{}", static_cast<int64_t>(v));
   return fmt::format("{}", v);
@@ -92,9 +101,10 @@ std::string describe(const Above& c) {
   if (c.hi == kFp32Max) return fmt::format("a finite value > {} within fp32's range (<= 3.4e38)", show(c.lo));
   return fmt::format("a value > {} and <= {}", show(c.lo), show(c.hi));
 }
-std::string describe(const OneOf& c) {
+std::string describe(const OneOf& c) { return describe(c.values); }
+std::string describe(const std::vector<std::string>& choices) {
   std::string s = "one of";
-  for (size_t i = 0; i < c.values.size(); ++i) s += (i ? ", \"" : " \"") + c.values[i] + "\"";
+  for (size_t i = 0; i < choices.size(); ++i) s += (i ? ", \"" : " \"") + choices[i] + "\"";
   return s;
 }
 
@@ -123,7 +133,7 @@ void Reader::finish() {
 
 void Reader::wrong_type(std::string_view key, const toml::node& node, const std::string& expected) {
   diag_.error(fmt::format("{}: '{}' must be a {}, got a {}", where(node.source()), dotted(key), expected,
-                          detail::node_type_name(node)));
+                          node_type_name(node)));
 }
 
 void Reader::missing(std::string_view key, const std::string& expected) {
@@ -135,6 +145,12 @@ void Reader::out_of_range(std::string_view key, const toml::node& node, const st
                           const std::string& expected) {
   diag_.error(fmt::format("{}: '{}' = {} is out of range: expected {}", where(node.source()), dotted(key),
                           shown, expected));
+}
+
+void Reader::not_a_choice(std::string_view key, const toml::node& node, const std::string& text,
+                          const std::vector<std::string>& choices) {
+  diag_.error(fmt::format("{}: {}", where(node.source()),
+                          config::not_a_choice("'" + dotted(key) + "'", text, choices)));
 }
 
 }  // namespace ditrl::config

@@ -31,12 +31,12 @@ void ModelSection::validate(const Checker& c) const {
 void PrecisionSection::validate(const Checker& c) const {
   for (size_t i = 0; i < overrides.size(); ++i)
     if (overrides[i].pattern.empty()) c.error(fmt::format("override[{}].pattern", i), "must not be empty");
-  if (master != "fp32" && master != forward)
+  if (master != c10::ScalarType::Float && master != forward)
     c.error("master", "below fp32 must equal the forward dtype (masters are what the optimizer updates)");
-  if ((attention == "efficient" || attention == "cudnn") && !kCudaBuild)
+  if (!models::runs_on_cpu(attention) && !kCudaBuild)
     c.error("attention",
             fmt::format("= \"{}\" runs on CUDA only and this build of ditrl is CPU-only; use \"math\" or \"flash\"",
-                        attention));
+                        name_of(models::kAttentionNames, attention)));
 }
 
 void RolloutSection::validate(const Checker& c) const {
@@ -48,12 +48,15 @@ void RolloutSection::validate(const Checker& c) const {
   } else if (sde_steps > steps) {
     c.error("sde_steps", fmt::format("must not exceed steps ({})", steps));
   }
+  using diffusion::SdeType;
+  using rl::StepStrategy;
   // sde = "ode" samples no SDE step whatever the strategy (a pure-ODE rollout writes an empty SDE set).
-  if (sde != "ode" && strategy != "ode_and_return_last" && sde_steps < 1)
+  const bool stochastic = sde != SdeType::Ode && strategy != StepStrategy::OdeAndReturnLast;
+  if (stochastic && sde_steps < 1)
     c.error("sde_steps", fmt::format("must be >= 1 for strategy \"{}\" with sde = \"{}\" (the SDE steps "
                                      "trained per sample)",
-                                     strategy, sde));
-  if (strategy == "epoch_global_random_choice") {
+                                     name_of(rl::kStepStrategyNames, strategy), name_of(diffusion::kSdeNames, sde)));
+  if (strategy == StepStrategy::EpochGlobalRandomChoice) {
     if (candidate_steps.empty()) c.error("candidate_steps", "is required by strategy \"epoch_global_random_choice\"");
     std::set<int64_t> seen;
     for (int64_t s : candidate_steps) {
@@ -61,9 +64,8 @@ void RolloutSection::validate(const Checker& c) const {
       if (!seen.insert(s).second) c.error("candidate_steps", fmt::format("lists step {} twice", s));
     }
   }
-  if (sde != "ode" && strategy != "ode_and_return_last" && noise_level <= 0)
-    c.error("noise_level", "must be > 0 for stochastic (sde/cps) sampling");
-  if (sde == "cps" && noise_level > 1)
+  if (stochastic && noise_level <= 0) c.error("noise_level", "must be > 0 for stochastic (sde/cps) sampling");
+  if (sde == SdeType::Cps && noise_level > 1)
     c.error("noise_level", fmt::format("= {} must be in (0, 1] for sde = \"cps\" (the noise angle in units of "
                                        "pi/2)",
                                        noise_level));

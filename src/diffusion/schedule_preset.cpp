@@ -3,6 +3,10 @@
 
 namespace ditrl::diffusion {
 
+namespace {
+
+// The FlowMatchEuler options a family's pipeline uses (not for "ltx", whose
+// sampler is ltx_core's LTX2Scheduler: see ltx2_schedule).
 // Presets (docs/algorithms.md §1.2 and the public pipelines; choices marked where
 // the spec is silent):
 // - sd3: SD3.5-medium, FlowMatchEuler static shift 3.0, the scheduler's own
@@ -42,6 +46,8 @@ FlowMatchOptions family_flow_match_options(const std::string& family, const Sche
   }
   return o;
 }
+
+}  // namespace
 
 Schedule family_schedule(const std::string& family, const SchedulePresetOptions& p) {
   if (p.steps < 1) fail("{} schedule: steps must be >= 1, got {}", family, p.steps);

@@ -8,25 +8,6 @@
 
 namespace ditrl::diffusion {
 
-SdeType parse_sde_type(const std::string& name) {
-  if (name == "sde") return SdeType::Sde;
-  if (name == "cps") return SdeType::Cps;
-  if (name == "ode") return SdeType::Ode;
-  fail("unknown sde type '{}': expected sde, cps or ode", name);
-}
-
-std::string sde_type_name(SdeType type) {
-  switch (type) {
-    case SdeType::Sde:
-      return "sde";
-    case SdeType::Cps:
-      return "cps";
-    case SdeType::Ode:
-      return "ode";
-  }
-  return "?";
-}
-
 StepTarget StepTarget::draw(at::Generator generator) {
   StepTarget t;
   t.kind_ = Kind::Draw;
@@ -52,7 +33,7 @@ namespace {
 
 void check_inputs(const StepKernel& kernel, const at::Tensor& velocity, const at::Tensor& sample,
                   const StepSigmas& sigmas, const StepTarget& target) {
-  const std::string kind = sde_type_name(kernel.type);
+  const std::string_view kind = name_of(kSdeNames, kernel.type);
   if (!sample.defined() || !velocity.defined()) fail("{} step: sample and velocity must be defined", kind);
   if (sample.dim() < 2)
     fail("{} step: sample must be (B, ...) with at least one non-batch dim, got {}", kind,

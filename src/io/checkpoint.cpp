@@ -477,14 +477,49 @@ ResumeCandidates resume_candidates(const std::string& out_dir) {
 
 namespace {
 
-CheckpointMeta read_checkpoint(const h5::File& file, const std::string& path, const TrainingState& state) {
+// The checkpoint's manifest (none for format 1) after checking that it is a
+// complete ditrl checkpoint.
+std::optional<Manifest> checked_manifest(const h5::File& file, const std::string& path) {
   const std::string format = file.has_attr("format") ? file.string_attr("format") : "";
   if (format != kFormat && format != kChunkedFormat)
     fail("checkpoint {}: not a ditrl checkpoint (format attribute missing or not {})", path, kFormat);
   if (!file.has_attr("complete") || file.int_attr("complete") != 1)
     fail("checkpoint {}: incomplete (its writer did not finish)", path);
-  const std::optional<Manifest> manifest =
-      format == kChunkedFormat ? std::nullopt : std::optional<Manifest>(parse_manifest(file));
+  return format == kChunkedFormat ? std::nullopt : std::optional<Manifest>(parse_manifest(file));
+}
+
+CheckpointMeta stored_meta(const h5::File& file) {
+  CheckpointMeta meta;
+  meta.step = file.int_attr("step");
+  meta.rollout_id = file.int_attr("rollout_id");
+  meta.world_size = file.int_attr("world_size");
+  meta.adam_step = file.int_attr("adam_step");
+  meta.data_position = file.int_attr("data_position");
+  meta.deck = file.string_attr("deck");
+  return meta;
+}
+
+// Every dataset below `group`, by full path.
+void datasets_below(const h5::File& file, const std::string& group, std::vector<std::string>& out) {
+  for (const std::string& child : file.open_group(group).children()) {
+    const std::string path = group + "/" + child;
+    H5O_info_t info;
+    if (H5Oget_info_by_name(file.id(), path.c_str(), &info, H5P_DEFAULT) < 0) continue;
+    if (info.type == H5O_TYPE_GROUP)
+      datasets_below(file, path, out);
+    else
+      out.push_back(path);
+  }
+}
+
+int64_t elements(const h5::File& file, const std::string& dataset) {
+  int64_t n = 1;
+  for (hsize_t d : file.open_dataset(dataset).shape()) n *= static_cast<int64_t>(d);
+  return n;
+}
+
+CheckpointMeta read_checkpoint(const h5::File& file, const std::string& path, const TrainingState& state) {
+  const std::optional<Manifest> manifest = checked_manifest(file, path);
 
   for (const StateTensor& t : state.tensors) {
     if (t.begin == t.end) continue;  // this rank owns no element of it
@@ -505,17 +540,45 @@ CheckpointMeta read_checkpoint(const h5::File& file, const std::string& path, co
                                    static_cast<int64_t>(rng_shape.at(0))));
   }
 
-  CheckpointMeta meta;
-  meta.step = file.int_attr("step");
-  meta.rollout_id = file.int_attr("rollout_id");
-  meta.world_size = file.int_attr("world_size");
-  meta.adam_step = file.int_attr("adam_step");
-  meta.data_position = file.int_attr("data_position");
-  meta.deck = file.string_attr("deck");
-  return meta;
+  return stored_meta(file);
 }
 
 }  // namespace
+
+CheckpointMeta verify_checkpoint(const std::string& path) {
+  const h5::File file = [&] {
+    try {
+      return h5::File::open(path);
+    } catch (const h5::Error& e) {
+      fail("checkpoint {} cannot be opened (truncated or not HDF5): {}", path, e.what());
+    }
+  }();
+  const std::optional<Manifest> manifest = checked_manifest(file, path);
+  std::vector<std::string> datasets;
+  for (const char* group : {"/model", "/optimizer", "/extra", "/rng"})
+    if (file.exists(group)) datasets_below(file, group, datasets);
+  for (const std::string& dataset : datasets) {
+    const std::vector<hsize_t> stored = file.open_dataset(dataset).shape();
+    const std::vector<int64_t> shape(stored.begin(), stored.end());
+    if (!manifest) {
+      read_range(file, manifest, dataset, shape, 0, elements(file, dataset));
+      continue;
+    }
+    // Slab by slab, so that a full fine-tune's largest parameter is never held whole.
+    const auto slabs = manifest->find(dataset);
+    if (slabs == manifest->end()) fail("checkpoint {} is corrupted: {} has no slab in sha256_manifest", path, dataset);
+    int64_t covered = 0;
+    for (const Slab& slab : slabs->second) {
+      if (slab.begin > covered) break;
+      read_range(file, manifest, dataset, shape, slab.begin, slab.end);
+      covered = std::max(covered, slab.end);
+    }
+    if (covered < elements(file, dataset))
+      fail("checkpoint {} is corrupted: {} elements [{}, {}) are covered by no SHA-256 slab", path, dataset, covered,
+           elements(file, dataset));
+  }
+  return stored_meta(file);
+}
 
 std::string checkpoint_deck(const std::string& path) {
   try {

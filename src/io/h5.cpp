@@ -197,6 +197,9 @@ void Dataspace::select_none() {
 
 // ---------------------------------------------------------------- dtypes
 
+namespace {
+
+// HDF5 type for a torch dtype (bf16 and fp16 as 16-bit custom floats).
 Handle datatype_for(c10::ScalarType dtype) {
   silence_default_printing();
   switch (dtype) {
@@ -225,6 +228,7 @@ Handle datatype_for(c10::ScalarType dtype) {
   }
 }
 
+// torch dtype of a stored HDF5 type; throws for types ditrl does not use.
 c10::ScalarType scalar_type_of(hid_t type, const std::string& context) {
   const H5T_class_t cls = H5Tget_class(type);
   const size_t size = H5Tget_size(type);
@@ -248,6 +252,8 @@ c10::ScalarType scalar_type_of(hid_t type, const std::string& context) {
   throw Error(
       fmt::format("HDF5: {}: unsupported stored type (class {}, {} bytes)", context, static_cast<int>(cls), size));
 }
+
+}  // namespace
 
 const char* dtype_name(c10::ScalarType dtype) {
   switch (dtype) {
@@ -359,22 +365,6 @@ int64_t Object::int_attr(const std::string& name) const {
   Handle attr = open_attr(*this, name);
   int64_t value = 0;
   checked(H5Aread(attr.id(), H5T_NATIVE_INT64, &value), context(), "H5Aread(" + name + ")");
-  return value;
-}
-
-double Object::double_attr(const std::string& name) const {
-  Handle attr = open_attr(*this, name);
-  double value = 0;
-  checked(H5Aread(attr.id(), H5T_NATIVE_DOUBLE, &value), context(), "H5Aread(" + name + ")");
-  return value;
-}
-
-std::vector<int64_t> Object::ints_attr(const std::string& name) const {
-  Handle attr = open_attr(*this, name);
-  Dataspace space(H5Aget_space(attr.id()), H5Sclose);
-  const hssize_t n = H5Sget_simple_extent_npoints(space.id());
-  std::vector<int64_t> value(std::max<hssize_t>(n, 0));
-  if (n > 0) checked(H5Aread(attr.id(), H5T_NATIVE_INT64, value.data()), context(), "H5Aread(" + name + ")");
   return value;
 }
 
@@ -747,6 +737,20 @@ File File::open(const std::string& path, Mode mode, MPI_Comm comm) {
   File file(checked_id(f, path, "cannot open file"), H5Fclose, path, "/", comm);
   file.mark_collective();
   return file;
+}
+
+File File::open_image(const std::string& name, const std::string& bytes) {
+  silence_default_printing();
+  PropList fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  checked(H5Pset_fapl_core(fapl.id(), std::max<size_t>(bytes.size(), 1), /*backing_store=*/false), "file access",
+          "H5Pset_fapl_core");
+  // HDF5 copies the image, so `bytes` need not outlive the file.
+  checked(H5Pset_file_image(fapl.id(), const_cast<char*>(bytes.data()), bytes.size()), "file access",
+          "H5Pset_file_image");
+  // The core driver refuses an image under the name of a file that exists.
+  const std::string label = name + " (a copy in memory)";
+  const hid_t f = H5Fopen(label.c_str(), H5F_ACC_RDONLY, fapl.id());
+  return File(checked_id(f, name, "cannot open the copy in memory"), H5Fclose, label, "/", MPI_COMM_NULL);
 }
 
 void File::mark_collective() {

@@ -10,11 +10,14 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <sstream>
+#include <thread>
 
 namespace ditrl::io {
 
@@ -122,8 +125,9 @@ void MetricsWriter::write(int64_t step, const std::map<std::string, double>& val
   ++rows_;
 }
 
-MetricsTable read_metrics(const std::string& path) {
-  h5::File file = h5::File::open(path);
+namespace {
+
+MetricsTable read_table(const h5::File& file, const std::string& path) {
   if (!file.exists("/metrics/step")) fail("{}: not a ditrl metrics file (no /metrics/step)", path);
   MetricsTable table;
   const at::Tensor steps = file.open_dataset("/metrics/step").read();
@@ -139,6 +143,52 @@ MetricsTable read_metrics(const std::string& path) {
   }
   if (file.has_attr("cpu")) table.cpu = file.string_attr("cpu");
   return table;
+}
+
+struct FileStamp {
+  std::uintmax_t size = 0;
+  std::filesystem::file_time_type time;
+  bool operator==(const FileStamp& o) const { return size == o.size && time == o.time; }
+};
+
+FileStamp stamp_of(const std::string& path) {
+  return {std::filesystem::file_size(path), std::filesystem::last_write_time(path)};
+}
+
+// The file's bytes, read while no write changed its size or time; "" when a
+// write came in between.
+std::string stable_copy(const std::string& path) {
+  const FileStamp before = stamp_of(path);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("{}: cannot be opened for reading", path);
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  return stamp_of(path) == before ? bytes.str() : std::string();
+}
+
+}  // namespace
+
+MetricsTable read_metrics(const std::string& path) {
+  return read_table(h5::File::open(path), path);
+}
+
+MetricsTable read_metrics_while_written(const std::string& path, int tries, std::string* deck) {
+  if (!std::filesystem::exists(path)) fail("{}: no such file", path);
+  std::string last_error = "its size or time changed during every copy";
+  for (int i = 0; i < tries; ++i) {
+    if (i > 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    try {
+      const std::string bytes = stable_copy(path);
+      if (bytes.empty()) continue;
+      const h5::File file = h5::File::open_image(path, bytes);
+      MetricsTable table = read_table(file, path);
+      if (deck) *deck = file.has_attr("deck") ? file.string_attr("deck") : "";
+      return table;
+    } catch (const std::exception& e) {  // HDF5's errors, or the file moved aside meanwhile
+      last_error = e.what();
+    }
+  }
+  fail("{}: no consistent copy in {} tries while it is written: {}", path, tries, last_error);
 }
 
 std::string cpu_kernel_identity() {

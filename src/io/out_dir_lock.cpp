@@ -15,15 +15,27 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <regex>
 
 namespace ditrl::io {
+
+std::string this_host() {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  return host;
+}
+
+std::optional<LockHolder> parse_lock_holder(const std::string& text) {
+  const std::regex pattern(R"(^host (.+), PID (\d+),)");
+  std::smatch m;
+  if (!std::regex_search(text, m, pattern)) return std::nullopt;
+  return LockHolder{m[1].str(), std::stoll(m[2].str())};
+}
 
 namespace {
 
 std::string holder_text() {
-  char host[256] = {};
-  gethostname(host, sizeof(host) - 1);
-  return fmt::format("host {}, PID {}, since {:%Y-%m-%d %H:%M:%S} UTC", host, getpid(),
+  return fmt::format("host {}, PID {}, since {:%Y-%m-%d %H:%M:%S} UTC", this_host(), getpid(),
                      fmt::gmtime(std::chrono::system_clock::to_time_t(std::chrono::system_clock::now())));
 }
 

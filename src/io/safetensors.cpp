@@ -114,6 +114,13 @@ constexpr DtypeCode kDtypeCodes[] = {
     {"F8_E8M0", 8}, {"F4", 4},   {"F6_E2M3", 6}, {"F6_E3M2", 6},
 };
 
+// Bits per element of a safetensors dtype code; 0 when the code is unknown.
+int safetensors_dtype_bits(const std::string& code) {
+  for (const DtypeCode& c : kDtypeCodes)
+    if (code == c.code) return c.bits;
+  return 0;
+}
+
 // A non-negative JSON integer that fits `limit`, or fail with `what`.
 uint64_t json_count(const json::value& v, uint64_t limit, const std::string& what) {
   if (v.is_uint64()) {
@@ -189,12 +196,6 @@ int64_t TensorInfo::numel() const {
   return n;
 }
 
-int safetensors_dtype_bits(const std::string& code) {
-  for (const DtypeCode& c : kDtypeCodes)
-    if (code == c.code) return c.bits;
-  return 0;
-}
-
 c10::ScalarType safetensors_scalar_type(const std::string& code, const std::string& what) {
   static const std::map<std::string, c10::ScalarType> kTypes = {
       {"BOOL", at::kBool}, {"U8", at::kByte},    {"I8", at::kChar},          {"I16", at::kShort},
@@ -206,6 +207,9 @@ c10::ScalarType safetensors_scalar_type(const std::string& code, const std::stri
   return it->second;
 }
 
+namespace {
+
+// The code of a LibTorch dtype; throws for dtypes safetensors cannot store.
 std::string safetensors_dtype_code(c10::ScalarType dtype) {
   switch (dtype) {
     case at::kBool:
@@ -234,6 +238,8 @@ std::string safetensors_dtype_code(c10::ScalarType dtype) {
       fail("safetensors cannot store dtype {}", c10::toString(dtype));
   }
 }
+
+}  // namespace
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : SafetensorsFile(MappedBytes::map_file(path), path) {}
 

@@ -35,15 +35,11 @@ at::Tensor math_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
 
 }  // namespace
 
-AttentionBackend parse_attention_backend(const std::string& name) {
-  if (name == "math") return AttentionBackend::Math;
-  if (name == "flash") return AttentionBackend::Flash;
-  if (name != "efficient" && name != "cudnn")
-    fail("unknown attention backend '{}': expected math, flash, efficient or cudnn", name);
-  if (!kCudaBuild)
+AttentionBackend usable_attention_backend(AttentionBackend backend) {
+  if (!kCudaBuild && !runs_on_cpu(backend))
     fail("attention backend '{}' runs on CUDA only and this build of ditrl is CPU-only; use \"math\" or \"flash\"",
-         name);
-  return name == "efficient" ? AttentionBackend::Efficient : AttentionBackend::Cudnn;
+         name_of(kAttentionNames, backend));
+  return backend;
 }
 
 at::Tensor scaled_dot_product_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

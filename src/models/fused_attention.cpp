@@ -17,20 +17,6 @@ namespace ditrl::models {
 
 namespace {
 
-const char* backend_name(AttentionBackend backend) {
-  switch (backend) {
-    case AttentionBackend::Flash:
-      return "flash";
-    case AttentionBackend::Efficient:
-      return "efficient";
-    case AttentionBackend::Cudnn:
-      return "cudnn";
-    case AttentionBackend::Math:
-      break;
-  }
-  return "math";
-}
-
 // Enables exactly one SDPA kernel for the duration of a call (LibTorch's
 // dispatcher then errors instead of falling back) and restores the process's
 // switches afterwards.
@@ -122,7 +108,7 @@ std::string describe(const at::Tensor& t) {
 
 at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
                            AttentionBackend backend) {
-  const char* name = backend_name(backend);
+  const std::string_view name = name_of(kAttentionNames, backend);
   if (!q.is_cuda() && backend != AttentionBackend::Flash)
     fail("attention backend \"{}\" runs on CUDA tensors only (q is on {}); on the CPU use \"flash\" or \"math\"", name,
          q.device().str());

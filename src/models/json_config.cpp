@@ -5,6 +5,10 @@ namespace ditrl::models::json_config {
 
 namespace json = boost::json;
 
+namespace {
+
+// Parses `text` as a JSON object and calls fn(key, value) for every key that
+// does not start with '_'.
 void for_each_key(const std::string& text, const std::string& source,
                   const std::function<void(const std::string&, const json::value&)>& fn) {
   json::error_code ec;
@@ -16,6 +20,8 @@ void for_each_key(const std::string& text, const std::string& source,
     if (key.rfind('_', 0) != 0) fn(key, v);
   }
 }
+
+}  // namespace
 
 void read_fields(const std::string& text, const std::string& source, const std::string& model_class,
                  const std::map<std::string, int64_t*>& ints, const std::map<std::string, Field>& fields) {

@@ -117,7 +117,7 @@ std::pair<at::Tensor, at::Tensor> LtxAdaLN::forward(const at::Tensor& scaled_tim
 LTX::LTX(const LtxConfig& config, const FamilyOptions& options)
     : config_(config), inputs_(options.inputs), grid_(options.latent_grid) {
   config_.validate();
-  const AttentionBackend backend = parse_attention_backend(options.attention);
+  const AttentionBackend backend = usable_attention_backend(options.attention);
   const at::TensorOptions opts = options.parameter_options();
   const LtxConfig& c = config_;
   const int64_t dim = c.inner_dim();

@@ -218,7 +218,7 @@ Tensors QwenImageBlock::forward(const Tensors& inputs, Tap* tap, const std::stri
 QwenImage::QwenImage(const QwenImageConfig& config, const FamilyOptions& options)
     : config_(config), inputs_(options.inputs), rope_(config.axes_dims_rope) {
   config_.validate();
-  const AttentionBackend backend = parse_attention_backend(options.attention);
+  const AttentionBackend backend = usable_attention_backend(options.attention);
   const at::TensorOptions opts = options.parameter_options();
   const int64_t dim = config_.inner_dim();
   auto time_text = register_module("time_text_embed", std::make_shared<Container>());

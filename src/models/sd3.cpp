@@ -190,7 +190,7 @@ Tensors JointTransformerBlock::forward(const Tensors& inputs, const ForwardConte
 
 SD3::SD3(const SD3Config& config, const FamilyOptions& options) : config_(config), inputs_(options.inputs) {
   config_.validate();
-  const AttentionBackend backend = parse_attention_backend(options.attention);
+  const AttentionBackend backend = usable_attention_backend(options.attention);
   const at::TensorOptions opts = options.parameter_options();
   const int64_t dim = config_.inner_dim();
   std::optional<std::pair<int64_t, int64_t>> window;

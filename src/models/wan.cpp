@@ -294,7 +294,7 @@ Wan::Wan(const WanConfig& config, const FamilyOptions& options)
     : config_(config), inputs_(options.inputs), rope_(config.attention_head_dim, config.rope_max_seq_len) {
   if (options.experts != 0) config_.experts = options.experts;
   config_.validate();
-  const AttentionBackend backend = parse_attention_backend(options.attention);
+  const AttentionBackend backend = usable_attention_backend(options.attention);
   const at::TensorOptions opts = options.parameter_options();
   if (config_.experts == 1) {
     experts_.push_back(std::make_unique<WanTransformer>(*this, config_, backend, opts));
@@ -381,7 +381,7 @@ std::vector<DtypeOverride> Wan::default_overrides() const {
   // embedder, every scale_shift_table and the cross-attention norm2. miles'
   // FSDP plan keeps only norm2; override the others with [[precision.override]]
   // (or family_overrides = false) to match it.
-  return {{"*time_embedder.*", "fp32"}, {"*scale_shift_table", "fp32"}, {"*.norm2.*", "fp32"}};
+  return {{"*time_embedder.*", at::kFloat}, {"*scale_shift_table", at::kFloat}, {"*.norm2.*", at::kFloat}};
 }
 
 double Wan::guidance_scale(const GuidanceOptions& g, double timestep) const {

@@ -68,18 +68,27 @@ void require_materialized(const torch::nn::Module& model, const std::string& wha
     if (p.value().is_meta()) fail("cannot {} a model built on the meta device (shapes only): '{}'", what, p.key());
 }
 
-}  // namespace
+struct CheckpointEntry {
+  std::string name;
+  std::vector<int64_t> shape;
+  // Parameters are required; LoRA factors keep their init when absent, and
+  // persistent buffers (SD3's pos_embed table) are computed by the model.
+  bool required = true;
+};
 
-std::map<std::string, std::string> stored_names(const torch::nn::Module& model, const io::Checkpoint& checkpoint) {
-  return canonical_names(model, checkpoint);
-}
-
+// What a checkpoint of `model` holds, in registration order.
 std::vector<CheckpointEntry> checkpoint_layout(const torch::nn::Module& model) {
   std::vector<CheckpointEntry> out;
   for (const auto& p : model.named_parameters())
     out.push_back({p.key(), p.value().sizes().vec(), !precision::is_lora_name(p.key())});
   for (const auto& b : model.named_buffers()) out.push_back({b.key(), b.value().sizes().vec(), false});
   return out;
+}
+
+}  // namespace
+
+std::map<std::string, std::string> stored_names(const torch::nn::Module& model, const io::Checkpoint& checkpoint) {
+  return canonical_names(model, checkpoint);
 }
 
 void validate_checkpoint(const torch::nn::Module& model, const io::Checkpoint& checkpoint) {
@@ -152,7 +161,7 @@ void cast_parameters(torch::nn::Module& model, c10::ScalarType forward, const st
     if (!t.is_floating_point()) return;
     c10::ScalarType dtype = forward;
     for (const DtypeOverride& rule : overrides)
-      if (precision::glob_match(rule.pattern, name)) dtype = precision::parse_dtype(rule.dtype);
+      if (precision::glob_match(rule.pattern, name)) dtype = rule.dtype;
     if (t.scalar_type() != dtype) t.set_data(t.to(dtype));
   };
   torch::NoGradGuard no_grad;

@@ -1,29 +1,18 @@
-#include <ditrl/error.hpp>
 #include <ditrl/precision/dtype.hpp>
 
 #include <ATen/ATen.h>
 
 namespace ditrl::precision {
 
-c10::ScalarType parse_dtype(const std::string& name) {
-  if (name == "fp32" || name == "float32") return at::kFloat;
-  if (name == "bf16" || name == "bfloat16") return at::kBFloat16;
-  if (name == "fp16" || name == "float16") return at::kHalf;
-  if (name == "fp64" || name == "float64") return at::kDouble;
-  fail("unknown dtype '{}': expected fp32, bf16, fp16 or fp64", name);
-}
-
 std::string dtype_name(c10::ScalarType dtype) {
-  switch (dtype) {
-    case at::kFloat: return "fp32";
-    case at::kBFloat16: return "bf16";
-    case at::kHalf: return "fp16";
-    case at::kDouble: return "fp64";
-    default: return c10::toString(dtype);
-  }
+  if (const std::string_view name = name_of(kDtypeNames, dtype); !name.empty()) return std::string(name);
+  if (dtype == at::kDouble) return "fp64";
+  return c10::toString(dtype);
 }
 
-int64_t dtype_bytes(c10::ScalarType dtype) { return static_cast<int64_t>(c10::elementSize(dtype)); }
+int64_t dtype_bytes(c10::ScalarType dtype) {
+  return static_cast<int64_t>(c10::elementSize(dtype));
+}
 
 at::Tensor to_fp32(const at::Tensor& t) {
   return t.defined() ? t.to(at::kFloat) : t;
@@ -33,12 +22,21 @@ bool is_half(c10::ScalarType dtype) {
   return dtype == at::kBFloat16 || dtype == at::kHalf;
 }
 
-InputPolicy InputPolicy::resolve(const std::string& latents, const std::string& cond, const std::string& timestep,
-                                 c10::ScalarType forward) {
-  auto one = [forward](const std::string& word) -> std::optional<c10::ScalarType> {
-    if (word == "passthrough") return std::nullopt;
-    if (word == "default") return forward;
-    return parse_dtype(word);
+InputPolicy InputPolicy::resolve(InputDtype latents, InputDtype cond, InputDtype timestep, c10::ScalarType forward) {
+  auto one = [forward](InputDtype choice) -> std::optional<c10::ScalarType> {
+    switch (choice) {
+      case InputDtype::Default:
+        return forward;
+      case InputDtype::Fp32:
+        return at::kFloat;
+      case InputDtype::Bf16:
+        return at::kBFloat16;
+      case InputDtype::Fp16:
+        return at::kHalf;
+      case InputDtype::Passthrough:
+        break;
+    }
+    return std::nullopt;
   };
   return InputPolicy{one(latents), one(cond), one(timestep)};
 }

@@ -60,22 +60,23 @@ StepSelection ode_and_return_last(int64_t num_steps) {
 }
 
 StepSelection select_steps(const StepStrategyOptions& o, const SampleKey& sample) {
-  if (o.strategy == "sde_window") {
-    if (!o.window.empty() && o.window.size() != 2)
-      fail("sde_window: window must be [lo, hi), got {} entries", o.window.size());
-    const int64_t lo = o.window.empty() ? 0 : o.window[0];
-    const int64_t hi = o.window.empty() ? o.num_steps : o.window[1];
-    return sde_window(o.num_steps, o.sde_steps, lo, hi, sample.seed);
+  switch (o.strategy) {
+    case StepStrategy::SdeWindow: {
+      if (!o.window.empty() && o.window.size() != 2)
+        fail("sde_window: window must be [lo, hi), got {} entries", o.window.size());
+      const int64_t lo = o.window.empty() ? 0 : o.window[0];
+      const int64_t hi = o.window.empty() ? o.num_steps : o.window[1];
+      return sde_window(o.num_steps, o.sde_steps, lo, hi, sample.seed);
+    }
+    case StepStrategy::EpochGlobalRandomChoice:
+      if (o.rollout_batch_size < 1) fail("epoch_global_random_choice: rollout_batch_size must be >= 1");
+      if (sample.group_index < 0) fail("epoch_global_random_choice: group_index must be >= 0");
+      return epoch_global_random_choice(o.num_steps, o.candidate_steps, o.sde_steps,
+                                        sample.group_index / o.rollout_batch_size, o.rollout_seed);
+    case StepStrategy::OdeAndReturnLast:
+      return ode_and_return_last(o.num_steps);
   }
-  if (o.strategy == "epoch_global_random_choice") {
-    if (o.rollout_batch_size < 1) fail("epoch_global_random_choice: rollout_batch_size must be >= 1");
-    if (sample.group_index < 0) fail("epoch_global_random_choice: group_index must be >= 0");
-    return epoch_global_random_choice(o.num_steps, o.candidate_steps, o.sde_steps,
-                                      sample.group_index / o.rollout_batch_size, o.rollout_seed);
-  }
-  if (o.strategy == "ode_and_return_last") return ode_and_return_last(o.num_steps);
-  fail("unknown step strategy '{}': expected sde_window, epoch_global_random_choice or ode_and_return_last",
-       o.strategy);
+  fail("no step strategy has value {}", static_cast<int>(o.strategy));
 }
 
 }  // namespace ditrl::rl

@@ -1,5 +1,5 @@
 # A private multi-node Slurm cluster on one machine, sourced by
-# tests/multinode/run.sh and benchmarks/multinode_bytes.sh.
+# tests/multinode/run.sh and benchmarks/scaling/multinode_bytes.sh.
 #
 # Each test host ("node1".."nodeN") is a set of Linux namespaces held open by
 # one marker process: its own network namespace (one interface, eth0, with a

@@ -35,9 +35,9 @@ TEST_CASE("config: a minimal deck gets every default", "[config]") {
   const Config c = parse_deck(kMinimal, "deck.toml");
   CHECK(c.model.family == "sd3");
   CHECK(c.model.preset == "tiny");
-  CHECK(c.precision.master == "fp32");
-  CHECK(c.precision.forward == "bf16");
-  CHECK(c.precision.inputs.timestep == "passthrough");
+  CHECK(c.precision.master == c10::ScalarType::Float);
+  CHECK(c.precision.forward == c10::ScalarType::BFloat16);
+  CHECK(c.precision.inputs.timestep == ditrl::precision::InputDtype::Passthrough);
   CHECK(c.rollout.steps == 10);
   CHECK_FALSE(c.rollout.shift.has_value());
   CHECK(c.train.betas == std::vector<double>{0.9, 0.999});
@@ -141,7 +141,7 @@ TEST_CASE("config: --set overrides go through the same checks", "[config]") {
   CHECK(c.rollout.steps == 20);
   CHECK(c.model.preset == "medium");  // a bare word is taken as a string
   CHECK(c.train.betas == std::vector<double>{0.8, 0.99});
-  CHECK(c.precision.inputs.latents == "fp32");
+  CHECK(c.precision.inputs.latents == ditrl::precision::InputDtype::Fp32);
   CHECK(c.run.deterministic);
 
   const std::string range = deck_error(kMinimal, {"rollout.steps=0"});

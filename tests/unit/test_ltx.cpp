@@ -2,7 +2,6 @@
 #include <ditrl/error.hpp>
 #include <ditrl/models/lora.hpp>
 #include <ditrl/models/ltx.hpp>
-#include <ditrl/models/ltx_patchify.hpp>
 #include <ditrl/models/reference.hpp>
 #include <ditrl/models/weights.hpp>
 
@@ -301,23 +300,6 @@ TEST_CASE("ltx: RoPE frequency grid / pixel coordinates and table layout", "[mod
   CHECK(at::equal(r.select(1, 1), h.select(1, 0)));
 }
 
-TEST_CASE("ltx: video latent patchify/unpatchify / token order matches the RoPE positions", "[models][ltx]") {
-  const int64_t b = 2, c = 3, f = 3, h = 2, w = 4;
-  const at::Tensor latent = at::randn({b, c, f, h, w});
-  const at::Tensor tokens = ltx_patchify(latent);
-  REQUIRE(tokens.sizes() == at::IntArrayRef{b, f * h * w, c});
-  CHECK(at::equal(ltx_unpatchify(tokens, f, h, w), latent));
-  const at::Tensor positions = ltx_video_positions(b, f, h, w, 24.0, at::kCPU);
-  // Token (f, h, w) = (2, 1, 3) holds that voxel's channels and sits at its pixel bounds.
-  const int64_t index = (2 * h + 1) * w + 3;
-  CHECK(at::equal(tokens[1][index], latent[1].select(1, 2).select(1, 1).select(1, 3)));
-  CHECK(positions[1][0][index][0].item<float>() == 9 / 24.0f);  // frame 2 covers pixel frames [9, 17)
-  CHECK(positions[1][1][index][0].item<float>() == 32.0f);
-  CHECK(positions[1][2][index][1].item<float>() == 128.0f);
-  CHECK_THROWS_WITH(ltx_patchify(at::zeros({1, 3, 4, 4})), Contains("(B, C, F, H, W)"));
-  CHECK_THROWS_WITH(ltx_unpatchify(tokens, f, h, w + 1), Contains("latent grid 3x2x5"));
-}
-
 TEST_CASE("ltx: single-file checkpoint names load / non-DiT tensors are skipped", "[models][ltx]") {
   const io::SafetensorsFile weights(fixture_path("ltx/weights.safetensors"));
   io::NamedTensors plain, bundle;
@@ -502,7 +484,9 @@ TEST_CASE("ltx: noise_pred reads sigma / builds positions from the grid / round-
 
   // bf16 forward: latents and text in bf16, sigma stays fp32; x0 rounded to bf16.
   FamilyOptions b = o;
-  b.inputs = precision::InputPolicy::resolve("default", "default", "passthrough", at::kBFloat16);
+  using precision::InputDtype;
+  b.inputs =
+      precision::InputPolicy::resolve(InputDtype::Default, InputDtype::Default, InputDtype::Passthrough, at::kBFloat16);
   auto bf16 = test::fixture_family("ltx", b);
   cast_parameters(*bf16, at::kBFloat16, bf16->default_overrides());
   const at::Tensor vb = bf16->noise_pred(x, sigma, sigma, cond, {});

@@ -62,7 +62,7 @@ TEST_CASE("runtime: --version lists every dependency", "[runtime][cli]") {
   const auto result = ditrl::test::run_process(std::string(DITRL_BINARY) + " --version");
   CHECK(result.exit_code == 0);
   for (const char* name :
-       {"ditrl ", "LibTorch", "BLAS", "oneDNN", "MPI", "HDF5", "Boost", "toml++", "CLI11", "spdlog", "CUDA"})
+       {"ditrl ", "LibTorch", "BLAS", "oneDNN", "MPI", "HDF5", "Boost", "toml++", "CLI11", "OpenSSL", "spdlog", "CUDA"})
     CHECK_THAT(result.output, Contains(name));
   CHECK_THAT(result.output, Contains("parallel"));
   // The commit is read at build time, not when CMake configured the build directory.

@@ -26,7 +26,9 @@ Setup make_setup(int64_t samples, c10::ScalarType forward) {
   models::FamilyOptions options;
   options.family = "sd3";
   options.init_seed = 3;
-  options.inputs = precision::InputPolicy::resolve("default", "default", "passthrough", forward);
+  using precision::InputDtype;
+  options.inputs =
+      precision::InputPolicy::resolve(InputDtype::Default, InputDtype::Default, InputDtype::Passthrough, forward);
   s.family = models::create_family(options);
   if (forward != at::kFloat) s.family->to(forward);
   s.schedule = diffusion::family_schedule("sd3", {6, std::nullopt, 1, 8, 8});

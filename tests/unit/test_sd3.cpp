@@ -211,7 +211,9 @@ TEST_CASE("sd3: noise_pred reads the trajectory timesteps t / never sigma", "[mo
 
 TEST_CASE("sd3: noise_pred applies the input policy at the boundary", "[models][sd3]") {
   FamilyOptions o;
-  o.inputs = precision::InputPolicy::resolve("default", "default", "passthrough", at::kBFloat16);
+  using precision::InputDtype;
+  o.inputs =
+      precision::InputPolicy::resolve(InputDtype::Default, InputDtype::Default, InputDtype::Passthrough, at::kBFloat16);
   auto family = test::fixture_family("sd3", o);
   cast_parameters(*family, at::kBFloat16, family->default_overrides());
   const ReferenceCase c = load_reference_case(fixture_path("sd3/case_0.safetensors"));
@@ -281,9 +283,9 @@ TEST_CASE("families: registry / conditioning lookup and CFG combine", "[models][
   o.family = "flux";
   CHECK_THROWS_WITH(create_family(o), Contains("unknown model family 'flux'") && Contains("sd3"));
   o.family = "sd3";
-  o.attention = "cudnn";
+  o.attention = AttentionBackend::Cudnn;
   if (!ditrl::kCudaBuild) CHECK_THROWS_WITH(create_family(o), Contains("runs on CUDA only"));
-  o.attention = "math";
+  o.attention = AttentionBackend::Math;
   auto family = create_family(o);
   const at::Tensor pos = at::full({2}, 3.0), neg = at::full({2}, 1.0);
   GuidanceOptions g;

@@ -1,8 +1,19 @@
+#include <ditrl/io/checkpoint.hpp>
+#include <ditrl/io/h5.hpp>
 #include <ditrl/io/sha256.hpp>
 
+#include <ATen/ATen.h>
 #include <catch2/catch.hpp>
 
+#include "corrupt.hpp"
+#include "model_fixtures.hpp"
+#include "process.hpp"
+
+#include <algorithm>
+#include <filesystem>
+#include <sstream>
 #include <string>
+#include <vector>
 
 namespace io = ditrl::io;
 
@@ -30,4 +41,48 @@ TEST_CASE("sha256: pieces fed to Sha256::update give the digest of the whole mes
     INFO("piece " << piece);
     CHECK(h.hex() == whole);
   }
+}
+
+namespace {
+
+// A 2-rank LoRA checkpoint whose manifest the hand-written SHA-256 that
+// OpenSSL's replaced wrote: old checkpoints must keep loading.
+const std::string kOldCheckpoint = ditrl::test::fixture_path("checkpoint/step-1.h5");
+
+struct ManifestLine {
+  std::string dataset, digest;
+  int64_t begin = 0, end = 0;
+};
+
+std::vector<ManifestLine> manifest_lines(const io::h5::File& file) {
+  std::vector<ManifestLine> out;
+  std::istringstream lines(file.string_attr("sha256_manifest"));
+  for (ManifestLine m; lines >> m.dataset >> m.begin >> m.end >> m.digest;) out.push_back(m);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("sha256: every slab of a checkpoint written before OpenSSL hashed it has the digest its manifest lists",
+          "[sha256]") {
+  const io::h5::File file = io::h5::File::open(kOldCheckpoint);
+  const std::vector<ManifestLine> lines = manifest_lines(file);
+  REQUIRE(lines.size() > 10);  // two ranks' slabs of the model and of both AdamW moments
+  for (const ManifestLine& m : lines) {
+    INFO(m.dataset << " [" << m.begin << ", " << m.end << ")");
+    const at::Tensor slab = file.open_dataset(m.dataset).read_flat_range(m.begin, m.end - m.begin, false);
+    CHECK(io::sha256(slab.data_ptr(), static_cast<size_t>(slab.nbytes())) == m.digest);
+  }
+}
+
+TEST_CASE("sha256: a checkpoint written before OpenSSL loads verified / a flipped byte in it is refused", "[sha256]") {
+  CHECK_FALSE(io::read_checkpoint_weights(kOldCheckpoint).empty());
+  const std::string damaged = ditrl::test::fresh_output_dir("sha256_old_checkpoint") + "/step-1.h5";
+  std::filesystem::copy_file(kOldCheckpoint, damaged);
+  const std::vector<ManifestLine> lines = manifest_lines(io::h5::File::open(damaged));
+  const auto trained = std::find_if(lines.begin(), lines.end(),
+                                    [](const ManifestLine& m) { return m.dataset.rfind("/model/", 0) == 0; });
+  REQUIRE(trained != lines.end());
+  ditrl::test::flip_byte(damaged, ditrl::test::data_offset(damaged, trained->dataset));
+  CHECK_THROWS_WITH(io::read_checkpoint_weights(damaged), Catch::Matchers::Contains("do not match their SHA-256"));
 }

@@ -60,7 +60,7 @@ TEST_CASE("epoch_global_random_choice: documented sets per epoch / shared within
   // rollout_seed 42, candidates 0..9, 3 steps: epoch e draws randperm(10) from a CPU generator seeded 42 + e.
   const std::vector<int64_t> candidates = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
   StepStrategyOptions o;
-  o.strategy = "epoch_global_random_choice";
+  o.strategy = StepStrategy::EpochGlobalRandomChoice;
   o.num_steps = 10;
   o.sde_steps = 3;
   o.candidate_steps = candidates;
@@ -93,8 +93,8 @@ TEST_CASE("ode_and_return_last and NFT sigma selection", "[rl][strategy]") {
   CHECK(s.sde_steps.empty());
   CHECK(s.return_latents == std::vector<int64_t>{10});
   StepStrategyOptions o;
-  o.strategy = "nope";
-  CHECK_THROWS_WITH(select_steps(o, {}), Catch::Contains("unknown step strategy 'nope'"));
+  o.strategy = StepStrategy::OdeAndReturnLast;
+  CHECK(select_steps(o, {}).return_latents == std::vector<int64_t>{10});
 
   // a 9-step snapshot has 9 non-terminal sigmas; fraction 0.99 -> K = int(8.91) = 8
   const auto& ref = ditrl::test::randperm_references()[4];  // seeded with stable_hash("nft_sigma_shuffle", 42, 3)

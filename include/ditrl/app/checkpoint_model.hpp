@@ -27,7 +27,8 @@ struct CheckpointModel {
   bool lora = false;
 };
 
-CheckpointModel load_checkpoint_model(const std::string& checkpoint, const std::string& attention = "math");
+CheckpointModel load_checkpoint_model(const std::string& checkpoint,
+                                      models::AttentionBackend attention = models::AttentionBackend::Math);
 
 // The same model, never whole in memory: the family built sliced (its base
 // on the meta device, app::sliced_deck_model), the source of its base values

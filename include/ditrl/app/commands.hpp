@@ -27,5 +27,6 @@ void add_export_command(CLI::App& app, Command& selected);
 void add_encode_prompts_command(CLI::App& app, Command& selected);
 void add_align_command(CLI::App& app, Command& selected);
 void add_deck_reference_command(CLI::App& app, Command& selected);
+void add_status_command(CLI::App& app, Command& selected);
 
 }  // namespace ditrl::app

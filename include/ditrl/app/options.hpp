@@ -27,12 +27,6 @@ dist::DataBackend data_backend(const std::string& name);
 // The model as [model] and [precision] describe it, built on `device`
 // (c10::kMeta for shapes only).
 models::FamilyOptions family_options(const config::Config& c, c10::Device device);
-// The checkpoints of model.weights (and model.weights_2: the second expert)
-// and the part of the family each one is for; empty without weights.
-std::vector<models::CheckpointPart> weight_parts(const std::shared_ptr<models::Family>& family,
-                                                 const config::Config& c);
-// Those checkpoints into the (materialised) family.
-void load_deck_weights(const std::shared_ptr<models::Family>& family, const config::Config& c);
 // The deck's model as a run starts from it on `device`, whole on this rank:
 // the family, its base weights or seeded init, its LoRA adapters,
 // model.lora.weights loaded. Commands that need the whole model (forward,

@@ -52,9 +52,4 @@ Config parse_deck(const std::string& text, const std::string& source_name,
 // gives back the same Config.
 std::string to_toml(const Config& config);
 
-// Applies one `section.key=value` assignment to a TOML tree. The value is
-// parsed as TOML (numbers, booleans, arrays, quoted strings); anything that is
-// not valid TOML is taken as a bare string.
-void apply_override(toml::table& root, const std::string& assignment);
-
 }  // namespace ditrl::config

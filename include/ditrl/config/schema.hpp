@@ -9,7 +9,12 @@
 // same checks, and the deck reference (config/reference.hpp), which prints
 // each key's type, default, constraints and meaning. The meaning is a
 // required argument so that no key goes undocumented; only the reference
-// reads it.
+// reads it. An enum-valued key takes its enum's name table as its one
+// constraint, v("loss", loss, "meaning", rl::kLossNames): the deck names the
+// value, the member holds the enum, and each visitor maps between the two
+// with that table (ditrl/name_table.hpp).
+
+#include <ditrl/name_table.hpp>
 
 #include <toml++/toml.h>
 
@@ -41,11 +46,28 @@ struct OneOf {
   OneOf(std::initializer_list<const char*> v) : values(v.begin(), v.end()) {}
 };
 
+// The value `text` names in `names`, if any: the one place outside a test
+// where such a name is compared.
+template <class E, std::size_t N>
+std::optional<E> parse_name(const NameTable<E, N>& names, std::string_view text) {
+  for (const Named<E>& n : names)
+    if (n.name == text) return n.value;
+  return std::nullopt;
+}
+
+template <class E, std::size_t N>
+std::vector<std::string> names_of(const NameTable<E, N>& names) {
+  std::vector<std::string> out;
+  for (const Named<E>& n : names) out.emplace_back(n.name);
+  return out;
+}
+
 // "file:line:col" for a node, or "--set k=v" for an override.
 std::string where(const toml::source_region& region);
 
-// Closest candidate by edit distance, or empty when nothing is close enough.
-std::string did_you_mean(std::string_view key, const std::vector<std::string>& candidates);
+// "`what` = "text" is out of range: expected one of "a", "b" (did you mean
+// "a"?)": a name that is none of `choices`.
+std::string not_a_choice(std::string_view what, const std::string& text, const std::vector<std::string>& choices);
 
 // Collects every problem of a deck so a user fixes them in one pass.
 class Diagnostics {
@@ -86,19 +108,26 @@ struct is_optional<std::optional<T>> : std::true_type {};
 
 template <class T>
 std::string type_name() {
-  if constexpr (std::is_same_v<T, bool>) return "boolean";
-  else if constexpr (std::is_integral_v<T>) return "integer";
-  else if constexpr (std::is_floating_point_v<T>) return "number";
-  else if constexpr (std::is_same_v<T, std::string>) return "string";
-  else if constexpr (is_vector<T>::value) return "array of " + type_name<typename T::value_type>() + "s";
-  else if constexpr (is_optional<T>::value) return type_name<typename T::value_type>();
-  else return "table";
+  if constexpr (std::is_same_v<T, bool>)
+    return "boolean";
+  else if constexpr (std::is_integral_v<T>)
+    return "integer";
+  else if constexpr (std::is_floating_point_v<T>)
+    return "number";
+  else if constexpr (std::is_same_v<T, std::string> || std::is_enum_v<T>)
+    return "string";  // an enum by its name
+  else if constexpr (is_vector<T>::value)
+    return "array of " + type_name<typename T::value_type>() + "s";
+  else if constexpr (is_optional<T>::value)
+    return type_name<typename T::value_type>();
+  else
+    return "table";
 }
 
-std::string node_type_name(const toml::node& node);
 std::string describe(const Between& c);
 std::string describe(const Above& c);
 std::string describe(const OneOf& c);
+std::string describe(const std::vector<std::string>& choices);
 bool satisfies(double v, const Between& c);
 bool satisfies(double v, const Above& c);
 bool satisfies(const std::string& v, const OneOf& c);
@@ -185,6 +214,8 @@ class Reader {
   void missing(std::string_view key, const std::string& expected);
   void out_of_range(std::string_view key, const toml::node& node, const std::string& shown,
                     const std::string& expected);
+  void not_a_choice(std::string_view key, const toml::node& node, const std::string& text,
+                    const std::vector<std::string>& choices);
 
   template <class T, class... C>
   void read(std::string_view key, T& value, bool is_required, const C&... constraints) {
@@ -216,15 +247,27 @@ class Reader {
       }
       out = std::move(result);
       return true;
+    } else if constexpr (std::is_enum_v<T>) {
+      static_assert(sizeof...(C) == 1, "an enum key takes its name table as its one constraint");
+      return (convert_name(key, node, out, c), ...);
     } else {
       T converted{};
-      if (!detail::convert(node, converted))
-        return wrong_type(key, node, detail::type_name<T>()), false;
+      if (!detail::convert(node, converted)) return wrong_type(key, node, detail::type_name<T>()), false;
       bool ok = true;
       (check(key, node, converted, c, ok), ...);
       if (ok) out = std::move(converted);
       return ok;
     }
+  }
+
+  template <class E, std::size_t N>
+  bool convert_name(std::string_view key, const toml::node& node, E& out, const NameTable<E, N>& names) {
+    std::string text;
+    if (!detail::convert(node, text)) return wrong_type(key, node, "string"), false;
+    const std::optional<E> value = parse_name(names, text);
+    if (!value) return not_a_choice(key, node, text, names_of(names)), false;
+    out = *value;
+    return true;
   }
 
   template <class T, class Constraint>
@@ -233,7 +276,7 @@ class Reader {
     if constexpr (std::is_same_v<Constraint, OneOf>) {
       static_assert(std::is_same_v<T, std::string>, "OneOf constrains strings");
       if (!detail::satisfies(v, c)) {
-        out_of_range(key, node, detail::show(v), detail::describe(c));
+        not_a_choice(key, node, v, c.values);
         ok = false;
       }
     } else {
@@ -258,9 +301,11 @@ class Writer {
   explicit Writer(toml::table& out) : out_(out) {}
 
   template <class T, class... C>
-  void operator()(std::string_view key, const T& value, std::string_view /*meaning*/, const C&...) {
+  void operator()(std::string_view key, const T& value, std::string_view /*meaning*/, const C&... c) {
     if constexpr (detail::is_optional<T>::value) {
       if (value) out_.insert_or_assign(key, to_node(*value));
+    } else if constexpr (std::is_enum_v<T>) {
+      out_.insert_or_assign(key, toml::value<std::string>(std::string(name_of(c..., value))));
     } else {
       out_.insert_or_assign(key, to_node(value));
     }

@@ -9,6 +9,11 @@
 // a user; comments beside the members say why and where the value is used.
 
 #include <ditrl/config/schema.hpp>
+#include <ditrl/diffusion/sde_type.hpp>
+#include <ditrl/models/attention_backend.hpp>
+#include <ditrl/precision/dtype_names.hpp>
+#include <ditrl/rl/algorithm_traits.hpp>
+#include <ditrl/rl/step_strategy.hpp>
 
 #include <cstdint>
 #include <optional>
@@ -122,23 +127,24 @@ struct ModelSection {
 
 struct OverrideRule {
   std::string pattern;
-  std::string dtype;
+  c10::ScalarType dtype = c10::ScalarType::Float;
 
   template <class V>
   void fields(V& v) {
     v.required("pattern", pattern, "a glob over the parameter names it applies to");
-    v.required("dtype", dtype, "the dtype those parameters keep", OneOf{"fp32", "bf16", "fp16"});
+    v.required("dtype", dtype, "the dtype those parameters keep", precision::kDtypeNames);
   }
 };
 
 struct InputPolicySection {
-  std::string latents = "default";
-  std::string cond = "default";
-  std::string timestep = "passthrough";
+  using InputDtype = precision::InputDtype;
+  InputDtype latents = InputDtype::Default;
+  InputDtype cond = InputDtype::Default;
+  InputDtype timestep = InputDtype::Passthrough;
 
   template <class V>
   void fields(V& v) {
-    const OneOf policy{"default", "fp32", "bf16", "fp16", "passthrough"};
+    const auto& policy = precision::kInputDtypeNames;
     v("latents", latents, "dtype the latents enter the model in; \"default\" = the forward dtype", policy);
     v("cond", cond, "dtype of the prompt conditioning; \"default\" = the forward dtype", policy);
     v("timestep", timestep, "dtype of the timestep or sigma; \"default\" = the forward dtype", policy);
@@ -146,10 +152,10 @@ struct InputPolicySection {
 };
 
 struct PrecisionSection {
-  std::string master = "fp32";
-  std::string reduce = "fp32";
-  std::string forward = "bf16";
-  std::string attention = "math";
+  c10::ScalarType master = c10::ScalarType::Float;
+  c10::ScalarType reduce = c10::ScalarType::Float;
+  c10::ScalarType forward = c10::ScalarType::BFloat16;
+  models::AttentionBackend attention = models::AttentionBackend::Math;
   std::string cpu_half_gemm = "auto";  // precision/cpu_half_gemm.hpp
   std::string cpu_fp32_gemm = "auto";  // precision/cpu_fp32_gemm.hpp
   std::vector<OverrideRule> overrides;
@@ -158,14 +164,14 @@ struct PrecisionSection {
 
   template <class V>
   void fields(V& v) {
-    const OneOf dtype{"fp32", "bf16", "fp16"};
+    const auto& dtype = precision::kDtypeNames;
     v("master", master, "dtype of the master weights, AdamW moments and checkpoints", dtype);
     v("reduce", reduce, "dtype of the gradient reduce-scatter", dtype);
     v("forward", forward, "compute dtype of the forward and backward", dtype);
     v("attention", attention,
       "attention kernel: \"math\" ditrl's own, \"flash\" LibTorch's flash kernel (CPU too); \"efficient\" and "
       "\"cudnn\": CUDA only",
-      OneOf{"math", "flash", "efficient", "cudnn"});
+      models::kAttentionNames);
     v("cpu_half_gemm", cpu_half_gemm,
       "how bf16/fp16 GEMMs run on a CPU: \"widened\" to fp32 GEMMs, \"native\" LibTorch's; \"auto\" widens unless "
       "the CPU has AVX512-BF16 or AMX-BF16",
@@ -226,7 +232,7 @@ struct ParallelSection {
 struct RolloutSection {
   int64_t steps = 10;
   std::optional<double> shift;
-  std::string sde = "sde";
+  diffusion::SdeType sde = diffusion::SdeType::Sde;
   double noise_level = 0.7;
   double guidance_scale = 1.0;
   std::optional<double> guidance_scale_2;
@@ -234,7 +240,7 @@ struct RolloutSection {
   bool negative_prompt = false;
   int64_t samples_per_prompt = 4;
   int64_t batch = 2;
-  std::string strategy = "sde_window";  // rl/step_strategy.hpp
+  rl::StepStrategy strategy = rl::StepStrategy::SdeWindow;
   int64_t sde_steps = 1;
   std::vector<int64_t> window;
   std::vector<int64_t> candidate_steps;
@@ -252,7 +258,7 @@ struct RolloutSection {
     v("sde", sde,
       "sampling kernel on the SDE steps: \"sde\" Flow-SDE, \"cps\" coefficients-preserving; \"ode\" samples no SDE "
       "step",
-      OneOf{"sde", "cps", "ode"});
+      diffusion::kSdeNames);
     v("noise_level", noise_level,
       "the SDE's noise scale (eta); for \"cps\" the noise angle in units of pi/2, in (0, 1]", Between{0, 10});
     v("guidance_scale", guidance_scale,
@@ -269,7 +275,7 @@ struct RolloutSection {
     v("strategy", strategy,
       "which steps are SDE (trained) steps: a seeded window per rollout, candidate steps drawn per epoch, or none "
       "(ODE only, for NFT and SFT)",
-      OneOf{"sde_window", "epoch_global_random_choice", "ode_and_return_last"});
+      rl::kStepStrategyNames);
     v("sde_steps", sde_steps, "SDE steps per sample: the window's width, or how many candidates are drawn",
       Between{0, 1000});
     v("window", window, "sde_window: the range [lo, hi) of steps the window lies in; empty = [0, steps)",
@@ -316,7 +322,7 @@ struct RewardSection {
 };
 
 struct TrainSection {
-  std::string loss = "grpo";
+  rl::Loss loss = rl::Loss::Grpo;
   double lr = 1e-4;
   std::vector<double> betas{0.9, 0.999};
   double eps = 1e-8;
@@ -343,7 +349,7 @@ struct TrainSection {
 
   template <class V>
   void fields(V& v) {
-    v("loss", loss, "the algorithm: Flow-GRPO, DiffusionNFT or supervised fine-tuning", OneOf{"grpo", "nft", "sft"});
+    v("loss", loss, "the algorithm: Flow-GRPO, DiffusionNFT or supervised fine-tuning", rl::kLossNames);
     v("lr", lr, "AdamW's learning rate (the schedule's base)", Above{0});
     v("betas", betas, "AdamW's [beta1, beta2]", Between{0, 1});
     v("eps", eps, "AdamW's epsilon", Above{0});

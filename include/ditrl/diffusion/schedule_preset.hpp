@@ -26,8 +26,4 @@ struct SchedulePresetOptions {
 // family: "sd3" | "wan" | "ltx" | "qwen_image"; unknown names are an error listing these.
 Schedule family_schedule(const std::string& family, const SchedulePresetOptions& options);
 
-// The FlowMatchEuler options a family's pipeline uses (not for "ltx", whose
-// sampler is ltx_core's LTX2Scheduler: see ltx2_schedule).
-FlowMatchOptions family_flow_match_options(const std::string& family, const SchedulePresetOptions& options);
-
 }  // namespace ditrl::diffusion

@@ -21,18 +21,12 @@
 // ODE ("ode"): mean = x_next = x + dt v, s = 0, no log-prob; scoring an ODE step is an error, and
 //   drawing does not advance the generator.
 
+#include <ditrl/diffusion/sde_type.hpp>
+
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 
-#include <string>
-
 namespace ditrl::diffusion {
-
-enum class SdeType { Sde, Cps, Ode };
-
-// "sde" | "cps" | "ode"
-SdeType parse_sde_type(const std::string& name);
-std::string sde_type_name(SdeType type);
 
 struct StepKernel {
   SdeType type = SdeType::Sde;

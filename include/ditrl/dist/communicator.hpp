@@ -36,7 +36,6 @@ class Pending {
   ~Pending();
 
   void wait();
-  bool in_flight() const { return static_cast<bool>(wait_); }
 
  private:
   void wait_quietly() noexcept;

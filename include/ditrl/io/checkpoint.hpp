@@ -94,6 +94,13 @@ ResumeCandidates resume_candidates(const std::string& out_dir);
 // collective load then names what is wrong with it).
 std::string checkpoint_deck(const std::string& path);
 
+// One process checks a whole checkpoint as a load does (format, completion,
+// every slab of the SHA-256 manifest; a format 1 file's Fletcher-32 chunks),
+// one slab in memory at a time, and returns its metadata; raises naming
+// what does not verify. Takes no communicator: `ditrl status` runs it on a
+// login node beside the job.
+CheckpointMeta verify_checkpoint(const std::string& path);
+
 // Collective. Writes the stored values into `state`'s views (masters,
 // moments, extra sets), restores the CPU (and CUDA) generators and returns the metadata
 // (the AdamW step counter among it). A checkpoint that fails to verify on

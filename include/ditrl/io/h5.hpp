@@ -85,10 +85,6 @@ class Dataspace : public Handle {
   void select_none();
 };
 
-// HDF5 type for a torch dtype (bf16 and fp16 as 16-bit custom floats).
-Handle datatype_for(c10::ScalarType dtype);
-// torch dtype of a stored HDF5 type; throws for types ditrl does not use.
-c10::ScalarType scalar_type_of(hid_t type, const std::string& context);
 const char* dtype_name(c10::ScalarType dtype);
 
 struct DatasetOptions {
@@ -126,8 +122,6 @@ class Object : public Handle {
   void set_attr(const std::string& name, const std::vector<int64_t>& value);
   std::string string_attr(const std::string& name) const;
   int64_t int_attr(const std::string& name) const;
-  double double_attr(const std::string& name) const;
-  std::vector<int64_t> ints_attr(const std::string& name) const;
 
  protected:
   std::string child_path(const std::string& name) const;
@@ -191,6 +185,9 @@ class File : public Group {
   // otherwise the call is collective over comm.
   static File create(const std::string& path, MPI_Comm comm = MPI_COMM_NULL, const FileOptions& options = {});
   static File open(const std::string& path, Mode mode = Mode::ReadOnly, MPI_Comm comm = MPI_COMM_NULL);
+  // A read-only file from a copy of its bytes held in memory (HDF5's core
+  // driver): nothing on disk is opened or locked. `name` labels messages.
+  static File open_image(const std::string& name, const std::string& bytes);
   void flush();
   // Closes now (collective in a parallel file) and raises when HDF5 could not
   // write the file's metadata; closing twice is a no-op.

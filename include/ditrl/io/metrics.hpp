@@ -50,4 +50,13 @@ std::string cpu_kernel_identity();
 // Reads every series of a metrics file (error naming the file if it is not one).
 MetricsTable read_metrics(const std::string& path);
 
+// The same for a file a running job may be writing (`ditrl status` on a login
+// node): its bytes are copied while its size and modification time stay the
+// same and read from memory, so the reader takes no HDF5 file lock (which
+// would make the writer's next open fail) and never writes. A copy caught
+// between the writer's updates fails to parse or has series of unequal
+// lengths; it is taken again, up to `tries` times, then the last error is
+// raised. The deck the writer stored is returned in `deck` when given.
+MetricsTable read_metrics_while_written(const std::string& path, int tries = 20, std::string* deck = nullptr);
+
 }  // namespace ditrl::io

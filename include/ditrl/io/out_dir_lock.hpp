@@ -14,9 +14,22 @@
 
 #include <mpi.h>
 
+#include <cstdint>
+#include <optional>
 #include <string>
 
 namespace ditrl::io {
+
+// The job a lock file names: its first line is "host H, PID P, since T UTC".
+// `ditrl status` reads it to tell a live job from a dead one.
+struct LockHolder {
+  std::string host;
+  int64_t pid = 0;
+};
+std::optional<LockHolder> parse_lock_holder(const std::string& text);
+
+// gethostname(), as the lock file records it.
+std::string this_host();
 
 class OutDirLock {
  public:

@@ -33,13 +33,9 @@ struct TensorInfo {
   int64_t numel() const;
 };
 
-// Bits per element of a safetensors dtype code; 0 when the code is unknown.
-int safetensors_dtype_bits(const std::string& code);
 // The LibTorch dtype of a code; throws naming `what` when this LibTorch
 // cannot hold it (sub-byte floats, unsigned 16/32/64 on 1.13, ...).
 c10::ScalarType safetensors_scalar_type(const std::string& code, const std::string& what);
-// The code of a LibTorch dtype; throws for dtypes safetensors cannot store.
-std::string safetensors_dtype_code(c10::ScalarType dtype);
 
 class MappedBytes;
 

@@ -2,12 +2,14 @@
 
 // SHA-256 (FIPS 180-4) of files, for provenance attributes users compare with
 // `sha256sum` (which encoder produced a prompt dataset, which prompts), and
-// checkpoint integrity. Uses the x86 SHA extensions where the CPU has them.
+// checkpoint integrity. OpenSSL's libcrypto computes it (its EVP interface,
+// which uses the CPU's SHA extensions where it has them).
 
-#include <array>
 #include <cstddef>
-#include <cstdint>
+#include <memory>
 #include <string>
+
+struct evp_md_ctx_st;  // OpenSSL's EVP_MD_CTX: its header stays out of ditrl's
 
 namespace ditrl::io {
 
@@ -15,18 +17,15 @@ namespace ditrl::io {
 // hex() once; the same digest as sha256() of the concatenation.
 class Sha256 {
  public:
+  Sha256();
   void update(const void* data, size_t size);
   std::string hex();
 
  private:
-  void compress(const unsigned char* blocks, size_t count);
-  void compress_portable(const unsigned char* block);
-
-  std::array<uint32_t, 8> state_ = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
-                                    0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
-  unsigned char block_[64] = {};
-  size_t filled_ = 0;
-  uint64_t bits_ = 0;
+  struct FreeContext {
+    void operator()(evp_md_ctx_st* context) const;
+  };
+  std::unique_ptr<evp_md_ctx_st, FreeContext> context_;
 };
 
 // Lower-case hex digest of the file's bytes (error naming the file if it cannot be read).
@@ -35,5 +34,8 @@ std::string sha256_file(const std::string& path);
 // Lower-case hex digest of `bytes`.
 std::string sha256(const std::string& bytes);
 std::string sha256(const void* data, size_t size);
+
+// The version of the libcrypto that computes them (`ditrl --version`).
+std::string sha256_library_version();
 
 }  // namespace ditrl::io

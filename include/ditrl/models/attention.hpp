@@ -5,6 +5,7 @@
 // optional q/k RMSNorm per head or across heads, an optional mask and an
 // optional rotary hook on q/k.
 
+#include <ditrl/models/attention_backend.hpp>
 #include <ditrl/models/linear.hpp>
 #include <ditrl/models/norms.hpp>
 #include <ditrl/models/ulysses.hpp>
@@ -19,16 +20,8 @@
 
 namespace ditrl::models {
 
-enum class AttentionBackend {
-  Math,       // portable and deterministic; half inputs computed in fp32
-  Flash,      // LibTorch's fused SDPA kernels: flash (CPU, and CUDA without a mask),
-  Efficient,  // memory-efficient (CUDA),
-  Cudnn,      // cuDNN (CUDA); exactly the chosen one is enabled (no fallback)
-};
-
-// "math" | "flash" | "efficient" | "cudnn"; a backend this build lacks is an
-// error saying which build has it.
-AttentionBackend parse_attention_backend(const std::string& name);
+// `backend` itself, or an error saying which build has it when this build lacks it.
+AttentionBackend usable_attention_backend(AttentionBackend backend);
 
 // softmax(q k^T / sqrt(Dh) + mask) v for q (B, H, Lq, Dh), k and v (B, H, Lk, Dh).
 // `mask` is undefined (none), bool (true = attend) or additive float,

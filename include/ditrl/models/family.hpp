@@ -5,6 +5,7 @@
 // and the sampler need to drive it: the velocity forward in the timestep
 // domain its DiT consumes, wrap units, LoRA targets, dtype overrides, CFG.
 
+#include <ditrl/models/attention_backend.hpp>
 #include <ditrl/models/unit.hpp>
 #include <ditrl/precision/dtype.hpp>
 
@@ -73,7 +74,7 @@ struct LatentGrid {
 
 struct DtypeOverride {
   std::string pattern;  // glob over canonical parameter names
-  std::string dtype;    // "fp32" | "bf16" | "fp16"
+  c10::ScalarType dtype = c10::ScalarType::Float;
 };
 
 struct GuidanceOptions {
@@ -109,7 +110,7 @@ struct FamilyOptions {
   bool crop_to_grid = false;
   int64_t experts = 0;    // expert DiTs (Wan2.2 A14B: 2); 0 = what the preset or config.json says
   int64_t init_seed = 0;  // seeded init when no weights are loaded
-  std::string attention = "math";
+  AttentionBackend attention = AttentionBackend::Math;
   LoraOptions lora;
   precision::InputPolicy inputs;  // boundary casts applied inside noise_pred
   // Grid of the latents noise_pred receives, for families whose latents are

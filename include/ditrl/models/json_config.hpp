@@ -2,7 +2,7 @@
 
 // Reading a diffusers config.json: typed values with errors that name the
 // file and the key. Keys starting with '_' (_class_name,
-// _diffusers_version) are metadata and skipped by for_each_key.
+// _diffusers_version) are metadata and skipped.
 
 #include <ditrl/error.hpp>
 
@@ -17,15 +17,10 @@
 
 namespace ditrl::models::json_config {
 
-// Parses `text` as a JSON object and calls fn(key, value) for every key that
-// does not start with '_'.
-void for_each_key(const std::string& text, const std::string& source,
-                  const std::function<void(const std::string&, const boost::json::value&)>& fn);
-
 // How one non-integer key of a config is read.
 using Field = std::function<void(const boost::json::value&)>;
 
-// for_each_key with the usual shape of a diffusers config: integer keys go
+// Reads a diffusers config of the usual shape: integer keys go
 // straight into `ints`, the others to their entry of `fields`; any other key
 // is an error naming `model_class` (the diffusers class).
 void read_fields(const std::string& text, const std::string& source, const std::string& model_class,

@@ -188,7 +188,8 @@ class LTX : public Family {
   std::string family_name() const override { return "ltx"; }
   TimestepDomain timestep_domain() const override { return TimestepDomain::Sigma; }
   // latents (B, F*H*W, in_channels) tokens on FamilyOptions::latent_grid
-  // (ltx_patchify of the VAE latent; ltx_unpatchify turns them back); reads
+  // (the VAE latent (B, C, F, H, W) flattened in (f, h, w) order: ltx_core's
+  // VideoLatentPatchifier with patch size 1, docs/families.md §3.1); reads
   // `sigmas`, ignores `timesteps`. Conditioning "video.context" (and an
   // optional "video.context_mask"). Returns the velocity after ltx_core's x0
   // round trip (docs/algorithms.md §9.4, see ltx.cpp).

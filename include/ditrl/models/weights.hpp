@@ -17,17 +17,6 @@
 
 namespace ditrl::models {
 
-struct CheckpointEntry {
-  std::string name;
-  std::vector<int64_t> shape;
-  // Parameters are required; LoRA factors keep their init when absent, and
-  // persistent buffers (SD3's pos_embed table) are computed by the model.
-  bool required = true;
-};
-
-// What a checkpoint of `model` holds, in registration order.
-std::vector<CheckpointEntry> checkpoint_layout(const torch::nn::Module& model);
-
 // Checks the checkpoint's names (PEFT names resolved to canonical ones) and
 // shapes against the model; throws one Error, naming the checkpoint, that
 // lists every missing, unexpected, wrongly-shaped and wrongly-typed (not

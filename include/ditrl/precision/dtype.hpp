@@ -1,6 +1,8 @@
 #pragma once
 
-// Deck dtype names and the boundary input dtype policy (docs/design.md §4).
+// Dtype helpers and the boundary input dtype policy (docs/design.md §4).
+
+#include <ditrl/precision/dtype_names.hpp>
 
 #include <ATen/core/Tensor.h>
 
@@ -9,9 +11,7 @@
 
 namespace ditrl::precision {
 
-// "fp32" | "bf16" | "fp16" (also "fp64") -> torch dtype; throws naming the value.
-c10::ScalarType parse_dtype(const std::string& name);
-// The deck name of a dtype ("fp32", "bf16", ...).
+// The deck name of a dtype ("fp32", "bf16", "fp16"), "fp64", else LibTorch's.
 std::string dtype_name(c10::ScalarType dtype);
 // Bytes per element.
 int64_t dtype_bytes(c10::ScalarType dtype);
@@ -29,9 +29,8 @@ struct InputPolicy {
   std::optional<c10::ScalarType> cond;
   std::optional<c10::ScalarType> timestep;
 
-  // From deck words ("default" = the forward dtype, "passthrough", or a dtype).
-  static InputPolicy resolve(const std::string& latents, const std::string& cond, const std::string& timestep,
-                             c10::ScalarType forward);
+  // From the deck's choices (Default = the forward dtype).
+  static InputPolicy resolve(InputDtype latents, InputDtype cond, InputDtype timestep, c10::ScalarType forward);
 
   at::Tensor cast_latents(const at::Tensor& t) const { return cast(t, latents); }
   at::Tensor cast_cond(const at::Tensor& t) const { return cast(t, cond); }

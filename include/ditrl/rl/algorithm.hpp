@@ -10,9 +10,10 @@
 //
 // Each algorithm owns its metric schema, how it selects pairs, its reference
 // forwards, its loss and metrics, and the per-parameter state a checkpoint
-// keeps beside the moments. make_algorithm / algorithm_traits are the only
-// places that look at the loss's name.
+// keeps beside the moments. make_algorithm / algorithm_traits
+// (rl/algorithm_traits.hpp) are the only places that look at the loss.
 
+#include <ditrl/rl/algorithm_traits.hpp>
 #include <ditrl/rl/loss_window.hpp>
 #include <ditrl/rl/metric_buffer.hpp>
 #include <ditrl/rl/policy.hpp>
@@ -45,7 +46,7 @@ struct TrainData {
 };
 
 struct AlgorithmOptions {
-  std::string loss = "grpo";
+  Loss loss = Loss::Grpo;
   int64_t seed = 0;  // [run] seed: keys the pair selection and the pair noise
   int64_t steps_per_rollout = 1;
   int64_t micro_batch = 1;
@@ -59,13 +60,6 @@ struct AlgorithmOptions {
   bool nft_shuffle_timesteps = true;
   std::string sft_latents;  // SFT targets file; empty = seeded synthetic targets
   int64_t data_seed = 0;    // [data] seed: keys the synthetic SFT targets
-};
-
-// What the rest of a run must know of an algorithm before it exists.
-struct AlgorithmTraits {
-  bool sde_rollout = true;         // rollouts take SDE steps (else they sample with the ODE alone)
-  bool microgroup_batches = true;  // micro-batches are rollout micro-groups: the training forward
-                                   // repeats a rollout forward (and parity dumps have a train side)
 };
 
 class Algorithm {
@@ -84,7 +78,10 @@ class Algorithm {
   virtual void resumed(int64_t /*rollouts_done*/) {}
 };
 
-AlgorithmTraits algorithm_traits(const std::string& loss);
+// The training pairs one sample yields for a loss whose micro-batches are
+// chunks of samples (!microgroup_batches): DiffusionNFT's trained sigmas of
+// a `steps`-step rollout, SFT's one. GRPO's are the rollout's SDE steps.
+int64_t chunk_pairs_per_sample(Loss loss, int64_t steps, double timestep_fraction);
 std::unique_ptr<Algorithm> make_algorithm(const AlgorithmOptions& options, const Policy& policy);
 
 }  // namespace ditrl::rl

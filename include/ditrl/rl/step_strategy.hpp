@@ -13,12 +13,22 @@
 //   match torch.Generator().manual_seed(...) + torch.randperm.
 // - ode_and_return_last (NFT): no SDE step, only the final latent is kept.
 // Returned latents for the SDE strategies: S u (S + 1), the x_i and x_{i+1} of every trained pair.
+// The deck's rollout.strategy names them; the deck reader (config/) parses
+// the name into StepStrategy with kStepStrategyNames.
+
+#include <ditrl/name_table.hpp>
 
 #include <cstdint>
-#include <string>
 #include <vector>
 
 namespace ditrl::rl {
+
+enum class StepStrategy { SdeWindow, EpochGlobalRandomChoice, OdeAndReturnLast };
+
+inline constexpr NameTable<StepStrategy, 3> kStepStrategyNames{
+    {{"sde_window", StepStrategy::SdeWindow},
+     {"epoch_global_random_choice", StepStrategy::EpochGlobalRandomChoice},
+     {"ode_and_return_last", StepStrategy::OdeAndReturnLast}}};
 
 struct StepSelection {
   std::vector<int64_t> sde_steps;       // sorted loop step indices run as SDE; the rest run as ODE
@@ -26,7 +36,7 @@ struct StepSelection {
 };
 
 struct StepStrategyOptions {
-  std::string strategy = "sde_window";  // sde_window | epoch_global_random_choice | ode_and_return_last
+  StepStrategy strategy = StepStrategy::SdeWindow;
   int64_t num_steps = 10;
   int64_t sde_steps = 1;                 // w: window size / number of steps drawn
   std::vector<int64_t> window;           // sde_window range [lo, hi); empty = [0, num_steps)
