@@ -18,7 +18,8 @@
 # --budget: the steps end by then (each one's limit is cut to the time left; one that would start
 # with under a minute left is not started) and the results are packed, so a call that runs out
 # of time still returns every finished step's log. Steps run in order of what they prove: build,
-# gpu tests, quickstart curves, the benchmark (one model per step, each with a profile of ditrl's
+# gpu tests, the multi-rank suites at 2 and 4 ranks on one GPU over the MPI data backend (mpi_data,
+# 150 s), quickstart curves, the benchmark (one model per step, each with a profile of ditrl's
 # step), real-size loading and training from weights files, then deterministic mode's cost at real size
 # and on the quickstart. Each gpu test stops after
 # DITRL_GPU_TEST_TIMEOUT seconds (default 240: the quickstart case, the longest, took about 175 s on
@@ -179,6 +180,11 @@ step build 3600 cmake --build "$BUILD" -j "$(nproc)" --target "${targets[@]}" ||
 # --- the gpu tests -----------------------------------------------------------
 step gpu_tests 360 env DITRL_GPU_TEST_TIMEOUT="${DITRL_GPU_TEST_TIMEOUT:-240}" bash tests/gpu/run_gpu_tests.sh "$BUILD" "$RESULTS"
 grep -sE 'tests passed|\((Skipped|Failed|Not Run|Timeout)\)$|^quickstart case:' "$RESULTS/gpu_tests.log" | sed 's/^/    /' |
+  tee -a "$SUMMARY"
+
+# --- the multi-rank suites on one GPU over the MPI data backend (2 and 4 ranks share it) ------
+step mpi_data 150 env DITRL_GPU_TEST_TIMEOUT=140 bash tests/gpu/run_mpi_data_tests.sh "$BUILD" "$RESULTS"
+grep -sE 'tests passed|\((Skipped|Failed|Not Run|Timeout)\)$|^train cases:' "$RESULTS/mpi_data.log" | sed 's/^/    /' |
   tee -a "$SUMMARY"
 
 # --- the quickstart on the GPU (or, without one, the CUDA build's no-GPU paths)
