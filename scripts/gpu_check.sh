@@ -198,7 +198,7 @@ if ((GPUS > 0)); then
         --set run.device=cuda --set parallel.data_backend=mpi --set run.out_dir="$2/out" --disk-mib 1024 \
         --json "$2/np$np.json" || exit 1
     done' "$KIT_USR/bin/mpiexec" "$BUILD/ditrl" "$RESULTS/preflight"
-  grep -sE '^(== |FAIL|PASS +(all_|reduce_|training|memory|disk)|preflight:)' "$RESULTS/preflight.log" |
+  grep -sE '^(== |FAIL|PASS +(all_|reduce_|training|memory|disk)| +FAILED on|preflight:)' "$RESULTS/preflight.log" |
     sed 's/^/    /' | tee -a "$SUMMARY"
 else
   note "| preflight | SKIPPED: no GPU visible to torch (CTest preflight.* runs it on the CPU) | - | - |"

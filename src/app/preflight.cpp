@@ -576,7 +576,7 @@ int preflight(const PreflightCli& cli) {
                          max_over_ranks(startup, comm)));
 
   std::optional<MemoryPlan> plan;
-  int64_t m = std::min<int64_t>(cli.max_elements, int64_t{1} << 20);
+  int64_t m = cli.max_elements;  // without a deck, the message size itself
   if (!cli.deck.empty()) {
     const std::shared_ptr<models::Family> family = plan_family(config);
     const precision::CompiledPlan compiled = compiled_plan(config, *family);
@@ -623,8 +623,9 @@ void add_preflight_command(CLI::App& app, Command& selected) {
   sub->add_option("--set", cli->overrides, "Override a deck key: section.key=value (repeatable)");
   sub->add_option("--json", cli->json, "Also write the report as JSON to this file (rank 0)");
   sub->add_option("--out-dir", cli->out_dir, "Folder whose disk is measured (default: the deck's run.out_dir)");
-  sub->add_option("--max-elements", cli->max_elements,
-                  "Cap on the fp32 elements per rank of each collective (the deck's shard size otherwise)")
+  sub->add_option(
+         "--max-elements", cli->max_elements,
+         "fp32 elements per rank of each collective: a cap on the deck's shard size, or the size without a deck")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 32));
   sub->add_option("--disk-mib", cli->disk_mib, "MiB each rank writes and fsyncs into out_dir")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));

@@ -42,7 +42,7 @@ case $case in
     grep -q "WARNING: this machine has" "$work/stdout" && fail "an unused-GPU warning without GPUs"
     [[ $(grep -c "): local rank [0-9]*/[0-9]*, device cpu, data mpi," "$work/stdout") == "$np" ]] ||
       fail "not every rank's placement reads 'device cpu, data mpi'"
-    ls -A "$work/out" | grep -q preflight && fail "the disk check left its file in $work/out"
+    compgen -G "$work/out/.preflight-*" >/dev/null && fail "the disk check left its file in $work/out"
     echo "preflight.pass.np$np: ok"
     ;;
   faults)
