@@ -19,11 +19,12 @@
 # with under a minute left is not started) and the results are packed, so a call that runs out
 # of time still returns every finished step's log. Steps run in order of what they prove: build,
 # gpu tests, the multi-rank suites at 2 and 4 ranks on one GPU over the MPI data backend (mpi_data,
-# 150 s), quickstart curves, the benchmark (one model per step, each with a profile of ditrl's
-# step), real-size loading and training from weights files, then deterministic mode's cost at real size
-# and on the quickstart. Each gpu test stops after
-# DITRL_GPU_TEST_TIMEOUT seconds (default 240: the quickstart case, the longest, took about 175 s on
-# an H200 on 2026-12-04; tests/gpu/run_gpu_tests.sh runs it beside the others).
+# 150 s), `ditrl preflight` at 1 and 2 ranks on the GPU (preflight, 150 s), quickstart curves,
+# the benchmark (one model per step, each with a profile of ditrl's step), real-size loading and
+# training from weights files, then deterministic mode's cost at real size and on the quickstart.
+# Each gpu test stops after DITRL_GPU_TEST_TIMEOUT seconds (default 240: the quickstart case, the
+# longest, took about 175 s on an H200 on 2026-12-04; tests/gpu/run_gpu_tests.sh runs it beside
+# the others).
 # --only: configure, build and the named steps (a second call on a warm machine, whose build dir
 # is kept, runs the steps the first call's budget left NOT RUN).
 # Exit status: 0 when every step passed or was skipped for want of a GPU.
@@ -186,6 +187,22 @@ grep -sE 'tests passed|\((Skipped|Failed|Not Run|Timeout)\)$|^quickstart case:' 
 step mpi_data 150 env DITRL_GPU_TEST_TIMEOUT=140 bash tests/gpu/run_mpi_data_tests.sh "$BUILD" "$RESULTS"
 grep -sE 'tests passed|\((Skipped|Failed|Not Run|Timeout)\)$|^train cases:' "$RESULTS/mpi_data.log" | sed 's/^/    /' |
   tee -a "$SUMMARY"
+
+# --- `ditrl preflight` on the GPU at 1 and 2 ranks over the MPI data backend (both ranks share
+# the one GPU; NCCL would need one each): every check, the report as text and JSON per rank count.
+if ((GPUS > 0)); then
+  mkdir -p "$RESULTS/preflight"
+  step preflight 150 bash -c 'for np in 1 2; do
+      echo "== preflight at $np rank(s)"
+      "$0" --allow-run-as-root --oversubscribe --bind-to none -np $np "$1" preflight inputs/quickstart.toml \
+        --set run.device=cuda --set parallel.data_backend=mpi --set run.out_dir="$2/out" --disk-mib 1024 \
+        --json "$2/np$np.json" || exit 1
+    done' "$KIT_USR/bin/mpiexec" "$BUILD/ditrl" "$RESULTS/preflight"
+  grep -sE '^(== |FAIL|PASS +(all_|reduce_|training|memory|disk)| +FAILED on|preflight:)' "$RESULTS/preflight.log" |
+    sed 's/^/    /' | tee -a "$SUMMARY"
+else
+  note "| preflight | SKIPPED: no GPU visible to torch (CTest preflight.* runs it on the CPU) | - | - |"
+fi
 
 # --- the quickstart on the GPU (or, without one, the CUDA build's no-GPU paths)
 if ((GPUS > 0)); then

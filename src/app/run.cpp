@@ -5,6 +5,7 @@
 #include <ditrl/app/run.hpp>
 #include <ditrl/clock.hpp>
 #include <ditrl/diffusion/schedule_preset.hpp>
+#include <ditrl/dist/device.hpp>
 #include <ditrl/dist/log.hpp>
 #include <ditrl/error.hpp>
 #include <ditrl/io/safetensors.hpp>
@@ -222,6 +223,9 @@ StartedJob start_runtime(const config::Config& config, const std::string& out_di
   dist::log_placement(runtime->world(), at::get_num_threads(),
                       fmt::format("{} data {}", runtime->device().str(), dist::to_string(runtime->data_backend())),
                       runtime->io_comm());
+  if (const std::string warning = dist::unused_gpu_warning(runtime->device(), config.run.device);
+      !warning.empty() && runtime->world().rank == 0)
+    spdlog::warn(warning);
   return {std::move(runtime), std::move(lock)};
 }
 
