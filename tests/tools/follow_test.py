@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """tools/follow.py on a real quickstart run (tests/CMakeLists.txt, tools.follow.*).
 
-    follow_test.py live|tensorboard|wandb|no_metrics DITRL MPIEXEC WORK SOURCE_DIR
+    follow_test.py live|tensorboard|wandb|no_metrics|states DITRL MPIEXEC WORK SOURCE_DIR
 
 live: a 6-rollout quickstart trains on one rank while follow.py polls it every
 0.2 s; follow.py must write rows in more than one poll (rows appended after it
@@ -12,7 +12,8 @@ UI serves) must give every series of metrics.h5 at every step, values equal as
 float64, the same for the live DIR, the grids' pixels and captions; a second
 --once adds no event. wandb: the same through a W&B offline run, read back from
 its .wandb file (SKIPPED where wandb cannot be imported). no_metrics: a run
-folder without metrics.h5 is refused, exit 2, naming the file.
+folder without metrics.h5 is refused, exit 2, naming the file. states: follow.py's
+end of a run on folders made for each of `ditrl status`'s states.
 """
 import glob
 import io
@@ -20,6 +21,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import struct
 import subprocess
 import sys
@@ -306,8 +308,44 @@ def check_no_metrics(ditrl, mpiexec, work, source):
     print("no_metrics: refused with exit 2, naming the file")
 
 
+# ---------------------------------------------------------------- states
+
+
+def check_states(ditrl, mpiexec, work, source):
+    """follow.py's end of a run is `ditrl status`'s: each state on a folder made for it."""
+    sys.path.insert(0, os.path.join(source, "tools"))
+    import follow
+
+    dead_pid = subprocess.Popen(["true"])
+    dead_pid.wait()
+    host = socket.gethostname()
+    cases = [  # (status, .lock text, .lock newer than status, ended)
+        ("", "", False, False),  # not started
+        ("complete", "", False, True),
+        ("preempted", f"host {host}, PID {dead_pid.pid}, since 2026-01-01 00:00:00 UTC", False, True),
+        ("preempted", f"host {host}, PID {dead_pid.pid}, since 2026-01-01 00:00:00 UTC", True, True),  # stopped
+        ("", f"host {host}, PID {dead_pid.pid}, since 2026-01-01 00:00:00 UTC", True, True),  # stopped
+        ("", f"host {host}, PID {os.getpid()}, since 2026-01-01 00:00:00 UTC", True, False),  # running (a ditrl venv)
+        ("complete", "host elsewhere-node, PID 1, since 2026-01-01 00:00:00 UTC", True, False),  # unknown: running
+        ("complete", "host elsewhere-node, PID 1, since 2026-01-01 00:00:00 UTC", False, True),
+    ]
+    for i, (status, lock, lock_newer, ended) in enumerate(cases):
+        run = os.path.join(work, "states", str(i))
+        shutil.rmtree(run, ignore_errors=True)
+        os.makedirs(run)
+        files = [("status", status), (".lock", lock)] if lock_newer else [(".lock", lock), ("status", status)]
+        for order, (name, text) in enumerate(files):  # the later one 1 s newer
+            if text:
+                with open(os.path.join(run, name), "w") as f:
+                    f.write(text + "\n")
+                os.utime(os.path.join(run, name), (1.8e9 + order, 1.8e9 + order))
+        if follow.run_ended(run) != ended:
+            fail(f"case {i} (status {status!r}, .lock {lock!r}, lock newer {lock_newer}): ended should be {ended}")
+    print(f"states: {len(cases)} cases as `ditrl status` tells them")
+
+
 if __name__ == "__main__":
     mode, ditrl, mpiexec, work, source = sys.argv[1:6]
     checks = {"live": check_live, "tensorboard": check_tensorboard, "wandb": check_wandb}
-    checks["no_metrics"] = check_no_metrics
+    checks.update(no_metrics=check_no_metrics, states=check_states)
     checks[mode](ditrl, mpiexec, work, source)
