@@ -9,10 +9,11 @@ written since the last poll become TensorBoard scalars (event files under
 --tensorboard DIR) and/or rows of a Weights & Biases offline run (under --wandb DIR,
 default the TensorBoard DIR; upload it later with `wandb sync DIR/wandb`). The
 sample grids the run lists in RUN_DIR/samples/index.jsonl become images at their
-rollout, captioned with their prompts and rewards. It stops once the run has ended
-(OUT/status says complete or preempted and no job started since, or the job named
-in OUT/.lock is gone from this host: `ditrl status`'s states); --once converts what
-is there and exits.
+rollout, captioned with their prompts and rewards (an animated WebP by its first
+frame; a file PIL cannot read, such as an MP4, is skipped with a note). It stops
+once the run has ended (OUT/status says complete or preempted and no job started
+since, or the job named in OUT/.lock is gone from this host: `ditrl status`'s
+states); --once converts what is there and exits.
 
 metrics.h5 is never opened in place: HDF5 readers lock the file and the writer's
 next row would then fail. Its bytes are copied while their size and time stay the
@@ -101,7 +102,7 @@ def read_samples(run_dir):
         try:
             entry = json.loads(line)
             entry["path"] = os.path.join(run_dir, "samples", entry["file"])
-            int(entry["rollout"])
+            entry["rollout"] = int(entry["rollout"])
         except (ValueError, KeyError, TypeError) as e:
             if line.strip():
                 print(f"follow: {path}:{number}: skipped, not a sample line ({e})", file=sys.stderr)
@@ -123,11 +124,14 @@ def grid_png(path):
 
 
 def caption(sample):
+    """"rollout R" and a line per prompt with its reward."""
     rewards = sample.get("rewards", [])
     lines = [f"rollout {sample['rollout']}"]
     for i, prompt in enumerate(sample.get("prompts", [])):
-        reward = f"  reward {rewards[i]:.4g}" if i < len(rewards) else ""
-        lines.append(f"{i}: {prompt}{reward}")
+        reward = rewards[i] if i < len(rewards) else None
+        if isinstance(reward, (int, float)):
+            prompt += f"  reward {reward:.4g}"
+        lines.append(f"{i}: {prompt}")
     return "\n".join(lines)
 
 

@@ -63,7 +63,8 @@ def sample_pixels():
 
 
 def write_samples(run):
-    """The grids as the samples writer lists them (samples/index.jsonl), then a half-written line."""
+    """The grids as the samples writer lists them (samples/index.jsonl): a PNG, an animated WebP, an
+    MP4 (skipped with a note), then a half-written line."""
     from PIL import Image
 
     os.makedirs(os.path.join(run, "samples"), exist_ok=True)
@@ -76,7 +77,10 @@ def write_samples(run):
         {"rollout": 1, "file": "rollout-000001.png", "prompts": ["a red cube", "a blue sphere"],
          "rewards": [0.25, -1.5]},
         {"rollout": 3, "file": "rollout-000003.webp", "prompts": ["a cat"], "rewards": [2.0]},
+        {"rollout": 4, "file": "rollout-000004.mp4", "prompts": ["a dog"], "rewards": [1.0]},  # PIL reads no MP4
     ]
+    with open(os.path.join(run, "samples", "rollout-000004.mp4"), "wb") as f:
+        f.write(b"\x00\x00\x00\x18ftypmp42 not a whole video")
     for line in lines:
         line["source"] = "latent_preview"
     with open(os.path.join(run, "samples", "index.jsonl"), "w") as f:
@@ -191,7 +195,9 @@ def check_tensorboard(ditrl, mpiexec, work, source):
     live_points = check_tensorboard_scalars(os.path.join(work, "tb-live"), steps, series)
     tb = os.path.join(work, "tb-once")
     shutil.rmtree(tb, ignore_errors=True)
-    subprocess.run(follow_cmd(source, run, "--tensorboard", tb, "--once"), check=True)
+    once = subprocess.run(follow_cmd(source, run, "--tensorboard", tb, "--once"), capture_output=True, text=True)
+    if once.returncode != 0 or "rollout-000004.mp4: skipped, not readable as an image" not in once.stderr:
+        fail(f"follow.py --once: rc {once.returncode}, no note of the MP4 it skips: {once.stderr!r}")
     points = check_tensorboard_scalars(tb, steps, series)
     check_tensorboard_samples(tb, pixels)
     before = event_count(tb)
