@@ -112,14 +112,22 @@ def check_live(ditrl, mpiexec, work, source):
         if time.time() > deadline or train.poll() is not None:
             fail(f"the training job wrote no {run}/metrics.h5 (see {work}/train.log)")
         time.sleep(0.05)
-    follow = subprocess.run(
-        follow_cmd(source, run, "--tensorboard", tb, "--interval", "0.2"), capture_output=True, text=True, timeout=120
+    follow = subprocess.Popen(
+        follow_cmd(source, run, "--tensorboard", tb, "--interval", "0.2"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
-    rc = train.wait(timeout=120)
-    print(follow.stdout + follow.stderr)
+    rc = train.wait()  # CTest's TIMEOUT bounds it
+    try:
+        output = follow.communicate(timeout=60)[0]  # it ends with the job, after one more poll
+    except subprocess.TimeoutExpired:
+        follow.kill()
+        fail(f"follow.py still ran 60 s after the job ended: {follow.communicate()[0][-2000:]}")
+    print(output)
     if rc != 0 or follow.returncode != 0:
         fail(f"train rc {rc}, follow rc {follow.returncode}")
-    polls_with_rows = [line for line in follow.stdout.splitlines() if re.match(r"follow: [1-9]\d* new row", line)]
+    polls_with_rows = [line for line in output.splitlines() if re.match(r"follow: [1-9]\d* new row", line)]
     if len(polls_with_rows) < 2:
         fail(f"follow.py wrote rows in {len(polls_with_rows)} poll(s): it did not catch rows appended while it ran")
     steps, _ = read_metrics(os.path.join(run, "metrics.h5"))
