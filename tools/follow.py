@@ -229,55 +229,62 @@ class TensorBoardSink:
 class WandbSink:
     """A Weights & Biases offline run: rows against `optimizer_step`, grids against `rollout_id`.
 
-    A rerun resumes the same run id in a new offline directory; `wandb sync` uploads
-    them in order of start time."""
+    Opened at the first row or grid, so a rerun with nothing new leaves no run behind;
+    one with new points resumes the same run id in a new offline directory, which
+    `wandb sync` uploads after the earlier ones (in order of start time)."""
 
-    def __init__(self, directory, state, name, config, series):
+    def __init__(self, directory, state, name, config):
         os.environ["WANDB_MODE"] = "offline"
         import wandb
 
-        self.wandb = wandb
-        state.setdefault("wandb_id", uuid.uuid4().hex[:8])
-        os.makedirs(directory, exist_ok=True)
-        # No console capture, system metrics or git probing: the run holds what metrics.h5 holds.
-        settings = wandb.Settings(
-            mode="offline", console="off", x_disable_stats=True, save_code=False, disable_git=True, silent=True
-        )
-        self.run = wandb.init(
-            dir=directory,
-            id=state["wandb_id"],
-            resume="allow",
-            project=os.environ.get("WANDB_PROJECT", "ditrl"),
-            name=name,
-            config=config,
-            settings=settings,
-        )
-        self.run.define_metric("optimizer_step")
-        self.run.define_metric("rollout_id")
-        self.run.define_metric("samples/*", step_metric="rollout_id")
+        self.wandb, self.directory, self.state, self.name, self.config = wandb, directory, state, name, config
+        self.run = None
+        self.groups = set()
+
+    def _opened(self, names):
+        if self.run is None:
+            self.state.setdefault("wandb_id", uuid.uuid4().hex[:8])
+            # No console capture, system metrics or git probing: the run holds what metrics.h5 holds.
+            settings = self.wandb.Settings(
+                mode="offline", console="off", x_disable_stats=True, save_code=False, disable_git=True, silent=True
+            )
+            self.run = self.wandb.init(
+                dir=self.directory,
+                id=self.state["wandb_id"],
+                resume="allow",
+                project=os.environ.get("WANDB_PROJECT", "ditrl"),
+                name=self.name,
+                config=self.config,
+                settings=settings,
+            )
+            self.run.define_metric("optimizer_step")
+            self.run.define_metric("rollout_id")
+            self.run.define_metric("samples/*", step_metric="rollout_id")
         # Per group, not "*": a glob over everything would stamp the grids with an optimizer step too.
-        for group in sorted({name.split("/")[0] + "/*" if "/" in name else name for name in series}):
+        for group in {name.split("/")[0] + "/*" if "/" in name else name for name in names} - self.groups:
             self.run.define_metric(group, step_metric="optimizer_step")
+            self.groups.add(group)
+        return self.run
 
     def add(self, step, values):
-        self.run.log({"optimizer_step": int(step), **values})
+        self._opened(values).log({"optimizer_step": int(step), **values})
 
     def add_grid(self, sample, png, height, width):
         from PIL import Image
 
-        image = Image.open(io.BytesIO(png))
-        grid = self.wandb.Image(image, caption=caption(sample))
-        self.run.log({"rollout_id": int(sample["rollout"]), "samples/grid": grid})
+        grid = self.wandb.Image(Image.open(io.BytesIO(png)), caption=caption(sample))
+        self._opened([]).log({"rollout_id": int(sample["rollout"]), "samples/grid": grid})
 
     def flush(self):
         pass
 
     def close(self):
-        self.run.finish()
+        if self.run is not None:
+            self.run.finish()
 
     @property
     def run_dir(self):
-        return self.run.dir
+        return self.run.dir if self.run is not None else None
 
 
 # ---------------------------------------------------------------- following
@@ -386,7 +393,7 @@ def open_targets(args, table):
         directory = args.wandb or args.tensorboard
         state_file, state = state_of(directory, "wandb")
         name, config = run_identity(table[2])
-        targets.append(Target(WandbSink(directory, state, name, config, table[1]), state_file, state))
+        targets.append(Target(WandbSink(directory, state, name, config), state_file, state))
     return targets
 
 
@@ -454,7 +461,7 @@ def follow(args):
         for t in targets:
             t.sink.close()
     for t in targets:
-        if isinstance(t.sink, WandbSink):
+        if isinstance(t.sink, WandbSink) and t.sink.run_dir:
             offline_run = os.path.dirname(t.sink.run_dir)
             print(f"follow: W&B offline run {offline_run}; upload it with `wandb sync {os.path.dirname(offline_run)}`")
 

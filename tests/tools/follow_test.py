@@ -260,24 +260,21 @@ def wandb_history(run_dir):
     return rows, images
 
 
-def check_wandb(ditrl, mpiexec, work, source):
-    try:
-        import wandb
-    except ImportError as e:
-        print(f"SKIPPED: the wandb package cannot be imported ({e}); pip install -r scripts/requirements.txt")
-        sys.exit(SKIP)
-    run = os.path.join(work, "run")
+def first_rows_copy(run, part, rows):
+    """PART: RUN's samples and a metrics.h5 of its first `rows` rows (the file as it was earlier)."""
+    shutil.rmtree(part, ignore_errors=True)
+    shutil.copytree(os.path.join(run, "samples"), os.path.join(part, "samples"))
+    shutil.copy(os.path.join(run, "status"), part)
     steps, series = read_metrics(os.path.join(run, "metrics.h5"))
-    from PIL import Image
+    with h5py.File(os.path.join(run, "metrics.h5"), "r") as src:
+        attrs = dict(src.attrs)
+    with h5py.File(os.path.join(part, "metrics.h5"), "w") as dst:
+        dst.attrs.update(attrs)
+        for name, values in [("step", steps), *series.items()]:
+            dst.create_dataset(f"metrics/{name}", data=values[:rows])
 
-    pixels = first_frames()
-    out = os.path.join(work, "wandb-once")
-    shutil.rmtree(out, ignore_errors=True)
-    subprocess.run(follow_cmd(source, run, "--wandb", out, "--once"), check=True)
-    runs = sorted(glob.glob(os.path.join(out, "wandb", "offline-run-*")))
-    if len(runs) != 1:
-        fail(f"{out}/wandb: {len(runs)} offline runs, expected 1")
-    rows, images = wandb_history(runs[0])
+
+def check_wandb_rows(rows, steps, series):
     if [r["optimizer_step"] for r in rows] != [int(s) for s in steps]:
         fail(f"W&B rows at steps {[r['optimizer_step'] for r in rows]}, metrics.h5 has {steps.tolist()}")
     for index, row in enumerate(rows):
@@ -285,21 +282,43 @@ def check_wandb(ditrl, mpiexec, work, source):
         want = {name: float(v[index]) for name, v in series.items() if not np.isnan(v[index])}
         if have != want:
             fail(f"W&B row of step {steps[index]}: {sorted(set(have.items()) ^ set(want.items()))[:6]} differ")
-    media = os.path.join(runs[0], "files")
+
+
+def check_wandb(ditrl, mpiexec, work, source):
+    """A run followed in two passes (its first 3 rows, then all 6), then once more with nothing new."""
+    try:
+        import wandb
+    except ImportError as e:
+        print(f"SKIPPED: the wandb package cannot be imported ({e}); pip install -r scripts/requirements.txt")
+        sys.exit(SKIP)
+    from PIL import Image
+
+    run, part, out = os.path.join(work, "run"), os.path.join(work, "run-first-rows"), os.path.join(work, "wandb-once")
+    steps, series = read_metrics(os.path.join(run, "metrics.h5"))
+    first_rows_copy(run, part, 3)
+    shutil.rmtree(out, ignore_errors=True)
+    subprocess.run(follow_cmd(source, part, "--wandb", out, "--once"), check=True)
+    shutil.copy(os.path.join(run, "metrics.h5"), os.path.join(part, "metrics.h5"))
+    subprocess.run(follow_cmd(source, part, "--wandb", out, "--once"), check=True)
+    runs = sorted(glob.glob(os.path.join(out, "wandb", "offline-run-*")))
+    if len(runs) != 2 or len({r.split("-")[-1] for r in runs}) != 1:
+        fail(f"{out}/wandb: {runs}, expected two offline runs of one run id (the second resumed)")
+    (first, images), (second, more_images) = wandb_history(runs[0]), wandb_history(runs[1])
+    check_wandb_rows(first, steps[:3], {name: v[:3] for name, v in series.items()})
+    check_wandb_rows(second, steps[3:], {name: v[3:] for name, v in series.items()})
     got = [(i.get("rollout_id"), i.get("optimizer_step"), i["samples/grid/caption"].split("\n")[0]) for i in images]
-    if got != [(1, None, "rollout 1"), (3, None, "rollout 3")]:
-        fail(f"W&B sample images (rollout_id, optimizer_step, caption): {got}")
+    if got != [(1, None, "rollout 1"), (3, None, "rollout 3")] or more_images:
+        fail(f"W&B sample images (rollout_id, optimizer_step, caption): {got}, then {more_images}")
+    pixels = first_frames()
     for image, rollout in zip(images, (1, 3)):
-        with Image.open(os.path.join(media, image["samples/grid/path"])) as f:
+        with Image.open(os.path.join(runs[0], "files", image["samples/grid/path"])) as f:
             if not np.array_equal(np.asarray(f.convert("RGB")), pixels[rollout]):
                 fail(f"W&B image of rollout {rollout} differs from its grid file")
-    subprocess.run(follow_cmd(source, run, "--wandb", out, "--once"), check=True)
-    runs = sorted(glob.glob(os.path.join(out, "wandb", "offline-run-*")))
-    rerun_rows, rerun_images = wandb_history(runs[-1]) if len(runs) == 2 else (None, None)
-    if rerun_rows or rerun_images or rerun_rows is None:
-        fail(f"a second --once logged again: {len(runs)} offline runs, the new one's {rerun_rows} {rerun_images}")
-    print(f"wandb {wandb.__version__}: {len(rows)} rows x {len(series)} series equal to metrics.h5, 2 images")
-    print("wandb: a rerun logs nothing")
+    subprocess.run(follow_cmd(source, part, "--wandb", out, "--once"), check=True)
+    if sorted(glob.glob(os.path.join(out, "wandb", "offline-run-*"))) != runs:
+        fail("a third --once with nothing new opened another offline run")
+    print(f"wandb {wandb.__version__}: {len(steps)} rows x {len(series)} series equal to metrics.h5 over two passes")
+    print("wandb: the second pass resumed the run id with the new rows only; a pass with nothing new opens no run")
 
 
 # ---------------------------------------------------------------- no metrics
