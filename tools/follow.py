@@ -319,7 +319,10 @@ class Target:
     def write_rows(self, steps, series):
         last = self.state["last_step"]
         written = 0
-        for row, step in enumerate(steps):
+        # Steps only grow within a file (a resume drops the rows it recomputes): skip the rows all series have.
+        first = int(np.searchsorted(steps, min((last.get(name, -1) for name in series), default=-1), side="right"))
+        for row in range(first, len(steps)):
+            step = steps[row]
             values = {
                 name: float(v[row])
                 for name, v in series.items()
