@@ -190,6 +190,7 @@ class TensorBoardSink:
         plugin = summary_pb2.SummaryMetadata.PluginData
         self.scalar_meta = summary_pb2.SummaryMetadata(plugin_data=plugin(plugin_name="scalars"))
         self.text_meta = summary_pb2.SummaryMetadata(plugin_data=plugin(plugin_name="text"))
+        self.described = set()  # the tags this event file has given their metadata
 
     def add(self, step, values):
         from tensorboard.compat.proto import tensor_pb2, types_pb2
@@ -197,7 +198,10 @@ class TensorBoardSink:
         summary = self.pb.Summary()
         for name, value in values.items():
             tensor = tensor_pb2.TensorProto(dtype=types_pb2.DT_DOUBLE, double_val=[value])
-            summary.value.add(tag=name, tensor=tensor, metadata=self.scalar_meta)
+            value = summary.value.add(tag=name, tensor=tensor)
+            if name not in self.described:  # TensorBoard takes a tag's plugin from its first event
+                value.metadata.CopyFrom(self.scalar_meta)
+                self.described.add(name)
         self._write(step, summary)
 
     def add_grid(self, sample, png, height, width):
