@@ -249,6 +249,12 @@ class WandbSink:
         if self.run is None:
             self.state.setdefault("wandb_id", uuid.uuid4().hex[:8])
             # No console capture, system metrics or git probing: the run holds what metrics.h5 holds.
+            # wandb names an offline run's folder by its start second and the run id: a pass that
+            # resumed the id within the second of the previous one would write into that folder.
+            started = self.state.get("wandb_started", 0.0)
+            if int(time.time()) == int(started):
+                time.sleep(int(started) + 1 - time.time())
+            self.state["wandb_started"] = time.time()
             settings = self.wandb.Settings(
                 mode="offline", console="off", x_disable_stats=True, save_code=False, disable_git=True, silent=True
             )
