@@ -117,8 +117,9 @@ if [[ -n $glibc && $(printf '%s\n%s\n' "$DITRL_KIT_GLIBC" "$glibc" | sort -V | h
   exit 2
 fi
 PY=${DITRL_PYTHON:-$(command -v python3)}
-# diffusers (the benchmark's peer) where python3 lacks it: the kit's wheels.
-if ! "$PY" -c 'import diffusers' 2>/dev/null; then
+# diffusers (the benchmark's peer) and flow_grpo's pure-Python imports (the loop step) where python3 lacks
+# them: the kit's wheels.
+if ! "$PY" -c 'import diffusers, absl, ml_collections, peft, accelerate' 2>/dev/null; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$ROOT/kit/site" kit/prefix/wheels/*.whl ||
     { echo "gpu_check: could not install kit/prefix/wheels"; exit 2; }
   export PYTHONPATH=$ROOT/kit/site${PYTHONPATH:+:$PYTHONPATH}
@@ -243,5 +244,18 @@ if ((GPUS > 0)); then
   grep -sE '^(== |rollouts 5-8|median seconds)' "$RESULTS/quickstart_modes.log" | sed 's/^/    /' | tee -a "$SUMMARY"
 else
   note "| quickstart_modes | SKIPPED: no GPU visible to torch | - | - |"
+fi
+# The whole RL loop at real size (issue #52, benchmarks/gpu/loop.sh): SD3.5-medium LoRA r32 (PickScore-architecture
+# reward) beside flow_grpo's own loop on the same GPU, Qwen-Image and Wan2.1-1.3B LoRA; samples per GPU-second, the
+# split, peak against `ditrl plan`. Last and long: a first call's --budget leaves it NOT RUN and the summary names
+# the --only call that runs it on the warm machine. flow_grpo's side needs FLOW_GRPO = a checkout carried into the
+# tree (the device machine reaches no network); without it the report says SKIPPED. Without a GPU, CTest's
+# bench.loop_tiny runs the tiny CPU size.
+if ((GPUS > 0)); then
+  step loop 540 env PYTHON="$PY" bash benchmarks/gpu/loop.sh --ditrl "$BUILD/ditrl" --out "$BUILD/loop" --size real \
+    --device cuda --rounds "${LOOP_ROUNDS:-2}" --rollouts "${LOOP_ROLLOUTS:-3}" ${FLOW_GRPO:+--flow-grpo "$FLOW_GRPO"}
+  cp "$BUILD/loop/report.md" "$RESULTS/loop_report.md" 2>/dev/null && sed 's/^/    /' "$RESULTS/loop_report.md" >>"$SUMMARY"
+else
+  note "| loop | SKIPPED: no GPU visible to torch (bench.loop_tiny covers the tiny CPU size) | - | - |"
 fi
 finish

@@ -48,7 +48,19 @@ PY=${PYTHON:-$HOME/.cache/ditrl/venv/bin/python}
 DITRL=$(realpath "$DITRL")
 mkdir -p "$OUT"
 OUT=$(realpath "$OUT")
-[[ -n $FLOW_GRPO ]] && FLOW_GRPO=$(realpath "$FLOW_GRPO")
+# flow_grpo's side needs its checkout and the Python it imports; else the report says SKIPPED and why.
+PEER_SKIPPED=
+if [[ -n $FLOW_GRPO ]]; then
+  FLOW_GRPO=$(realpath "$FLOW_GRPO")
+  if [[ ! -f $FLOW_GRPO/scripts/train_sd3.py ]]; then
+    PEER_SKIPPED="SKIPPED: $FLOW_GRPO has no scripts/train_sd3.py (not a flow_grpo checkout)"
+  elif ! missing=$("$PY" -c 'import absl, ml_collections, peft, accelerate, diffusers' 2>&1); then
+    PEER_SKIPPED="SKIPPED: $PY cannot import flow_grpo's needs: $(tail -n 1 <<<"$missing")"
+  fi
+else
+  PEER_SKIPPED="SKIPPED: no flow_grpo checkout (--flow-grpo)"
+fi
+[[ -n $PEER_SKIPPED ]] && FLOW_GRPO=
 # CPU: one intra-op thread per side (both sides alike, as benchmarks/peer/flow_grpo); GPU: the defaults.
 threads=1
 [[ $DEVICE == cpu ]] && export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
@@ -122,7 +134,7 @@ case_sd3() {
       ditrl_side sd3 "$r" "$work/ditrl.toml"
     fi
   done
-  [[ -n $FLOW_GRPO ]] || echo "SKIPPED: no flow_grpo checkout (--flow-grpo)" >"$OUT/sd3/flow_grpo.skipped"
+  [[ -z $PEER_SKIPPED ]] || echo "$PEER_SKIPPED" >"$OUT/sd3/flow_grpo.skipped"
 }
 
 flow_grpo_side() {  # ROUND
@@ -216,4 +228,5 @@ for c in "${cases[@]}"; do
   esac
 done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$OUT/machine.txt"
-"$PY" benchmarks/gpu/loop_report.py "$OUT" | tee "$OUT/report.md"
+# --check: every field of every case present (a number, or the flow_grpo side's SKIPPED reason), else exit 1.
+"$PY" benchmarks/gpu/loop_report.py "$OUT" --check | tee "$OUT/report.md"
