@@ -13,10 +13,12 @@
 #               alpha 64, 512 px, 10 steps all SDE and trained, CFG 4.5, PROMPTS x GROUP samples (8 x 8),
 #               bf16 forward; reward: the PickScore architecture (CLIP ViT-H/14 + SD3's VAE decoder, random
 #               weights: the real cost) exported by tools/export_reward.py (random_pickscore.py)
-#   qwen_image  Qwen-Image (20B) LoRA r64 at 512 px, 10 steps, true CFG 4, SDE window of 2 steps in [3, 5),
-#               noise 1.2, 1 prompt x 8 samples: flow_grpo's pickscore_qwenimage as inputs/qwen_image_grpo.toml
-#               writes it (the setting VeRL-Omni's FlowGRPO recipe follows, as far as found), scaled to one GPU;
-#               analytic reward; ditrl's seeded init (no weights file: 40 GB)
+#   qwen_image  Qwen-Image (20B) LoRA r64 alpha 128 (attention + image/text MLPs, ditrl's Qwen defaults), true
+#               CFG 4, noise 1.2, SDE window of 2 steps in [0, 5), group 16 (QWEN_SAMPLES): VeRL-Omni's
+#               examples/flowgrpo_trainer/qwen_image/run_qwen_image_ocr_lora.sh (32 prompts x 16 over 4 GPUs, lr
+#               3e-4, weight decay 1e-4, bf16). Assumed, not in that script: 512 px and 10 sampling steps (flow_grpo's
+#               Qwen-Image setting), one prompt per GPU-run; analytic reward in place of its Qwen3-VL-8B OCR judge;
+#               ditrl's seeded init (no weights file: 40 GB)
 #   wan         Wan2.1-T2V-1.3B LoRA r32 at 832x480 x 33 frames (9 latent frames), 10 steps, CFG 5, 1 prompt x
 #               4 samples, SDE window of 2 steps; analytic reward; ditrl's seeded init
 # --flow-grpo: a flow_grpo checkout (github.com/yifan123/flow_grpo, never committed); without it the sd3
@@ -204,9 +206,9 @@ case_family() {  # CASE
   mkdir -p "$OUT/$case"
   if [[ $case == qwen_image ]]; then
     if [[ $SIZE == real ]]; then
-      family_deck qwen_image qwen-image 64 64 64 1 10 $'guidance_scale = 4.0\ntrue_cfg_scale = 4.0' 1.2 "[3, 5]" "${QWEN_SAMPLES:-8}" bf16
+      family_deck qwen_image qwen-image 64 64 64 1 10 $'guidance_scale = 4.0\ntrue_cfg_scale = 4.0' 1.2 "[0, 5]" "${QWEN_SAMPLES:-16}" bf16
     else
-      family_deck qwen_image tiny 64 8 8 1 10 $'guidance_scale = 4.0\ntrue_cfg_scale = 4.0' 1.2 "[3, 5]" 8 fp32
+      family_deck qwen_image tiny 64 8 8 1 10 $'guidance_scale = 4.0\ntrue_cfg_scale = 4.0' 1.2 "[0, 5]" 8 fp32
     fi
   else
     if [[ $SIZE == real ]]; then
