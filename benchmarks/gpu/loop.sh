@@ -83,7 +83,7 @@ timed() {  # CASE ROUND SIDE LOG COMMAND...: runs it, one timeline row
   shift 4
   t0=$(date +%s.%N)
   "$@" >"$log" 2>&1 || { echo "loop.sh: $case $side round $round failed, see $log"; tail -n 20 "$log"; exit 1; }
-  printf '%s\t%s\t%s\t%s\n' "$case" "$round" "$side" "$(echo "$(date +%s.%N) - $t0" | bc)" >>"$OUT/timeline.tsv"
+  printf '%s\t%s\t%s\t%s\n' "$case" "$round" "$side" "$(awk "BEGIN { print $(date +%s.%N) - $t0 }")" >>"$OUT/timeline.tsv"
   echo "$case round $round: $side $(tail -n 1 "$OUT/timeline.tsv" | cut -f4) s"
 }
 
@@ -108,6 +108,10 @@ case_sd3() {
   if [[ $SIZE == real ]]; then prompts=${PROMPTS:-8} group=${GROUP:-8} latent=64 precision=bf16 micro=8; else
     prompts=${PROMPTS:-2} group=${GROUP:-4} latent=8 precision=fp32 micro=0; fi
   mkdir -p "$OUT/sd3"
+  if [[ $SIZE == real ]] && ! "$PY" -c 'import transformers, tokenizers' 2>/dev/null; then
+    echo "loop.sh: sd3 at real size exports the PickScore architecture with transformers and tokenizers; $PY lacks them"
+    exit 1
+  fi
   "$PY" benchmarks/peer/flow_grpo/prepare.py "$work" --size "$SIZE" --iterations "$ROLLOUTS" \
     --set use_lora=true --set "prompts=$((prompts * 2))" --set "prompts_per_iteration=$prompts" \
     --set "group_size=$group" --set "latent=$latent" --set "precision=\"$precision\"" \
