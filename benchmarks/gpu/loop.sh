@@ -23,7 +23,8 @@
 #               4 samples, SDE window of 2 steps; analytic reward; ditrl's seeded init
 # --flow-grpo: a flow_grpo checkout (github.com/yifan123/flow_grpo, never committed); without it the sd3
 #   flow_grpo side is reported SKIPPED with the reason. Environment: PYTHON (default the ditrl venv's),
-#   PROMPTS / GROUP (sd3's prompts per iteration and group size), QWEN_SAMPLES, WAN_SAMPLES.
+#   PROMPTS / GROUP (sd3's prompts per iteration and group size), QWEN_SAMPLES, WAN_SAMPLES, DITRL_SET: extra deck
+#   settings for every ditrl run, blank-separated (e.g. "parallel.recompute=false precision.attention=flash").
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -65,6 +66,8 @@ fi
 [[ -n $PEER_SKIPPED ]] && FLOW_GRPO=
 # CPU: one intra-op thread per side (both sides alike, as benchmarks/peer/flow_grpo); GPU: the defaults.
 threads=1
+DITRL_EXTRA=()
+for setting in ${DITRL_SET:-}; do DITRL_EXTRA+=(--set "$setting"); done
 [[ $DEVICE == cpu ]] && export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 {
@@ -72,7 +75,7 @@ threads=1
   echo "size: $SIZE, device: $DEVICE, cases: $CASES, rounds: $ROUNDS, rollouts: $ROLLOUTS"
   echo "cpu: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(getconf _NPROCESSORS_ONLN) cores; load before: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "gpu: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | paste -sd';' || true)"
-  echo "ditrl: $("$DITRL" --version | head -1)"
+  echo "ditrl: $("$DITRL" --version | head -1); extra settings: ${DITRL_SET:-none}"
   echo "flow_grpo: ${FLOW_GRPO:-none} @ ${FLOW_GRPO_COMMIT:-$(git -C "${FLOW_GRPO:-/nonexistent}" rev-parse HEAD 2>/dev/null || echo unknown)}"
 } >"$OUT/machine.txt"
 cat "$OUT/machine.txt"
@@ -92,14 +95,16 @@ ditrl_side() {  # CASE ROUND DECK [--set ...]
   shift 3
   rm -rf "$run"
   timed "$case" "$round" ditrl "$run.log" "$DITRL" train "$deck" --set "run.out_dir=\"$run\"" \
-    --set "run.device=\"$DEVICE\"" --set run.deterministic=false --set "train.num_rollouts=$ROLLOUTS" "$@"
+    --set "run.device=\"$DEVICE\"" --set run.deterministic=false --set "train.num_rollouts=$ROLLOUTS" "$@" \
+    ${DITRL_EXTRA[@]+"${DITRL_EXTRA[@]}"}
 }
 
 # `ditrl plan`'s predicted peak for the deck as run (its lines kept for the report).
 plan() {  # CASE DECK [--set ...]
   local case=$1 deck=$2
   shift 2
-  "$DITRL" plan "$deck" --ranks 1 --set "run.device=\"$DEVICE\"" --set run.deterministic=false "$@" |
+  "$DITRL" plan "$deck" --ranks 1 --set "run.device=\"$DEVICE\"" --set run.deterministic=false "$@" \
+    ${DITRL_EXTRA[@]+"${DITRL_EXTRA[@]}"} |
     grep -E "predicted peak" >"$OUT/$case/plan.txt"
 }
 
