@@ -20,7 +20,7 @@
 # of time still returns every finished step's log. Steps run in order of what they prove: build,
 # gpu tests, quickstart curves, the benchmark (one model per step, each with a profile of ditrl's
 # step), real-size loading and training from weights files, then deterministic mode's cost at real size
-# and on the quickstart. Each gpu test stops after
+# and on the quickstart, then the whole RL loop per case (benchmarks/gpu/loop.sh). Each gpu test stops after
 # DITRL_GPU_TEST_TIMEOUT seconds (default 240: the quickstart case, the longest, took about 175 s on
 # an H200 on 2026-12-04; tests/gpu/run_gpu_tests.sh runs it beside the others).
 # --only: configure, build and the named steps (a second call on a warm machine, whose build dir
