@@ -57,8 +57,10 @@ if [[ -n $FLOW_GRPO ]]; then
   FLOW_GRPO=$(realpath "$FLOW_GRPO")
   if [[ ! -f $FLOW_GRPO/scripts/train_sd3.py ]]; then
     PEER_SKIPPED="SKIPPED: $FLOW_GRPO has no scripts/train_sd3.py (not a flow_grpo checkout)"
-  elif ! missing=$("$PY" -c 'import absl, ml_collections, peft, accelerate, diffusers' 2>&1); then
-    PEER_SKIPPED="SKIPPED: $PY cannot import flow_grpo's needs: $(tail -n 1 <<<"$missing")"
+  elif missing=$("$PY" -c 'import importlib.util as u
+print(" ".join(m for m in ("absl", "ml_collections", "peft", "accelerate", "diffusers") if u.find_spec(m) is None))') &&
+    [[ -n $missing ]]; then
+    PEER_SKIPPED="SKIPPED: $PY lacks flow_grpo's imports: $missing"
   fi
 else
   PEER_SKIPPED="SKIPPED: no flow_grpo checkout (--flow-grpo)"
