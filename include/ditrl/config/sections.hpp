@@ -206,6 +206,9 @@ struct ParallelSection {
   double startup_timeout_s = 300;
   double collective_timeout_s = 100;
   int64_t sequence_parallel = 1;
+  // Parsed into dist::DataBackend by app/options.cpp; "mpi" on a GPU is the
+  // host-staged communicator (dist/communicator.hpp), which lets ranks share a GPU.
+  std::string data_backend = "auto";
 
   template <class V>
   void fields(V& v) {
@@ -227,6 +230,10 @@ struct ParallelSection {
       "ranks that share one sample, its tokens split across them (Ulysses; wan and ltx); divides the world size "
       "and the attention heads",
       Between{1, 65536});
+    v("data_backend", data_backend,
+      "what carries parameters and gradients between GPUs: \"nccl\", or \"mpi\" through pinned host memory "
+      "(slower; lets several ranks share one GPU); \"auto\" is NCCL on a GPU; CPU runs always use MPI",
+      OneOf{"auto", "nccl", "mpi"});
   }
 };
 
