@@ -8,6 +8,7 @@
 // its rank and host; the exit status is 1 when any check failed.
 
 #include <ditrl/app/commands.hpp>
+#include <ditrl/app/memory_check.hpp>
 #include <ditrl/app/memory_plan.hpp>
 #include <ditrl/app/options.hpp>
 #include <ditrl/app/run.hpp>
@@ -484,13 +485,6 @@ void check_step(Report& report, dist::Runtime& runtime, int64_t m) {
 
 // ---- memory --------------------------------------------------------------------
 
-int64_t meminfo_bytes(const std::string& key) {
-  std::ifstream in("/proc/meminfo");
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind(key + ":", 0) == 0) return std::stoll(line.substr(key.size() + 1)) * 1024;
-  return -1;
-}
-
 void check_memory(Report& report, const dist::Runtime& runtime, const std::optional<MemoryPlan>& plan) {
   if (!plan) {
     report.skip("memory vs plan", "no deck: nothing to predict");
@@ -507,9 +501,11 @@ void check_memory(Report& report, const dist::Runtime& runtime, const std::optio
                             runtime.device().str(), predicted / 1e9, available * sharing / 1e9, sharing);
   } else {
     predicted = plan->peak();
-    available = meminfo_bytes("MemAvailable") / std::max(1, w.local_size);
-    mine.text = fmt::format("host: predicted peak {:.3f} GB, available {:.3f} GB per rank (MemAvailable / {})",
-                            predicted / 1e9, available / 1e9, w.local_size);
+    // The budget `ditrl train` checks its plan against: MemAvailable, or a tighter cgroup limit.
+    const std::optional<MemoryBudget> budget = host_memory_budget();
+    available = budget ? budget->bytes / std::max(1, w.local_size) : -1;
+    mine.text = fmt::format("host: predicted peak {:.3f} GB, available {:.3f} GB per rank ({} / {})", predicted / 1e9,
+                            available / 1e9, budget ? budget->source : "no budget known", w.local_size);
   }
   mine.passed = available >= predicted;
   report.add("memory vs plan", mine,
