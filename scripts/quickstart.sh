@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # From nothing to a trained tiny model: dependencies, build, a Flow-GRPO run of
-# inputs/quickstart.toml on 2 MPI ranks, and a PNG of its curves.
+# inputs/quickstart.toml on 2 MPI ranks (with preview sample grids in OUT/samples), and a PNG of its curves.
 #   bash scripts/quickstart.sh [--set key=value ...]   (extra args go to `ditrl train`)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,4 +18,4 @@ mpirun --allow-run-as-root --oversubscribe -np 2 "$BUILD_DIR/ditrl" train inputs
   --set run.out_dir="$OUT" "$@"
 
 /usr/bin/python3 tools/plot_metrics.py "$OUT/metrics.h5" --out "$OUT/curves.png" --summary
-echo "quickstart: metrics $OUT/metrics.h5, checkpoints $OUT/checkpoints/, curves $OUT/curves.png"
+echo "quickstart: metrics $OUT/metrics.h5, checkpoints $OUT/checkpoints/, samples $OUT/samples/, curves $OUT/curves.png"

@@ -17,6 +17,7 @@
 #include <ditrl/models/embeddings.hpp>
 #include <ditrl/models/family.hpp>
 #include <ditrl/models/feed_forward.hpp>
+#include <ditrl/models/latent_preview.hpp>
 #include <ditrl/models/norms.hpp>
 #include <ditrl/models/qwen_rope.hpp>
 
@@ -90,6 +91,8 @@ class QwenImage : public Family {
   double guidance_scale(const GuidanceOptions& g, double timestep) const override;
   std::vector<int64_t> latent_shape(int64_t batch, const LatentGrid& grid) const override;
   std::vector<CondSpec> cond_spec() const override;
+  // The published factors for this preset's latent channels (models/latent_preview.hpp); none: empty.
+  LatentRgbFactors latent_rgb_factors() const;
 
   const QwenImageConfig& config() const { return config_; }
 
