@@ -46,8 +46,8 @@ void read_bytes(png_structp png, png_bytep data, png_size_t length) {
 
 void check_rgb(const at::Tensor& rgb) {
   if (rgb.dim() != 3 || rgb.size(2) != 3 || rgb.scalar_type() != at::kByte || !rgb.device().is_cpu())
-    fail("write_png: expected a [H, W, 3] uint8 CPU tensor, got {} {} on {}", rgb.sizes(), rgb.scalar_type(),
-         rgb.device().str());
+    fail("write_png: expected a [H, W, 3] uint8 CPU tensor, got {} {} on {}", c10::str(rgb.sizes()),
+         c10::toString(rgb.scalar_type()), rgb.device().str());
 }
 
 }  // namespace

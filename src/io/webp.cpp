@@ -38,8 +38,8 @@ struct DataGuard {
 void write_animated_webp(const std::string& path, const at::Tensor& frames, int frame_ms) {
   if (frames.dim() != 4 || frames.size(3) != 3 || frames.scalar_type() != at::kByte || !frames.device().is_cpu() ||
       frames.size(0) < 1)
-    fail("write_animated_webp: expected [F >= 1, H, W, 3] uint8 CPU frames, got {} {}", frames.sizes(),
-         frames.scalar_type());
+    fail("write_animated_webp: expected [F >= 1, H, W, 3] uint8 CPU frames, got {} {}", c10::str(frames.sizes()),
+         c10::toString(frames.scalar_type()));
   const int width = static_cast<int>(frames.size(2)), height = static_cast<int>(frames.size(1));
   WebPAnimEncoderOptions options;
   if (!WebPAnimEncoderOptionsInit(&options)) fail("libwebp: version mismatch between its headers and library");

@@ -22,12 +22,12 @@ at::Tensor latent_frames(const Family& family, const at::Tensor& latents, const 
   if (const auto* f = dynamic_cast<const LTX*>(&family)) return f->latent_frames(latents, grid);
   // The image families' latents are [B, C, H, W].
   if (latents.dim() != 4)
-    fail("{}: expected image latents [B, C, H, W], got {}", family.family_name(), latents.sizes());
+    fail("{}: expected image latents [B, C, H, W], got {}", family.family_name(), c10::str(latents.sizes()));
   return latents.unsqueeze(1);
 }
 
 at::Tensor latent_preview(const at::Tensor& frames, const LatentRgbFactors& factors) {
-  if (frames.dim() != 4) fail("latent preview: expected frames [F, C, H, W], got {}", frames.sizes());
+  if (frames.dim() != 4) fail("latent preview: expected frames [F, C, H, W], got {}", c10::str(frames.sizes()));
   const auto channels = static_cast<int64_t>(factors.weights.size());
   if (channels == 0 || frames.size(1) != channels)
     fail("latent preview: the latents have {} channels, the RGB factors ({}) {} rows", frames.size(1),

@@ -589,7 +589,8 @@ LatentRgbFactors LTX::latent_rgb_factors() const {
 at::Tensor LTX::latent_frames(const at::Tensor& latents, const LatentGrid& grid) const {
   // Tokens run frame-major, then height, then width, each carrying its channels.
   if (latents.dim() != 3 || latents.size(1) != grid.frames * grid.height * grid.width)
-    fail("ltx: expected latent tokens [B, {}, C], got {}", grid.frames * grid.height * grid.width, latents.sizes());
+    fail("ltx: expected latent tokens [B, {}, C], got {}", grid.frames * grid.height * grid.width,
+         c10::str(latents.sizes()));
   return latents.reshape({latents.size(0), grid.frames, grid.height, grid.width, latents.size(2)})
       .permute({0, 1, 4, 2, 3});
 }

@@ -473,7 +473,7 @@ LatentRgbFactors Wan::latent_rgb_factors() const {
 }
 
 at::Tensor Wan::latent_frames(const at::Tensor& latents, const LatentGrid& /*grid*/) const {
-  if (latents.dim() != 5) fail("wan: expected video latents [B, C, F, H, W], got {}", latents.sizes());
+  if (latents.dim() != 5) fail("wan: expected video latents [B, C, F, H, W], got {}", c10::str(latents.sizes()));
   return latents.permute({0, 2, 1, 3, 4});
 }
 

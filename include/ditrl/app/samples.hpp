@@ -11,7 +11,7 @@
 // its own and it trains nothing, so the run's metrics keep their bits.
 
 #include <ditrl/app/run.hpp>
-#include <ditrl/models/family.hpp>
+#include <ditrl/models/latent_preview.hpp>
 
 #include <cstdint>
 #include <memory>
