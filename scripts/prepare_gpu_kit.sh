@@ -142,10 +142,13 @@ EOF
 rm -f "$KIT/closure.txt.new"
 
 # diffusers for the benchmark's PyTorch peer (benchmarks/gpu/), pure Python,
-# and the one of its requirements the GPU machines' python3 lacks.
+# and the one of its requirements the GPU machines' python3 lacks; flow_grpo's
+# pure-Python imports for the loop benchmark's peer (benchmarks/gpu/loop.sh).
 mkdir -p "$PREFIX/wheels"
 "${DITRL_VENV:-$HOME/.cache/ditrl/venv}/bin/pip" download --disable-pip-version-check -q --no-deps --only-binary=:all: \
-  -d "$PREFIX/wheels" "$(grep '^diffusers==' scripts/requirements.txt)" importlib_metadata==10.2.0
+  -d "$PREFIX/wheels" "$(grep '^diffusers==' scripts/requirements.txt)" importlib_metadata==10.2.0 \
+  "$(grep '^peft==' scripts/requirements.txt)" "$(grep '^accelerate==' scripts/requirements.txt)" \
+  $(grep -E '^(absl-py|ml_collections)==' benchmarks/peer/flow_grpo/requirements.txt)
 ls "$PREFIX/wheels" >>"$PREFIX/MANIFEST"
 
 echo "$stamp" >"$PREFIX/.stamp"

@@ -42,6 +42,7 @@ int main(int argc, char** argv) {
   ditrl::app::add_align_command(cli, selected);
   ditrl::app::add_deck_reference_command(cli, selected);
   ditrl::app::add_status_command(cli, selected);
+  ditrl::app::add_preflight_command(cli, selected);
 
   try {
     cli.parse(argc, argv);

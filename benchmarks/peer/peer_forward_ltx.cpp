@@ -7,7 +7,7 @@
 // benchmarks/results/peer_forward_ltx.md.
 
 #include <ditrl/io/safetensors.hpp>
-#include <ditrl/models/ltx.hpp>
+#include <ditrl/models/ltx/ltx.hpp>
 #include <ditrl/models/weights.hpp>
 
 #include "peer/peer_harness.hpp"

@@ -29,11 +29,11 @@
 #include <ditrl/io/safetensors.hpp>
 #include <ditrl/io/safetensors_shards.hpp>
 #include <ditrl/io/text_file.hpp>
+#include <ditrl/models/family_traits.hpp>
 #include <ditrl/models/linear.hpp>
 #include <ditrl/models/lora.hpp>
 #include <ditrl/models/lora_adapter.hpp>
 #include <ditrl/models/lora_files.hpp>
-#include <ditrl/models/model_config.hpp>
 #include <ditrl/models/weights.hpp>
 #include <ditrl/precision/dtype.hpp>
 #include <ditrl/precision/names.hpp>
@@ -115,10 +115,10 @@ std::vector<std::string> write_model(const std::string& dir, const Part& part, S
                                      const ExportCli& cli, bool merged,
                                      const std::map<std::string, std::string>& metadata) {
   const c10::ScalarType dtype = cli.dtype;
-  const bool ltx = m.family().family_name() == "ltx";
+  const bool ltx_core = models::traits_of(m.family()).export_layout == models::ExportLayout::LtxCore;
   // ltx_core's single-file checkpoint: the DiT under model.diffusion_model.,
   // its config in the metadata (LTXModelConfigurator.from_metadata).
-  const std::string stored_prefix = ltx ? "model.diffusion_model." : "";
+  const std::string stored_prefix = ltx_core ? "model.diffusion_model." : "";
   std::vector<io::TensorSpec> specs;
   std::map<std::string, Entry> by_name;
   for (Entry& e : entries_of(part, m, dtype, merged)) {
@@ -132,8 +132,8 @@ std::vector<std::string> write_model(const std::string& dir, const Part& part, S
     return e.merge ? e.merge->merged_weight(value) : value;
   };
   fs::create_directories(dir);
-  const std::string config = models::model_config_json(m.family());
-  if (ltx) {
+  const std::string config = models::traits_of(m.family()).config_json(m.family());
+  if (ltx_core) {
     std::map<std::string, std::string> meta = metadata;
     meta["config"] = config;
     const std::string path = (fs::path(dir) / "ltx_model.safetensors").string();
@@ -153,7 +153,7 @@ std::vector<std::string> write_lora(const std::string& dir, const models::Family
   models::write_peft_adapter(dir, adapter, options);
   std::vector<std::string> written{(fs::path(dir) / "adapter_config.json").string(),
                                    (fs::path(dir) / "adapter_model.safetensors").string()};
-  if (family.family_name() == "ltx") {
+  if (models::traits_of(family).export_layout == models::ExportLayout::LtxCore) {
     written.push_back((fs::path(dir) / "ltx_lora.safetensors").string());
     models::write_lora_file(written.back(), models::LoraFormat::Ltx, adapter, options);
   } else {

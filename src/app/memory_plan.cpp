@@ -3,7 +3,7 @@
 #include <ditrl/app/memory_plan.hpp>
 #include <ditrl/app/options.hpp>
 #include <ditrl/diffusion/schedule_preset.hpp>
-#include <ditrl/models/embeddings.hpp>
+#include <ditrl/models/family_traits.hpp>
 #include <ditrl/models/guided.hpp>
 #include <ditrl/precision/dtype.hpp>
 #include <ditrl/precision/names.hpp>
@@ -25,28 +25,12 @@ int64_t numel(const std::vector<int64_t>& shape) {
   return std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());
 }
 
-// What the training model's buffers hold: a windowed pos_embed its crop,
-// every other buffer its whole size.
-int64_t held_buffer_bytes(const torch::nn::Module& model) {
-  std::set<const c10::TensorImpl*> windowed;
-  int64_t bytes = 0;
-  for (const auto& m : model.named_modules()) {
-    const auto* embed = dynamic_cast<const models::PatchEmbed*>(m.value().get());
-    if (!embed || !embed->windowed()) continue;
-    windowed.insert(embed->pos_embed.unsafeGetTensorImpl());
-    bytes += static_cast<int64_t>(embed->window_values().nbytes());
-  }
-  for (const auto& b : model.named_buffers())
-    if (!windowed.count(b.value().unsafeGetTensorImpl())) bytes += static_cast<int64_t>(b.value().nbytes());
-  return bytes;
-}
-
 // Whether any step of the deck's schedule runs classifier-free guidance
 // (the rollout and the training forward then run positive and negative).
 bool deck_uses_cfg(const config::Config& c, const models::Family& family) {
   const models::LatentGrid grid = latent_grid(c);
-  const diffusion::Schedule schedule = diffusion::family_schedule(
-      c.model.family, {c.rollout.steps, c.rollout.shift, grid.frames, grid.height, grid.width});
+  const diffusion::Schedule schedule =
+      models::family_schedule(c.model.family, {c.rollout.steps, c.rollout.shift, grid.frames, grid.height, grid.width});
   const rollout::SamplerOptions sampler = sampler_options(c);
   for (int64_t i = 0; i < schedule.steps(); ++i)
     if (models::uses_cfg(family, sampler.guidance, schedule.timestep(i))) return true;
@@ -123,7 +107,7 @@ MemoryPlan memory_plan(const config::Config& c, const models::Family& family, co
   MemoryPlan plan;
   const shard::MemoryReport report = layout.memory(c.parallel.prefetch, c.parallel.reshard_after_forward);
   plan.state = report.masters + report.moments + report.grads + report.compute;
-  plan.buffers = held_buffer_bytes(family);
+  plan.buffers = models::held_buffer_bytes(family);
   for (const auto& p : family.named_parameters()) {
     if (precision::is_lora_name(p.key()))
       plan.adapters += p.value().numel() * 4;
@@ -155,7 +139,7 @@ MemoryPlan memory_plan(const config::Config& c, const models::Family& family, co
   // Training takes its rows with index_select (copies, negative ones too).
   plan.training_inputs = training_micro_batch(c) * (halves * stored + (cfg ? 2 * stored : 0) + halves * cast);
 
-  if (const auto geometry = models::activation_geometry(family, latent_grid(c))) {
+  if (const auto geometry = models::traits_of(family).activation_geometry(family, latent_grid(c))) {
     plan.activations_modelled = true;
     models::ActivationOptions o;
     o.sequence_parallel = sequence;

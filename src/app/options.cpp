@@ -22,7 +22,15 @@ dist::RuntimeOptions runtime_options(const config::Config& c) {
   o.startup_timeout_s = c.parallel.startup_timeout_s;
   o.collective_timeout_s = c.parallel.collective_timeout_s;
   o.sequence_parallel = static_cast<int>(c.parallel.sequence_parallel);
+  o.data_backend = data_backend(c.parallel.data_backend);
   return o;
+}
+
+dist::DataBackend data_backend(const std::string& name) {
+  if (name == "auto") return dist::DataBackend::Auto;
+  if (name == "nccl") return dist::DataBackend::Nccl;
+  if (name == "mpi") return dist::DataBackend::Mpi;
+  fail("parallel.data_backend = \"{}\": expected \"auto\", \"nccl\" or \"mpi\"", name);
 }
 
 models::LatentGrid latent_grid(const config::Config& c) {

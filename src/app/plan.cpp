@@ -6,6 +6,7 @@
 #include <ditrl/app/options.hpp>
 #include <ditrl/error.hpp>
 #include <ditrl/models/activation_memory.hpp>
+#include <ditrl/models/family_traits.hpp>
 #include <ditrl/precision/dtype.hpp>
 #include <ditrl/shard/plan_report.hpp>
 
@@ -26,7 +27,7 @@ std::string gib(int64_t bytes) {
 // Training activation bytes per rank at sequence_parallel = 1, the deck's
 // value and the powers of two that divide the heads and tokens (up to 8).
 std::string activation_table(const config::Config& c, const models::Family& family) {
-  const auto geometry = models::activation_geometry(family, latent_grid(c));
+  const auto geometry = models::traits_of(family).activation_geometry(family, latent_grid(c));
   if (!geometry) return "# activations per rank: no model for family '" + family.family_name() + "'\n";
   models::ActivationOptions o;
   o.batch = training_micro_batch(c);

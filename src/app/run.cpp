@@ -5,9 +5,11 @@
 #include <ditrl/app/run.hpp>
 #include <ditrl/clock.hpp>
 #include <ditrl/diffusion/schedule_preset.hpp>
+#include <ditrl/dist/device.hpp>
 #include <ditrl/dist/log.hpp>
 #include <ditrl/error.hpp>
 #include <ditrl/io/safetensors.hpp>
+#include <ditrl/models/family_traits.hpp>
 #include <ditrl/models/guided.hpp>
 #include <ditrl/models/weights.hpp>
 #include <ditrl/precision/cpu_fp32_gemm.hpp>
@@ -141,6 +143,16 @@ void use_cpu_gemms(const config::Config& c, c10::Device device) {
                                                    : ": an Intel CPU, or no oneDNN in this LibTorch");
 }
 
+// The host-staged backend waits for the GPU at every collective, which
+// debug.forbid_host_sync exists to catch (docs/gpus-and-clusters.md). Every
+// rank reaches the same verdict, so each raises it and none is left waiting.
+void refuse_staged_with_forbidden_sync(const config::Config& c, const dist::Runtime& runtime) {
+  if (c.debug.forbid_host_sync && runtime.device().is_cuda() && runtime.data_backend() == dist::DataBackend::Mpi)
+    throw dist::AgreedError(
+        "debug.forbid_host_sync = true with parallel.data_backend = \"mpi\" on a GPU: the MPI data backend copies "
+        "every collective through host memory, waiting for the GPU each time; use data_backend = \"nccl\"");
+}
+
 }  // namespace
 
 void check_run_inputs(const config::Config& config, int world, bool files) {
@@ -191,6 +203,7 @@ StartedJob start_runtime(const config::Config& config, const std::string& out_di
   if (config.run.deterministic) pin_cpu_kernels(threads);
   std::unique_ptr<dist::Runtime> runtime = dist::Runtime::create(runtime_options(config));
   if (config.run.deterministic && runtime->device().is_cuda()) pin_gpu_kernels();
+  refuse_staged_with_forbidden_sync(config, *runtime);
   // Locked before anything is written there, logs included.
   std::unique_ptr<io::OutDirLock> lock =
       out_dir.empty() ? nullptr : std::make_unique<io::OutDirLock>(out_dir, runtime->io_comm());
@@ -208,7 +221,12 @@ StartedJob start_runtime(const config::Config& config, const std::string& out_di
   // Nothing draws from the default generator; seeding it makes the
   // checkpoints' /rng state a function of the deck too.
   at::manual_seed(static_cast<uint64_t>(config.run.seed));
-  dist::log_placement(runtime->world(), at::get_num_threads(), runtime->device().str(), runtime->io_comm());
+  dist::log_placement(runtime->world(), at::get_num_threads(),
+                      fmt::format("{} data {}", runtime->device().str(), dist::to_string(runtime->data_backend())),
+                      runtime->io_comm());
+  if (const std::string warning = dist::unused_gpu_warning(runtime->device(), config.run.device);
+      !warning.empty() && runtime->world().rank == 0)
+    spdlog::warn(warning);
   return {std::move(runtime), std::move(lock)};
 }
 
@@ -241,8 +259,8 @@ Run open_run(const config::Config& config, dist::Runtime& runtime, const std::st
   run.reward = rollout::make_reward(reward_options(c, runtime.device()));
 
   const models::LatentGrid grid = latent_grid(c);
-  diffusion::Schedule schedule = diffusion::family_schedule(
-      c.model.family, {c.rollout.steps, c.rollout.shift, grid.frames, grid.height, grid.width});
+  diffusion::Schedule schedule =
+      models::family_schedule(c.model.family, {c.rollout.steps, c.rollout.shift, grid.frames, grid.height, grid.width});
   const std::vector<int64_t> shape = run.family->latent_shape(1, grid);
   const std::vector<int64_t> latent_shape(shape.begin() + 1, shape.end());
 

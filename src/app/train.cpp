@@ -293,8 +293,9 @@ int train(const TrainCli& cli) {
   if (root) report = open_report(run, cli.deck, checkpoints.resumed(), trainer.global_step());
   std::unique_ptr<io::MetricsWriter> metrics;
   if (root)
-    metrics = std::make_unique<io::MetricsWriter>((std::filesystem::path(config.run.out_dir) / "metrics.h5").string(),
-                                                  run.deck_text, checkpoints.resumed(), trainer.global_step());
+    metrics = std::make_unique<io::MetricsWriter>(
+        (std::filesystem::path(config.run.out_dir) / "metrics.h5").string(), run.deck_text,
+        dist::device_identity(runtime->device(), config.run.device), checkpoints.resumed(), trainer.global_step());
   const shard::MemoryReport memory = run.params->memory_report();
   const double state_bytes = static_cast<double>(memory.masters + memory.moments + memory.grads + memory.compute);
 

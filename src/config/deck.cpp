@@ -48,11 +48,12 @@ void validate_deck(const Config& c, Diagnostics& diag, const SourceMap& sources)
                             "train.global_batch x train.steps_per_rollout: {} x {} = {} but {} x {} = {}",
                             c.rollout.batch, c.rollout.samples_per_prompt, samples, c.train.global_batch,
                             c.train.steps_per_rollout, consumed));
-  if (c.model.family == "ltx" && (c.rollout.guidance_scale != 1.0 || c.rollout.negative_prompt))
+  const models::FamilyTraits* family = models::find_family_traits(c.model.family);
+  if (family && !family->guided && (c.rollout.guidance_scale != 1.0 || c.rollout.negative_prompt))
     rollout.error("guidance_scale", "must be 1 with no negative prompt: LTX trains unguided");
-  if (c.rollout.guidance_scale_2 && c.model.family != "wan")
+  if (c.rollout.guidance_scale_2 && !(family && family->second_expert))
     rollout.error("guidance_scale_2", "is only used by Wan2.2's low-noise expert (family = \"wan\")");
-  if (c.rollout.true_cfg_scale && c.model.family != "qwen_image")
+  if (c.rollout.true_cfg_scale && !(family && family->true_cfg))
     rollout.error("true_cfg_scale", "is only used by Qwen-Image (family = \"qwen_image\")");
   if (!rl::algorithm_traits(c.train.loss).kl_term && c.train.kl_beta > 0)
     train.error("kl_beta", "applies to the Flow-GRPO loss only (loss = \"grpo\")");

@@ -21,7 +21,8 @@ void RunSection::validate(const Checker& c) const {
 }
 
 void ModelSection::validate(const Checker& c) const {
-  if (!weights_2.empty() && family != "wan")
+  const models::FamilyTraits* traits = models::find_family_traits(family);
+  if (!weights_2.empty() && !(traits && traits->second_expert))
     c.error("weights_2", "is only used by the two-expert Wan2.2 A14B family (family = \"wan\")");
   if (lora.enabled && lora.rank <= 0) c.error("lora.rank", "must be positive when LoRA is enabled");
   if (!lora.weights.empty() && !lora.enabled)

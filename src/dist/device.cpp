@@ -16,6 +16,8 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
+#include <regex>
 
 namespace ditrl::dist {
 
@@ -51,6 +53,58 @@ int visible_gpus() {
 #else
   return 0;
 #endif
+}
+
+int nvidia_gpus_present() {
+  if (const char* fake = std::getenv("DITRL_FAKE_NVIDIA_GPUS")) return std::atoi(fake);
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  int driver_entries = 0;
+  for (fs::directory_iterator it("/proc/driver/nvidia/gpus", ec), end; !ec && it != end; it.increment(ec))
+    ++driver_entries;
+  if (driver_entries > 0) return driver_entries;
+  // Containers often carry the device files without the driver's /proc tree.
+  static const std::regex device_file("nvidia[0-9]+");
+  int device_files = 0;
+  for (fs::directory_iterator it("/dev", ec), end; !ec && it != end; it.increment(ec))
+    if (std::regex_match(it->path().filename().string(), device_file)) ++device_files;
+  return device_files;
+}
+
+namespace {
+
+bool gpus_left_unused(c10::Device device, const std::string& request) {
+  return !kCudaBuild && device.is_cpu() && request == "auto" && nvidia_gpus_present() > 0;
+}
+
+std::string gpu_name(c10::Device device) {
+#ifdef DITRL_CUDA
+  cudaDeviceProp properties{};
+  if (cudaGetDeviceProperties(&properties, device.index()) == cudaSuccess) return properties.name;
+#else
+  (void)device;
+#endif
+  return "unknown GPU";
+}
+
+}  // namespace
+
+std::string device_identity(c10::Device device, const std::string& request) {
+  if (device.is_cuda()) return fmt::format("{} ({})", device.str(), gpu_name(device));
+  if (gpus_left_unused(device, request))
+    return fmt::format("cpu (CPU-only build; {} NVIDIA GPU(s) on this machine unused)", nvidia_gpus_present());
+  return device.str();
+}
+
+std::string unused_gpu_warning(c10::Device device, const std::string& request) {
+  if (!gpus_left_unused(device, request)) return "";
+  const std::string rule(78, '*');
+  return fmt::format(
+      "\n{0}\n* WARNING: this machine has {1} NVIDIA GPU(s), but this ditrl is a CPU-only build:\n"
+      "* run.device = \"auto\" trains on the CPU, far slower. Build the CUDA variant\n"
+      "* (cmake -DDITRL_CUDA=ON; scripts/quickstart.sh does it when it sees a GPU),\n"
+      "* or set run.device = \"cpu\" to mean it (docs/gpus-and-clusters.md).\n{0}",
+      rule, nvidia_gpus_present());
 }
 
 bool cuda_kernels_loaded() {

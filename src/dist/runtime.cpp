@@ -51,7 +51,31 @@ auto on_every_rank(Communicator& host, Step step) -> decltype(step()) {
   throw AgreedError(failure.empty() ? std::string("another rank failed at the same step (see its message)") : failure);
 }
 
+// Auto is NCCL on a GPU; NCCL has no CPU tensors.
+DataBackend resolve_data_backend(DataBackend requested, const c10::Device& device) {
+  if (device.is_cpu()) {
+    if (requested == DataBackend::Nccl)
+      fail(
+          "parallel.data_backend = \"nccl\" needs a GPU, but this rank runs on the CPU (run.device); use \"auto\" or "
+          "\"mpi\"");
+    return DataBackend::Mpi;
+  }
+  return requested == DataBackend::Auto ? DataBackend::Nccl : requested;
+}
+
 }  // namespace
+
+const char* to_string(DataBackend backend) {
+  switch (backend) {
+    case DataBackend::Auto:
+      return "auto";
+    case DataBackend::Nccl:
+      return "nccl";
+    case DataBackend::Mpi:
+      return "mpi";
+  }
+  return "?";
+}
 
 LocalRankCheck check_local_rank(int local_rank_from_mpi) {
   LocalRankCheck check;
@@ -142,6 +166,7 @@ Runtime::Runtime(const RuntimeOptions& options)
   deadline_->disarm();
   host_ = make_mpi_communicator(mpi_.comm(), "host");
   device_ = on_every_rank(*host_, [&] { return choose_device(options_.device, world()); });
+  data_backend_ = on_every_rank(*host_, [&] { return resolve_data_backend(options_.data_backend, device_); });
   data_ = on_every_rank(*host_, [&] { return make_data_communicator(); });
   sequence_ =
       on_every_rank(*host_, [&] { return std::make_unique<SequenceGroups>(*data_, options_.sequence_parallel); });
@@ -149,6 +174,8 @@ Runtime::Runtime(const RuntimeOptions& options)
 
 std::unique_ptr<Communicator> Runtime::make_data_communicator() const {
   if (device_.is_cpu()) return make_mpi_communicator(mpi_.comm(), "data");
+  if (data_backend_ == DataBackend::Mpi)
+    return make_host_staged_communicator(make_mpi_communicator(mpi_.comm(), "data"));
 #ifdef DITRL_CUDA
   NcclOptions nccl;
   nccl.device = device_.index();

@@ -55,7 +55,8 @@ std::string move_aside(const std::string& path) {
 
 }  // namespace
 
-MetricsWriter::MetricsWriter(const std::string& path, const std::string& deck_text, bool resume, int64_t first_step)
+MetricsWriter::MetricsWriter(const std::string& path, const std::string& deck_text, const std::string& device,
+                             bool resume, int64_t first_step)
     : path_(path) {
   if (resume && std::filesystem::exists(path)) {
     try {
@@ -82,6 +83,7 @@ MetricsWriter::MetricsWriter(const std::string& path, const std::string& deck_te
   file.set_attr("ditrl_version", build::kVersion);
   file.set_attr("ditrl_commit", build::git_commit());
   file.set_attr("cpu", cpu_kernel_identity());
+  file.set_attr("device", device);
 }
 
 void MetricsWriter::reopen(int64_t first_step) {

@@ -1,10 +1,8 @@
 #include <ditrl/models/activation_memory.hpp>
-#include <ditrl/models/ltx.hpp>
-#include <ditrl/models/qwen_image.hpp>
-#include <ditrl/models/sd3.hpp>
-#include <ditrl/models/wan.hpp>
+#include <ditrl/models/embeddings.hpp>
 
 #include <algorithm>
+#include <set>
 
 namespace ditrl::models {
 
@@ -63,58 +61,7 @@ int64_t scores(const ActivationOptions& o, int64_t heads, int64_t queries, int64
   return 4 * o.batch * heads * queries * keys;
 }
 
-// An image DiT whose blocks attend jointly over image patches and text
-// (SD3, Qwen-Image): 2-D patches, a 4 x D FFN.
-template <class Config>
-ActivationGeometry joint_image_geometry(const Config& c, const LatentGrid& grid) {
-  ActivationGeometry g;
-  g.tokens = (grid.height / c.patch_size) * (grid.width / c.patch_size);
-  g.text_tokens = c.text_tokens;
-  g.dim = c.inner_dim();
-  g.heads = c.num_attention_heads;
-  g.ffn_dim = 4 * c.inner_dim();
-  g.blocks = c.num_layers;
-  g.joint = true;
-  return g;
-}
-
 }  // namespace
-
-std::optional<ActivationGeometry> activation_geometry(const Family& family, const LatentGrid& grid) {
-  if (const auto* sd3 = dynamic_cast<const SD3*>(&family)) {
-    ActivationGeometry g = joint_image_geometry(sd3->config(), grid);
-    g.image_only_attention = !sd3->config().dual_attention_layers.empty();
-    return g;
-  }
-  if (const auto* qwen = dynamic_cast<const QwenImage*>(&family)) {
-    ActivationGeometry g = joint_image_geometry(qwen->config(), grid);
-    g.masked = true;
-    return g;
-  }
-  if (const auto* wan = dynamic_cast<const Wan*>(&family)) {
-    const WanConfig& c = wan->config();
-    ActivationGeometry g;  // one expert runs per forward
-    g.tokens = grid.frames / c.patch_size[0] * (grid.height / c.patch_size[1]) * (grid.width / c.patch_size[2]);
-    g.text_tokens = c.text_tokens;
-    g.dim = c.inner_dim();
-    g.heads = c.num_attention_heads;
-    g.ffn_dim = c.ffn_dim;
-    g.blocks = c.num_layers;
-    return g;
-  }
-  if (const auto* ltx = dynamic_cast<const LTX*>(&family)) {
-    const LtxConfig& c = ltx->config();
-    ActivationGeometry g;  // the video stream (the trainer runs no audio)
-    g.tokens = grid.frames * grid.height * grid.width;
-    g.text_tokens = c.text_tokens;
-    g.dim = c.inner_dim();
-    g.heads = c.num_attention_heads;
-    g.ffn_dim = 4 * c.inner_dim();
-    g.blocks = c.num_layers;
-    return g;
-  }
-  return std::nullopt;
-}
 
 ActivationEstimate estimate_forward(const ActivationGeometry& g, const ActivationOptions& o) {
   const int64_t n = o.sequence_parallel;
@@ -176,6 +123,20 @@ ActivationEstimate estimate_training(const ActivationGeometry& g, const Activati
     e.attention += (g.blocks - 1) * e.attention / copies;
   }
   return e;
+}
+
+int64_t held_buffer_bytes(const torch::nn::Module& model) {
+  std::set<const c10::TensorImpl*> windowed;
+  int64_t bytes = 0;
+  for (const auto& m : model.named_modules()) {
+    const auto* embed = dynamic_cast<const PatchEmbed*>(m.value().get());
+    if (!embed || !embed->windowed()) continue;
+    windowed.insert(embed->pos_embed.unsafeGetTensorImpl());
+    bytes += static_cast<int64_t>(embed->window_values().nbytes());
+  }
+  for (const auto& b : model.named_buffers())
+    if (!windowed.count(b.value().unsafeGetTensorImpl())) bytes += static_cast<int64_t>(b.value().nbytes());
+  return bytes;
 }
 
 }  // namespace ditrl::models

@@ -1,73 +1,13 @@
 #include <ditrl/dist/device.hpp>
 #include <ditrl/error.hpp>
 #include <ditrl/models/family.hpp>
+#include <ditrl/models/family_traits.hpp>
 #include <ditrl/models/lora.hpp>
-#include <ditrl/models/ltx.hpp>
-#include <ditrl/models/qwen_image.hpp>
-#include <ditrl/models/sd3.hpp>
-#include <ditrl/models/wan.hpp>
 #include <ditrl/models/weights.hpp>
 
 #include <ATen/ATen.h>
 
-#include <fstream>
-#include <functional>
-#include <sstream>
-
 namespace ditrl::models {
-
-namespace {
-
-using Factory = std::function<std::shared_ptr<Family>(const FamilyOptions&)>;
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot read model config {}", path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-std::shared_ptr<Family> make_sd3(const FamilyOptions& o) {
-  const SD3Config config = o.config_json.empty() ? SD3Config::preset(o.preset)
-                                                 : SD3Config::from_json(read_text(o.config_json), o.config_json);
-  return std::make_shared<SD3>(config, o);
-}
-
-std::shared_ptr<Family> make_wan(const FamilyOptions& o) {
-  const WanConfig config = o.config_json.empty() ? WanConfig::preset(o.preset)
-                                                 : WanConfig::from_json(read_text(o.config_json), o.config_json);
-  return std::make_shared<Wan>(config, o);
-}
-
-std::shared_ptr<Family> make_qwen_image(const FamilyOptions& o) {
-  const QwenImageConfig config = o.config_json.empty()
-                                     ? QwenImageConfig::preset(o.preset)
-                                     : QwenImageConfig::from_json(read_text(o.config_json), o.config_json);
-  return std::make_shared<QwenImage>(config, o);
-}
-
-// LTX configs also come from a checkpoint's own metadata (its "config" JSON),
-// so `config_json` may name the single-file .safetensors checkpoint itself.
-std::shared_ptr<Family> make_ltx(const FamilyOptions& o) {
-  const std::string& path = o.config_json;
-  if (path.empty()) return std::make_shared<LTX>(LtxConfig::preset(o.preset), o);
-  const std::string suffix = ".safetensors";
-  if (path.size() < suffix.size() || path.compare(path.size() - suffix.size(), suffix.size(), suffix) != 0)
-    return std::make_shared<LTX>(LtxConfig::from_json(read_text(path), path), o);
-  const io::SafetensorsFile file(path);
-  const auto it = file.metadata().find("config");
-  if (it == file.metadata().end()) fail("{}: no __metadata__[\"config\"] to build the LTX model from", path);
-  return std::make_shared<LTX>(LtxConfig::from_json(it->second, path + " __metadata__[\"config\"]", false), o);
-}
-
-const std::map<std::string, Factory>& registry() {
-  static const std::map<std::string, Factory> families = {
-      {"ltx", make_ltx}, {"qwen_image", make_qwen_image}, {"sd3", make_sd3}, {"wan", make_wan}};
-  return families;
-}
-
-}  // namespace
 
 const at::Tensor& Cond::at(const std::string& name) const {
   const auto it = tensors.find(name);
@@ -163,17 +103,11 @@ void require_input_shape(const char* family, const at::Tensor& t, const char* na
   fail("{}: input '{}' has shape {}, expected [{}]", family, name, c10::str(t.sizes()), fmt::join(dims, ", "));
 }
 
-std::vector<std::string> family_names() {
-  std::vector<std::string> names;
-  for (const auto& [name, factory] : registry()) names.push_back(name);
-  return names;
-}
-
 std::shared_ptr<Family> create_family(const FamilyOptions& options) {
-  const auto it = registry().find(options.family);
-  if (it == registry().end())
+  const FamilyTraits* traits = find_family_traits(options.family);
+  if (!traits)
     fail("unknown model family '{}': known families are {}", options.family, fmt::join(family_names(), ", "));
-  std::shared_ptr<Family> family = it->second(options);
+  std::shared_ptr<Family> family = traits->create(options);
   if (options.experts > 1 && family->expert_modules().size() != static_cast<size_t>(options.experts))
     fail("model family '{}' does not run {} expert DiTs (two experts are Wan2.2 A14B's)", options.family,
          options.experts);

@@ -1,5 +1,9 @@
+#include <ditrl/build_info.hpp>
 #include <ditrl/error.hpp>
 #include <ditrl/models/json_config.hpp>
+
+#include <fstream>
+#include <sstream>
 
 namespace ditrl::models::json_config {
 
@@ -55,6 +59,27 @@ std::vector<int64_t> to_int_list(const json::value& v, const std::string& key, c
   if (!v.is_array()) fail("{}: '{}' must be a list of integers, got {}", source, key, json::serialize(v));
   std::vector<int64_t> out;
   for (const json::value& item : v.get_array()) out.push_back(to_int(item, key, source));
+  return out;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("cannot read model config {}", path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+json::object diffusers_header(const char* class_name) {
+  json::object o;
+  o["_class_name"] = class_name;
+  o["_ditrl_version"] = build::kVersion;
+  return o;
+}
+
+json::array int_array(const std::vector<int64_t>& values) {
+  json::array out;
+  for (int64_t x : values) out.emplace_back(x);
   return out;
 }
 

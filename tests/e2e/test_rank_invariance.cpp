@@ -35,11 +35,8 @@ std::string last_checkpoint(const std::string& out_dir) {
 // /optimizer bitwise (h5diff without tolerance compares the values exactly).
 void check_same_run(const std::string& reference, const std::string& other) {
   INFO(other << " against " << reference);
-  const std::vector<std::string> differ =
-      io::check_standard(io::make_standard(test::metrics_of(reference), ""), test::metrics_of(other));
-  std::string listed;
-  for (const std::string& d : differ) listed += d + "\n";
-  INFO(listed);
+  const std::string differ = test::differing_metrics(reference, other);
+  INFO(differ);
   CHECK(differ.empty());
   const std::string a = last_checkpoint(reference), b = last_checkpoint(other);
   REQUIRE(!a.empty());

@@ -10,6 +10,8 @@
 #include <cmath>
 #include <map>
 
+#include "measured.hpp"
+
 using namespace ditrl;
 namespace json = boost::json;
 using Catch::Matchers::Contains;
@@ -49,6 +51,8 @@ TEST_CASE("gpu: a GPU run and a CPU run of one deck draw the same noise and alig
   CHECK(r.at("only_a").as_array().empty());
   CHECK(r.at("only_b").as_array().empty());
   REQUIRE(r.at("peak_rel").is_double());
+  // Measured: printed ("measured:"), not yet recorded from a GPU run.
+  ditrl::test::print_measured("align peak_rel, GPU run against CPU run", r.at("peak_rel").as_double(), "1e-2");
   CHECK(r.at("peak_rel").as_double() < 1e-2);
 }
 
@@ -76,6 +80,10 @@ TEST_CASE("gpu: a checkpoint written on the GPU resumes on the CPU and one writt
     for (size_t row : {0, 1}) CHECK(rb[row] == ra[row]);  // written on the first device by both runs
     for (size_t row : {2, 3}) {
       INFO("rollout " << row << ": " << rb[row] << " resumed, " << ra[row] << " uninterrupted");
+      // Measured: printed ("measured:"), not yet recorded from a GPU run.
+      ditrl::test::print_measured(
+          fmt::format("rollout {} reward after a resume written on {}, relative diff", row, first),
+          std::abs(rb[row] - ra[row]) / std::abs(ra[row]), "1e-3");
       CHECK(std::abs(rb[row] - ra[row]) <= 1e-3 * std::abs(ra[row]));
     }
   }

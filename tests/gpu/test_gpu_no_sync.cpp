@@ -15,6 +15,8 @@
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
 
+#include "measured.hpp"
+
 using namespace ditrl;
 
 namespace {
@@ -154,6 +156,11 @@ TEST_CASE("gpu: an SDE step's log-prob does not synchronise the host", "[gpu][di
     CHECK_NOTHROW(r = diffusion::sde_step(kernel, gv, gx, on_gpu, diffusion::StepTarget::score(g_next)));
   }
   REQUIRE(r.log_prob.device() == kGpu);
+  // Measured: printed ("measured:"), not yet recorded from a GPU run.
+  ditrl::test::print_measured("SDE step log-prob, GPU against CPU, max |diff|",
+                              ditrl::test::max_abs_difference(r.log_prob, expected.log_prob), "1e-6 + 1e-5 |cpu|");
+  ditrl::test::print_measured("SDE step mean, GPU against CPU, max |diff|",
+                              ditrl::test::max_abs_difference(r.mean, expected.mean), "1e-6 + 1e-5 |cpu|");
   CHECK(at::allclose(r.log_prob.cpu(), expected.log_prob, 1e-5, 1e-6));
   CHECK(at::allclose(r.mean.cpu(), expected.mean, 1e-5, 1e-6));
 }

@@ -11,6 +11,8 @@
 
 #include <fstream>
 
+#include "measured.hpp"
+
 using namespace ditrl::rollout;
 
 namespace {
@@ -28,6 +30,9 @@ void check_same_scores(Reward& reward, const at::Tensor& index) {
   const at::Tensor on_host = reward.score(x, index, {"a", "b", "c", "d"});
   const at::Tensor on_gpu = reward.score(x.to(kGpu), index, {"a", "b", "c", "d"});
   CHECK(on_gpu.device().is_cpu());
+  // Measured: printed ("measured:"), not yet recorded from a GPU run.
+  ditrl::test::print_measured("reward scores, GPU against host, max |diff|",
+                              ditrl::test::max_abs_difference(on_gpu, on_host), "1e-6 + 1e-5 |host|");
   CHECK(at::allclose(on_gpu, on_host, 1e-5, 1e-6));
 }
 
@@ -63,8 +68,12 @@ torch.jit.script(Two()).save(sys.argv[1] + "/two.pt")
   const at::Tensor index = at::tensor({3, 0, 2, 1}, at::kLong);
   check_same_scores(*make_reward(options), index);
   const at::Tensor x = latents();
-  CHECK(at::allclose(make_reward(options)->score(x, index, {"a", "b", "c", "d"}),
-                     x.flatten(1).mean(1) + index.to(at::kFloat), 1e-5, 1e-6));
+  const at::Tensor scored = make_reward(options)->score(x, index, {"a", "b", "c", "d"});
+  const at::Tensor formula = x.flatten(1).mean(1) + index.to(at::kFloat);
+  // Measured: printed ("measured:"), not yet recorded from a GPU run.
+  ditrl::test::print_measured("TorchScript reward against its formula, max |diff|",
+                              ditrl::test::max_abs_difference(scored, formula), "1e-6 + 1e-5 |formula|");
+  CHECK(at::allclose(scored, formula, 1e-5, 1e-6));
   options.device = c10::kCPU;
   CHECK_THROWS_WITH(make_reward(options)->score(x, index, {"a", "b", "c", "d"}),
                     Catch::Contains("reward inputs are on the host"));

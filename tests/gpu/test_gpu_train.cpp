@@ -13,6 +13,8 @@
 #include <fstream>
 #include <numeric>
 
+#include "measured.hpp"
+
 using namespace ditrl;
 using Catch::Matchers::Contains;
 using test::read_file;
@@ -24,8 +26,7 @@ const std::string kOnGpu = "--set run.device=cuda";
 
 // Bitwise comparison of two checkpoints' parameters and AdamW moments.
 void check_checkpoints_equal(const std::string& a, const std::string& b) {
-  const auto r = test::run_process(
-      fmt::format("{} {}/tests/gpu/h5_equal.py {} {} /model /optimizer", DITRL_PYTHON, DITRL_SOURCE_DIR, a, b));
+  const auto r = test::h5_equal(a, b);
   INFO(r.output);
   CHECK(r.exit_code == 0);
 }
@@ -117,6 +118,8 @@ TEST_CASE("gpu: the quickstart trains on the GPU and its reward rises", "[gpu][q
   // 10 (benchmarks/results/quickstart.md); on the GPU the bf16 kernels differ, the learning must not.
   const double gain = mean(reward, 140, 10) - mean(reward, 0, 10);
   INFO("reward gain, last 10 - first 10 rollouts: " << gain);
+  // Measured: printed ("measured:"), not yet recorded from a GPU run; 0.72 on 2 CPU ranks.
+  ditrl::test::print_measured("quickstart reward gain on the GPU (a floor, not an error)", gain, "> 0.3");
   CHECK(gain > 0.3);
   CHECK(m.series.at("train/log_prob_mean_abs_diff")[0] == 0.0);
   // The sharded state lives on the GPU: the allocator's peak holds at least it.

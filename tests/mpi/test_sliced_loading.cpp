@@ -14,7 +14,7 @@
 #include <ditrl/error.hpp>
 #include <ditrl/io/safetensors.hpp>
 #include <ditrl/io/safetensors_shards.hpp>
-#include <ditrl/models/sd3.hpp>
+#include <ditrl/models/sd3/sd3.hpp>
 #include <ditrl/precision/names.hpp>
 #include <ditrl/shard/sharded_params.hpp>
 

@@ -15,9 +15,9 @@
 #include <ditrl/dist/communicator.hpp>
 #include <ditrl/dist/sequence_parallel.hpp>
 #include <ditrl/error.hpp>
-#include <ditrl/models/ltx.hpp>
+#include <ditrl/models/ltx/ltx.hpp>
 #include <ditrl/models/ulysses.hpp>
-#include <ditrl/models/wan.hpp>
+#include <ditrl/models/wan/wan.hpp>
 #include <ditrl/models/weights.hpp>
 
 #include <ATen/ATen.h>

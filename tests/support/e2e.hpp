@@ -4,6 +4,7 @@
 // from tests/e2e/decks and read what it wrote.
 
 #include <ditrl/io/metrics.hpp>
+#include <ditrl/io/standard.hpp>
 
 #include <fmt/format.h>
 
@@ -33,6 +34,22 @@ inline ProcessResult ditrl(const std::string& args) {
 
 inline io::MetricsTable metrics_of(const std::string& out_dir) {
   return io::read_metrics(out_dir + "/metrics.h5");
+}
+
+// The metrics (perf/* aside) in which run `other` differs from run
+// `reference` by a bit, one per line; "" when none does.
+inline std::string differing_metrics(const std::string& reference, const std::string& other) {
+  std::string listed;
+  for (const std::string& d : io::check_standard(io::make_standard(metrics_of(reference), ""), metrics_of(other)))
+    listed += d + "\n";
+  return listed;
+}
+
+// tests/gpu/h5_equal.py on two checkpoints' /model and /optimizer: exit 0
+// when bitwise equal (h5diff, which the e2e suites use, is not in the GPU kit).
+inline ProcessResult h5_equal(const std::string& a, const std::string& b) {
+  return run_process(
+      fmt::format("{} {}/tests/gpu/h5_equal.py {} {} /model /optimizer", DITRL_PYTHON, DITRL_SOURCE_DIR, a, b));
 }
 
 // A file the job wrote (status, latest, job.log) as text; "" when it is absent.

@@ -8,7 +8,7 @@
 #include <ditrl/dist/communicator.hpp>
 #include <ditrl/models/family.hpp>
 #include <ditrl/models/ulysses.hpp>
-#include <ditrl/models/wan.hpp>
+#include <ditrl/models/wan/wan.hpp>
 #include <ditrl/models/weights.hpp>
 
 #include <ATen/ATen.h>

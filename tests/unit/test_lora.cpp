@@ -2,7 +2,7 @@
 #include <ditrl/io/safetensors.hpp>
 #include <ditrl/models/linear.hpp>
 #include <ditrl/models/lora.hpp>
-#include <ditrl/models/sd3.hpp>
+#include <ditrl/models/sd3/sd3.hpp>
 #include <ditrl/models/weights.hpp>
 #include <ditrl/precision/names.hpp>
 

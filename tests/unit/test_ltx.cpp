@@ -1,7 +1,7 @@
 #include <ditrl/config/deck.hpp>
 #include <ditrl/error.hpp>
 #include <ditrl/models/lora.hpp>
-#include <ditrl/models/ltx.hpp>
+#include <ditrl/models/ltx/ltx.hpp>
 #include <ditrl/models/reference.hpp>
 #include <ditrl/models/weights.hpp>
 

@@ -28,7 +28,7 @@ void write_rows(MetricsWriter& w, int64_t from, int64_t to) {
 
 TEST_CASE("metrics: rows align by step / late series are NaN-padded", "[metrics]") {
   const std::string dir = ditrl::test::fresh_output_dir("metrics_rows");
-  MetricsWriter writer(dir + "/metrics.h5", "[model]\nfamily = 'sd3'\n", false, 0);
+  MetricsWriter writer(dir + "/metrics.h5", "[model]\nfamily = 'sd3'\n", "cpu", false, 0);
   write_rows(writer, 0, 4);
   const MetricsTable table = read_metrics(dir + "/metrics.h5");
   CHECK(table.steps == std::vector<int64_t>{0, 1, 2, 3});
@@ -45,15 +45,15 @@ TEST_CASE("metrics: rows align by step / late series are NaN-padded", "[metrics]
 TEST_CASE("metrics: a resumed run drops the rows after its checkpoint and continues", "[metrics]") {
   const std::string dir = ditrl::test::fresh_output_dir("metrics_resume");
   {
-    MetricsWriter writer(dir + "/a.h5", "deck", false, 0);
+    MetricsWriter writer(dir + "/a.h5", "deck", "cpu", false, 0);
     write_rows(writer, 0, 5);
   }
   {
-    MetricsWriter uninterrupted(dir + "/b.h5", "deck", false, 0);
+    MetricsWriter uninterrupted(dir + "/b.h5", "deck", "cpu", false, 0);
     write_rows(uninterrupted, 0, 5);
   }
   {
-    MetricsWriter resumed(dir + "/a.h5", "deck", true, 3);  // checkpoint after step 2
+    MetricsWriter resumed(dir + "/a.h5", "deck", "cpu", true, 3);  // checkpoint after step 2
     write_rows(resumed, 3, 5);
   }
   const MetricsTable a = read_metrics(dir + "/a.h5"), b = read_metrics(dir + "/b.h5");
@@ -64,7 +64,7 @@ TEST_CASE("metrics: a resumed run drops the rows after its checkpoint and contin
 TEST_CASE("standard: round trip / bitwise check / tolerances with reasons", "[standard]") {
   const std::string dir = ditrl::test::fresh_output_dir("standard");
   {
-    MetricsWriter writer(dir + "/metrics.h5", "deck", false, 0);
+    MetricsWriter writer(dir + "/metrics.h5", "deck", "cpu", false, 0);
     write_rows(writer, 0, 3);
   }
   MetricsTable run = read_metrics(dir + "/metrics.h5");
@@ -142,7 +142,7 @@ TEST_CASE("standard: tolerances apply only off the recording CPU / or when force
   // This machine's identity names its CPU and is what metrics files carry.
   CHECK_THAT(cpu_kernel_identity(), Contains(";"));
   {
-    MetricsWriter writer(dir + "/metrics.h5", "deck", false, 0);
+    MetricsWriter writer(dir + "/metrics.h5", "deck", "cpu", false, 0);
     write_rows(writer, 0, 1);
   }
   CHECK(read_metrics(dir + "/metrics.h5").cpu == cpu_kernel_identity());
@@ -167,7 +167,7 @@ TEST_CASE("standard: tolerances apply only off the recording CPU / or when force
 TEST_CASE("standard: `ditrl standard record|check` on a run directory", "[standard][cli]") {
   const std::string dir = ditrl::test::fresh_output_dir("standard_cli");
   {
-    MetricsWriter writer(dir + "/metrics.h5", "deck text", false, 0);
+    MetricsWriter writer(dir + "/metrics.h5", "deck text", "cpu", false, 0);
     write_rows(writer, 0, 3);
   }
   const std::string bin = DITRL_BINARY;
@@ -178,7 +178,7 @@ TEST_CASE("standard: `ditrl standard record|check` on a run directory", "[standa
   CHECK(ok.exit_code == 0);
   CHECK_THAT(ok.output, Contains("standard met"));
   {
-    MetricsWriter writer(dir + "/metrics.h5", "deck text", true, 2);
+    MetricsWriter writer(dir + "/metrics.h5", "deck text", "cpu", true, 2);
     writer.write(2, {{"train/loss", 9.0}, {"rollout/reward/raw_mean", 0.2}, {"train/kl_loss", 1.0}});
   }
   const auto bad = ditrl::test::run_process(bin + " standard check " + dir + " " + dir + "/std.json");

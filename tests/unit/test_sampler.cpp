@@ -1,4 +1,5 @@
 #include <ditrl/diffusion/schedule_preset.hpp>
+#include <ditrl/models/family_traits.hpp>
 #include <ditrl/models/guided.hpp>
 #include <ditrl/rl/sigma_lookup.hpp>
 #include <ditrl/rollout/prompts.hpp>
@@ -31,7 +32,7 @@ Setup make_setup(int64_t samples, c10::ScalarType forward) {
       precision::InputPolicy::resolve(InputDtype::Default, InputDtype::Default, InputDtype::Passthrough, forward);
   s.family = models::create_family(options);
   if (forward != at::kFloat) s.family->to(forward);
-  s.schedule = diffusion::family_schedule("sd3", {6, std::nullopt, 1, 8, 8});
+  s.schedule = models::family_schedule("sd3", {6, std::nullopt, 1, 8, 8});
   s.steps = rl::sde_window(6, 2, 0, 6, 11);
   auto prompts = rollout::synthetic_prompts(s.family->cond_spec(), 5, 0);
   std::vector<int64_t> ids;

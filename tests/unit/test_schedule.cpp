@@ -1,6 +1,7 @@
 #include <ditrl/diffusion/schedule.hpp>
 #include <ditrl/diffusion/schedule_preset.hpp>
 #include <ditrl/error.hpp>
+#include <ditrl/models/family_traits.hpp>
 
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
@@ -10,6 +11,7 @@
 #include <cstring>
 
 using namespace ditrl::diffusion;
+using ditrl::models::family_schedule;
 
 namespace {
 

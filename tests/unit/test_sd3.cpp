@@ -1,7 +1,7 @@
 #include <ditrl/cuda_build.hpp>
 #include <ditrl/error.hpp>
 #include <ditrl/models/reference.hpp>
-#include <ditrl/models/sd3.hpp>
+#include <ditrl/models/sd3/sd3.hpp>
 #include <ditrl/models/weights.hpp>
 
 #include <catch2/catch.hpp>
@@ -45,31 +45,6 @@ Cond sd3_cond(const ReferenceCase& c) {
 }
 
 }  // namespace
-
-TEST_CASE("sd3: fp32 fixture cases and every intermediate match the reference", "[models][sd3]") {
-  auto family = test::fixture_family("sd3");
-  for (const std::string name : {"case_0", "case_1"}) {
-    INFO(name);
-    const ReferenceCase c = load_reference_case(fixture_path("sd3/" + name + ".safetensors"));
-    const auto out = run_reference_case(*family, c, /*intermediates=*/true);
-    std::set<std::string> expected, got;
-    for (const auto& [key, value] : c.stored)
-      if (key.rfind("intermediate.", 0) == 0) expected.insert(key);
-    for (const auto& [key, value] : out)
-      if (key.rfind("intermediate.", 0) == 0) got.insert(key);
-    CHECK(got == expected);
-    test::check_fp32_tensors("sd3/" + name, out, c.stored, test::kFixtureFp32Ulps);
-  }
-}
-
-TEST_CASE("sd3: bf16 fixture case", "[models][sd3]") {
-  // Every op runs in the reference's dtype at the reference's rounding points
-  // (bf16 linears, norms and modulation, fp32 sinusoid cast to bf16, fp32
-  // softmax inside the math attention), so the bf16 output is the
-  // reference's bit for bit (fixtures made on the LibTorch ditrl links).
-  auto family = test::fixture_family("sd3");
-  test::check_bf16_fixture_case(*family, "sd3");
-}
 
 TEST_CASE("sd3: presets have the released parameter counts / built on the meta device", "[models][sd3]") {
   struct Expected {
@@ -133,31 +108,6 @@ TEST_CASE("sd3: config.json loading and its errors", "[models][sd3]") {
   CHECK_THAT(error(R"({"dual_attention_layers": [40]})"), Contains("dual attention layer 40"));
   CHECK_THAT(error(R"({"pos_embed_max_size": null})"), Contains("pos_embed_max_size"));
   CHECK_THAT(error("{"), Contains("bad/config.json") && Contains("not valid JSON"));
-}
-
-TEST_CASE("sd3: a checkpoint that does not fit is one error listing every problem", "[models][sd3]") {
-  const io::SafetensorsFile weights(fixture_path("sd3/weights.safetensors"));
-  io::NamedTensors tensors;
-  for (const std::string& name : weights.names()) {
-    if (name == "proj_out.bias" || name == "norm_out.linear.bias") continue;
-    at::Tensor t = weights.get(name);
-    if (name == "context_embedder.weight") t = at::zeros({64, 33});
-    tensors.emplace_back(name, t);
-  }
-  tensors.emplace_back("transformer_blocks.7.attn.to_q.weight", at::zeros({2, 2}));
-  const std::string path = test::fresh_output_dir("sd3_bad_checkpoint") + "/bad.safetensors";
-  io::write_safetensors(path, tensors);
-  FamilyOptions o;
-  o.family = "sd3";
-  o.config_json = fixture_path("sd3/config.json");
-  auto family = create_family(o);
-  CHECK_THROWS_WITH(load_weights(*family, io::Checkpoint(path)),
-                    Contains(path) && Contains("missing (2): norm_out.linear.bias, proj_out.bias") &&
-                        Contains("unexpected (1): transformer_blocks.7.attn.to_q.weight") &&
-                        Contains("wrong shape (1): context_embedder.weight (checkpoint [64, 33], model [64, 32])"));
-  o.device = c10::kMeta;
-  CHECK_THROWS_WITH(load_weights(*create_family(o), io::Checkpoint(fixture_path("sd3/weights.safetensors"))),
-                    Contains("meta device"));
 }
 
 TEST_CASE("sd3: pos_embed comes from the checkpoint / or the exact fp32-coordinate recipe", "[models][sd3]") {

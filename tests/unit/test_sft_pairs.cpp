@@ -2,6 +2,7 @@
 // experts every micro-batch trains one expert, a function of its window and
 // its place in its chunk, so the same on every rank at any rank count.
 #include <ditrl/diffusion/schedule_preset.hpp>
+#include <ditrl/models/family_traits.hpp>
 #include <ditrl/rl/pairs.hpp>
 #include <ditrl/rl/stable_hash.hpp>
 
@@ -23,7 +24,7 @@ rl::RolloutView view_of_rank(int64_t first) {
   diffusion::SchedulePresetOptions o;
   o.steps = 6;
   o.shift = 3.0;
-  v.snapshot = std::make_shared<const diffusion::Schedule>(diffusion::family_schedule("wan", o));
+  v.snapshot = std::make_shared<const diffusion::Schedule>(models::family_schedule("wan", o));
   return v;
 }
 

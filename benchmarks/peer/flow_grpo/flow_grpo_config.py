@@ -20,8 +20,8 @@ def get_config():
     config.run_name = "flow_grpo_loop"
     config.seed = s["seed"]
     config.logdir = os.path.join(s["work"], "flow_grpo-logs")
-    config.mixed_precision = "no"        # fp32 forward, as the ditrl deck
-    config.use_lora = False              # full fine-tune, as the ditrl deck
+    config.mixed_precision = "no" if s["precision"] == "fp32" else s["precision"]  # as the ditrl deck's forward
+    config.use_lora = s["use_lora"]      # flow_grpo's LoRA (r 32, alpha 64) or full fine-tune, as the ditrl deck
     config.pretrained.model = s["model_dir"]
     config.dataset = s["prompt_dir"]
     config.prompt_fn = "general_ocr"     # the branch that reads DATASET/{train,test}.txt (TextPromptDataset)
@@ -37,12 +37,13 @@ def get_config():
     config.sample.test_batch_size = 1
     config.sample.global_std = True
 
-    config.train.batch_size = s["samples"]                    # sizes the negative-embedding repeat
+    config.train.batch_size = s["micro_batch"]                # per training forward, as ditrl's micro_batch
     config.train.learning_rate = s["lr"]
     config.train.adam_beta1, config.train.adam_beta2 = s["betas"]
     config.train.adam_weight_decay = s["weight_decay"]
     config.train.adam_epsilon = s["eps"]
-    config.train.gradient_accumulation_steps = 1              # -> one optimizer step per iteration
+    # times the trained timesteps (train_sd3 multiplies): one optimizer step per iteration
+    config.train.gradient_accumulation_steps = s["samples"] // s["micro_batch"]
     config.train.max_grad_norm = s["max_grad_norm"]
     config.train.num_inner_epochs = 1
     config.train.cfg = True

@@ -22,8 +22,10 @@ downloads or image-space models, each applied to the imported module at run time
    same file ditrl reads); "" (flow_grpo's negative prompt) returns the dataset's /negative rows (zeros).
 3. `flow_grpo.rewards.multi_score` returns ditrl's analytic reward of the settings (ditrl's AnalyticReward,
    src/rollout/reward.cpp) on each sample's final latent x: brightness = mean(x), or target_pattern =
-   -mean((x - p)^2) with p = 0.5 * randn(numel) from a CPU generator seeded with target_seed; as
-   {name: r, "avg": r}, the layout multi_score returns.
+   -mean((x - p)^2) with p = 0.5 * randn(numel) from a CPU generator seeded with target_seed; or, for
+   reward = "torchscript", the very TorchScript module ditrl loads (settings reward_module, e.g.
+   tools/export_reward.py's PickScore: VAE decode + CLIP-H tower) called on the final latents and each
+   sample's prompt row; as {name: r, "avg": r}, the layout multi_score returns.
 4. `eval` (flow_grpo's evaluation, which train_sd3 calls at the top of an epoch when epoch % eval_freq == 0;
    eval_freq = 1 here) is replaced by the iteration clock: it stamps time.perf_counter() at the start of
    every epoch and ends the run after the requested number of iterations. flow_grpo's eval at epoch 0
@@ -132,7 +134,7 @@ def main():
 
         @property
         def device(self):
-            return torch.device("cpu")
+            return torch.device(s["device"])
 
         @property
         def dtype(self):
@@ -181,10 +183,18 @@ def main():
     targets = {}
     reward_calls = []
 
+    module = torch.jit.load(s["reward_module"], map_location=s["device"]) if s["reward"] == "torchscript" else None
+
     def multi_score(device, score_dict):
         assert list(score_dict) == [s["reward"]], score_dict
 
         def _fn(images, prompts, metadata, only_strict=True):
+            if module is not None:
+                rows = torch.tensor([row_of[p] for p in prompts], dtype=torch.long, device=images.device)
+                with torch.no_grad():
+                    r = module(images.float(), rows).float().cpu()
+                reward_calls.append(r.clone())
+                return {s["reward"]: r.numpy(), "avg": r.numpy()}, {}
             x = images.float().flatten(1).cpu()
             if s["reward"] == "brightness":
                 r = x.mean(1)

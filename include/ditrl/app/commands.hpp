@@ -28,5 +28,6 @@ void add_encode_prompts_command(CLI::App& app, Command& selected);
 void add_align_command(CLI::App& app, Command& selected);
 void add_deck_reference_command(CLI::App& app, Command& selected);
 void add_status_command(CLI::App& app, Command& selected);
+void add_preflight_command(CLI::App& app, Command& selected);
 
 }  // namespace ditrl::app

@@ -22,6 +22,8 @@
 namespace ditrl::app {
 
 dist::RuntimeOptions runtime_options(const config::Config& c);
+// [parallel] data_backend's name as the enum ("auto" | "nccl" | "mpi").
+dist::DataBackend data_backend(const std::string& name);
 // The model as [model] and [precision] describe it, built on `device`
 // (c10::kMeta for shapes only).
 models::FamilyOptions family_options(const config::Config& c, c10::Device device);

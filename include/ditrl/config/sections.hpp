@@ -11,6 +11,7 @@
 #include <ditrl/config/schema.hpp>
 #include <ditrl/diffusion/sde_type.hpp>
 #include <ditrl/models/attention_backend.hpp>
+#include <ditrl/models/family_traits.hpp>
 #include <ditrl/precision/dtype_names.hpp>
 #include <ditrl/rl/algorithm_traits.hpp>
 #include <ditrl/rl/step_strategy.hpp>
@@ -101,6 +102,13 @@ struct LoraSection {
   }
 };
 
+// model.family's choices: the families of the registry (models/family_traits.hpp).
+inline OneOf family_choices() {
+  OneOf choices{};
+  choices.values = models::deck_family_names();
+  return choices;
+}
+
 struct ModelSection {
   std::string family;
   std::string preset = "tiny";
@@ -112,7 +120,7 @@ struct ModelSection {
 
   template <class V>
   void fields(V& v) {
-    v.required("family", family, "the model family", OneOf{"sd3", "wan", "ltx", "qwen_image"});
+    v.required("family", family, "the model family", family_choices());
     v("preset", preset, "the family's architecture preset (a released checkpoint's, or \"tiny\" for tests)");
     v("config", config, "a diffusers config.json whose architecture overrides the preset's; empty = the preset");
     v("weights", weights,
@@ -198,6 +206,9 @@ struct ParallelSection {
   double startup_timeout_s = 300;
   double collective_timeout_s = 100;
   int64_t sequence_parallel = 1;
+  // Parsed into dist::DataBackend by app/options.cpp; "mpi" on a GPU is the
+  // host-staged communicator (dist/communicator.hpp), which lets ranks share a GPU.
+  std::string data_backend = "auto";
 
   template <class V>
   void fields(V& v) {
@@ -219,6 +230,10 @@ struct ParallelSection {
       "ranks that share one sample, its tokens split across them (Ulysses; wan and ltx); divides the world size "
       "and the attention heads",
       Between{1, 65536});
+    v("data_backend", data_backend,
+      "what carries parameters and gradients between GPUs: \"nccl\", or \"mpi\" through pinned host memory "
+      "(slower; lets several ranks share one GPU); \"auto\" is NCCL on a GPU; CPU runs always use MPI",
+      OneOf{"auto", "nccl", "mpi"});
   }
 };
 

@@ -1,14 +1,14 @@
 #pragma once
 
-// The sigma schedule each family's rollout samples on, from the deck's
-// [rollout] steps/shift and latent grid. Where the spec does not pin a family's
-// sampler the choice is documented in schedule_preset.cpp.
+// What a family's sigma schedule is drawn from: the deck's [rollout]
+// steps/shift and latent grid. Each family's preset is in its folder
+// (models/<family>/<family>_traits.cpp, where the choices the spec leaves open
+// are documented); models::family_schedule picks it by name.
 
 #include <ditrl/diffusion/schedule.hpp>
 
 #include <cstdint>
 #include <optional>
-#include <string>
 
 namespace ditrl::diffusion {
 
@@ -22,8 +22,5 @@ struct SchedulePresetOptions {
   int64_t height = 16;
   int64_t width = 16;
 };
-
-// family: "sd3" | "wan" | "ltx" | "qwen_image"; unknown names are an error listing these.
-Schedule family_schedule(const std::string& family, const SchedulePresetOptions& options);
 
 }  // namespace ditrl::diffusion

@@ -1,7 +1,8 @@
 #pragma once
 
 // Collectives over torch tensors, one interface for two backends: MPI for CPU
-// tensors (this file's make_mpi_communicator) and NCCL for CUDA tensors
+// tensors (this file's make_mpi_communicator; make_host_staged_communicator
+// carries device tensors over it) and NCCL for CUDA tensors
 // (dist/nccl_communicator.hpp, CUDA builds only). Every rank of the group
 // calls each collective in the same order with tensors of equal size.
 //
@@ -72,5 +73,18 @@ class Communicator {
 // message space). CPU tensors of any dtype. Each blocking call runs under the
 // collective watchdog (dist/watchdog.hpp) as `channel`.
 std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm = MPI_COMM_WORLD, const std::string& channel = "mpi");
+
+// `host_side` (an MPI communicator) for tensors on any device, as gloo serves
+// CUDA tensors in PyTorch ([parallel] data_backend = "mpi"): a device tensor is
+// copied into a pinned host buffer once the current stream's work before it
+// is done, reduced or moved there, and copied back on the current stream; CPU
+// tensors pass straight through. The sums are therefore host_side's, bit for
+// bit (the canonical tree of dist/reduction.hpp). *_async forms run the
+// collective behind the caller's work and copy back at Pending::wait().
+// Buffers are kept for reuse, one per collective in flight.
+// stage_cpu_tensors: stage CPU tensors too, through pageable buffers (tests
+// of the staging without a GPU).
+std::unique_ptr<Communicator> make_host_staged_communicator(std::unique_ptr<Communicator> host_side,
+                                                            bool stage_cpu_tensors = false);
 
 }  // namespace ditrl::dist

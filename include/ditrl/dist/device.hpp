@@ -16,6 +16,22 @@ struct WorldInfo;
 // GPUs this process may use (CUDA_VISIBLE_DEVICES applies); 0 in a CPU build.
 int visible_gpus();
 
+// NVIDIA GPUs this machine has, whatever this build can use: the driver's
+// /proc/driver/nvidia/gpus/* entries, else the /dev/nvidia<N> device files.
+// Needs no CUDA. DITRL_FAKE_NVIDIA_GPUS=N (test-only: a CPU test of the
+// unused-GPU warning) replaces the count.
+int nvidia_gpus_present();
+
+// Where a rank computes, as the run's identity records it (the metrics
+// file's `device` attribute): "cpu", "cuda:0 (NVIDIA H200)", or "cpu
+// (CPU-only build; N NVIDIA GPU(s) on this machine unused)" when a CPU-only
+// build resolved run.device = "auto" on a machine with GPUs.
+std::string device_identity(c10::Device device, const std::string& request);
+
+// The loud start-up block for that last case (empty otherwise): such a run
+// trains on the CPU, one or two orders of magnitude slower, without error.
+std::string unused_gpu_warning(c10::Device device, const std::string& request);
+
 // Whether LibTorch's CUDA kernels are in this process (libtorch_cuda.so
 // loaded). Without them the GPUs are still counted (libc10_cuda), but no
 // tensor can live on one. Needs no GPU to answer.

@@ -7,7 +7,8 @@
 //   the MpiRuntime, the device every allocation goes to (dist/device.hpp), a
 //   host communicator (MPI: scalars, control, stop flags) and a data
 //   communicator (parameters, gradients, metric and reward tensors on the
-//   device: MPI on CPU, NCCL on CUDA) with its sequence-parallel groups,
+//   device: MPI on CPU; NCCL on CUDA, or MPI through pinned host buffers,
+//   [parallel] data_backend) with its sequence-parallel groups,
 //   and the collective watchdog
 //   (dist/watchdog.hpp) that every blocking collective runs under.
 
@@ -68,12 +69,22 @@ class MpiRuntime {
   MPI_Comm node_comm_ = MPI_COMM_NULL;
 };
 
+// Which communicator moves device tensors ([parallel] data_backend). On the
+// CPU it is always MPI; on CUDA, Auto is NCCL and Mpi stages each collective
+// through pinned host buffers (make_host_staged_communicator), which lets
+// several ranks share one GPU (docs/gpus-and-clusters.md).
+enum class DataBackend { Auto, Nccl, Mpi };
+
+// "auto" | "nccl" | "mpi".
+const char* to_string(DataBackend backend);
+
 struct RuntimeOptions {
-  std::string device = "cpu";         // [run] device: "auto" | "cpu" | "cuda"
-  bool deterministic = true;          // [run] deterministic: fixed-order reductions on NCCL too
-  double startup_timeout_s = 300;     // [parallel] startup_timeout_s
-  double collective_timeout_s = 100;  // [parallel] collective_timeout_s
-  int sequence_parallel = 1;          // [parallel] sequence_parallel: ranks sharing one sample
+  std::string device = "cpu";                    // [run] device: "auto" | "cpu" | "cuda"
+  DataBackend data_backend = DataBackend::Auto;  // [parallel] data_backend
+  bool deterministic = true;                     // [run] deterministic: fixed-order reductions on NCCL too
+  double startup_timeout_s = 300;                // [parallel] startup_timeout_s
+  double collective_timeout_s = 100;             // [parallel] collective_timeout_s
+  int sequence_parallel = 1;                     // [parallel] sequence_parallel: ranks sharing one sample
 };
 
 class Runtime {
@@ -87,6 +98,8 @@ class Runtime {
   const WorldInfo& world() const { return mpi_.world(); }
   const c10::Device& device() const { return device_; }
   const RuntimeOptions& options() const { return options_; }
+  // The backend data() uses: Nccl or Mpi, never Auto.
+  DataBackend data_backend() const { return data_backend_; }
   Communicator& host() { return *host_; }
   Communicator& data() { return *data_; }
   // The sequence-parallel groups over the data communicator
@@ -109,6 +122,7 @@ class Runtime {
   // Started before the communicators exist, stopped after they are gone.
   std::unique_ptr<Watchdog> watchdog_;
   c10::Device device_ = c10::kCPU;
+  DataBackend data_backend_ = DataBackend::Mpi;
   std::unique_ptr<Communicator> host_;
   std::unique_ptr<Communicator> data_;
   std::unique_ptr<SequenceGroups> sequence_;

@@ -4,7 +4,9 @@
 // optimizer step of each row; /metrics/<name> (names may contain '/', e.g.
 // train/loss -> /metrics/train/loss) is an extendible float64 series aligned
 // with it. A metric missing from a row is NaN there. The root carries the
-// deck text, build info and the CPU that ran it (cpu_kernel_identity).
+// deck text, build info, the CPU that ran it (cpu_kernel_identity) and the
+// device rank 0 computed on (dist::device_identity: it says so when a CPU-only
+// build left a machine's GPUs unused).
 // Written by rank 0 only.
 
 #include <cstdint>
@@ -21,7 +23,8 @@ class MetricsWriter {
   // recomputed), so a resumed run's file equals an uninterrupted one. A file
   // that cannot be reopened is moved aside (PATH.damaged) with a warning and
   // a new one started; so is a missing one (warned): training goes on.
-  MetricsWriter(const std::string& path, const std::string& deck_text, bool resume, int64_t first_step);
+  MetricsWriter(const std::string& path, const std::string& deck_text, const std::string& device, bool resume,
+                int64_t first_step);
   void write(int64_t step, const std::map<std::string, double>& values);
   const std::string& path() const { return path_; }
 

@@ -56,10 +56,27 @@ struct ActivationOptions {
 };
 
 // Every family's geometry at `grid`; nullopt for a family the model does not know.
-std::optional<ActivationGeometry> activation_geometry(const Family& family, const LatentGrid& grid);
+// An image DiT whose blocks attend jointly over image patches and text
+// (SD3, Qwen-Image): 2-D patches, a 4 x D FFN.
+template <class Config>
+ActivationGeometry joint_image_geometry(const Config& c, const LatentGrid& grid) {
+  ActivationGeometry g;
+  g.tokens = (grid.height / c.patch_size) * (grid.width / c.patch_size);
+  g.text_tokens = c.text_tokens;
+  g.dim = c.inner_dim();
+  g.heads = c.num_attention_heads;
+  g.ffn_dim = 4 * c.inner_dim();
+  g.blocks = c.num_layers;
+  g.joint = true;
+  return g;
+}
 
 // The rollout's no-grad forward: the larger of one block's attention moment
 // and its FFN moment.
+// Bytes `model`'s buffers hold: a windowed PatchEmbed's pos_embed its crop,
+// every other buffer its whole size.
+int64_t held_buffer_bytes(const torch::nn::Module& model);
+
 ActivationEstimate estimate_forward(const ActivationGeometry& g, const ActivationOptions& o);
 // A training micro-batch's forward and backward under per-block recompute.
 ActivationEstimate estimate_training(const ActivationGeometry& g, const ActivationOptions& o);

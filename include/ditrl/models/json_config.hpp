@@ -20,6 +20,9 @@ namespace ditrl::models::json_config {
 // How one non-integer key of a config is read.
 using Field = std::function<void(const boost::json::value&)>;
 
+// The text of config file `path`, naming it when it cannot be read.
+std::string read_file(const std::string& path);
+
 // Reads a diffusers config of the usual shape: integer keys go
 // straight into `ints`, the others to their entry of `fields`; any other key
 // is an error naming `model_class` (the diffusers class).
@@ -30,6 +33,11 @@ int64_t to_int(const boost::json::value& v, const std::string& key, const std::s
 double to_number(const boost::json::value& v, const std::string& key, const std::string& source);
 bool to_bool(const boost::json::value& v, const std::string& key, const std::string& source);
 std::vector<int64_t> to_int_list(const boost::json::value& v, const std::string& key, const std::string& source);
+
+// Writing one: the header diffusers puts first (the class its loader builds,
+// and the ditrl version that wrote it), and an integer list.
+boost::json::object diffusers_header(const char* class_name);
+boost::json::array int_array(const std::vector<int64_t>& values);
 
 // Fails with "<family> config: <name> must be positive, got <value>" for the
 // first field that is not positive.

@@ -1,20 +1,25 @@
 // ditrl-mpi-ranks: 2 4
+// ditrl-mpi-data-ranks: 2 4
 //
-// Ulysses sequence parallelism over NCCL (run where each rank has a GPU;
-// tests/gpu/skip_without_gpu.sh): the all-to-all of raw bytes against the MPI
-// backend's, the exchange's round trip in fp32 and bf16, and a Wan forward and
+// Ulysses sequence parallelism on CUDA over the data communicator of
+// support/gpu_data.hpp: NCCL where each rank has a GPU
+// (tests/gpu/skip_without_gpu.sh), or the MPI data backend with every rank on
+// one GPU (mpi.test_nccl_ulysses.mpi_data.np<N>): the all-to-all of raw bytes
+// against the CPU MPI backend's, the exchange's round trip in fp32 and bf16, and a Wan forward and
 // backward at sequence_parallel = 2 against the unsplit one on the same GPU,
 // with an all-gather of the world communicator in flight across it (two NCCL
 // communicators in use at once, issued in the same order on every rank, as a
 // training step does with the parameter prefetch and the group's all-to-alls).
 // The model comparison has a tolerance: cuBLAS may pick other kernels for the
 // split's smaller row counts (the CPU test, tests/mpi/test_ulysses.cpp, is bitwise).
+// Measured: not yet on a GPU; the case prints its worst difference
+// ("measured:") beside the bound for the next GPU run to record.
 
 #include <ditrl/dist/communicator.hpp>
 #include <ditrl/dist/nccl_communicator.hpp>
 #include <ditrl/dist/sequence_parallel.hpp>
 #include <ditrl/models/ulysses.hpp>
-#include <ditrl/models/wan.hpp>
+#include <ditrl/models/wan/wan.hpp>
 #include <ditrl/models/weights.hpp>
 
 #include <ATen/ATen.h>
@@ -25,6 +30,7 @@
 #include <cstdio>
 #include <map>
 
+#include "gpu_data.hpp"
 #include "mpi_world.hpp"
 #include "ulysses_case.hpp"
 
@@ -32,23 +38,17 @@ namespace ditrl {
 
 namespace {
 
-// This rank's GPU: its node-local rank (the skip wrapper checked there are enough).
-int local_device() {
-  MPI_Comm node;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  int local_rank = 0;
-  MPI_Comm_rank(node, &local_rank);
-  MPI_Comm_free(&node);
-  cudaSetDevice(local_rank);
-  return local_rank;
-}
-
 c10::Device gpu(int device) {
   return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device));
 }
 
-std::unique_ptr<dist::Communicator> nccl_world(int device) {
-  return dist::make_nccl_communicator(MPI_COMM_WORLD, {device, 60, 60, /*deterministic=*/true});
+// This rank's GPU (support/gpu_data.hpp) as an index.
+int local_device() {
+  return test::test_gpu().index();
+}
+
+std::unique_ptr<dist::Communicator> data_world() {
+  return test::data_communicator(/*collective_timeout_s=*/60);
 }
 
 // Rank r's values: distinct per rank and element, every bit pattern used.
@@ -60,12 +60,12 @@ at::Tensor rank_values(int64_t numel, c10::ScalarType dtype) {
 
 }  // namespace
 
-TEST_CASE("nccl ulysses: all_to_all moves fp32 and bf16 and int64 chunks bit for bit as the MPI backend does",
+TEST_CASE("cuda ulysses: all_to_all moves fp32 and bf16 and int64 chunks bit for bit as the MPI backend does",
           "[nccl_ulysses]") {
   const int device = local_device();
-  auto nccl = nccl_world(device);
+  auto data = data_world();
   auto mpi = dist::make_mpi_communicator();
-  const int64_t n = nccl->size();
+  const int64_t n = data->size();
   for (const c10::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kLong}) {
     for (const int64_t chunk : {int64_t{1}, int64_t{1000}, int64_t{333333}}) {
       INFO(c10::toString(dtype) << ", chunks of " << chunk << " elements");
@@ -73,16 +73,16 @@ TEST_CASE("nccl ulysses: all_to_all moves fp32 and bf16 and int64 chunks bit for
       at::Tensor on_cpu = at::empty_like(send);
       mpi->all_to_all(send, on_cpu);
       at::Tensor on_gpu = at::empty({n * chunk}, send.options().device(gpu(device)));
-      nccl->all_to_all(send.to(gpu(device)), on_gpu);
+      data->all_to_all(send.to(gpu(device)), on_gpu);
       CHECK(at::equal(on_gpu.cpu(), on_cpu));
     }
   }
 }
 
-TEST_CASE("nccl ulysses: the all-to-all round trip and its backward restore the token split on the GPU",
+TEST_CASE("cuda ulysses: the all-to-all round trip and its backward restore the token split on the GPU",
           "[nccl_ulysses]") {
   const int device = local_device();
-  auto world = nccl_world(device);
+  auto world = data_world();
   const models::Ulysses ulysses(*world);
   const int n = world->size();
   for (const c10::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
@@ -103,13 +103,13 @@ TEST_CASE("nccl ulysses: the all-to-all round trip and its backward restore the 
   }
 }
 
-TEST_CASE("nccl ulysses: wan at sequence_parallel = 2 tracks the unsplit forward with a world all-gather in flight",
+TEST_CASE("cuda ulysses: wan at sequence_parallel = 2 tracks the unsplit forward with a world all-gather in flight",
           "[nccl_ulysses]") {
   const int device = local_device();
   // fp32 throughout: no TF32 in cuBLAS or cuDNN (the patch embedding's conv).
   at::globalContext().setAllowTF32CuBLAS(false);
   at::globalContext().setAllowTF32CuDNN(false);
-  auto world = nccl_world(device);
+  auto world = data_world();
   dist::SequenceGroups groups(*world, 2);
 
   auto wan = test::make_wan(4, gpu(device));
@@ -143,8 +143,10 @@ TEST_CASE("nccl ulysses: wan at sequence_parallel = 2 tracks the unsplit forward
     worst = std::max(worst, d);
   }
   if (test::rank() == 0)
-    std::printf("nccl ulysses: wan SP 2 of %d ranks on the GPU: worst difference %.3g of its max\n", world->size(),
-                worst);
+    std::printf(
+        "measured: cuda ulysses over %s: wan SP 2 of %d ranks on the GPU: worst difference %.3g of its max "
+        "(bound 1e-4)\n",
+        test::data_backend_name(), world->size(), worst);
 }
 
 }  // namespace ditrl

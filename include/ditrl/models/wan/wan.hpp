@@ -20,10 +20,11 @@
 #include <ditrl/models/attention.hpp>
 #include <ditrl/models/embeddings.hpp>
 #include <ditrl/models/family.hpp>
+#include <ditrl/models/family_traits.hpp>
 #include <ditrl/models/feed_forward.hpp>
 #include <ditrl/models/latent_preview.hpp>
 #include <ditrl/models/norms.hpp>
-#include <ditrl/models/wan_rope.hpp>
+#include <ditrl/models/wan/wan_rope.hpp>
 
 #include <cstdint>
 #include <memory>
@@ -61,6 +62,8 @@ struct WanConfig {
   static std::vector<std::string> preset_names();
   // A diffusers config.json (one expert); `source` names it in errors.
   static WanConfig from_json(const std::string& text, const std::string& source);
+  // The config its reference loader reads (written next to exported weights).
+  std::string to_json() const;
   void validate() const;
 };
 
@@ -158,5 +161,8 @@ class Wan : public Family {
   std::vector<std::shared_ptr<torch::nn::Module>> hosts_;  // the prefix modules of two experts
   std::vector<std::unique_ptr<WanTransformer>> experts_;
 };
+
+// The family's record for the registry (models/family_traits.hpp).
+extern const FamilyTraits kWanTraits;
 
 }  // namespace ditrl::models

@@ -13,9 +13,10 @@
 #include <ditrl/models/attention.hpp>
 #include <ditrl/models/embeddings.hpp>
 #include <ditrl/models/family.hpp>
+#include <ditrl/models/family_traits.hpp>
 #include <ditrl/models/feed_forward.hpp>
 #include <ditrl/models/latent_preview.hpp>
-#include <ditrl/models/ltx_rope.hpp>
+#include <ditrl/models/ltx/ltx_rope.hpp>
 
 #include <cstdint>
 #include <functional>
@@ -85,6 +86,8 @@ struct LtxConfig {
   // checkpoint's own metadata, which may carry keys of newer ltx_core
   // features this port does not read). `source` names the text in errors.
   static LtxConfig from_json(const std::string& text, const std::string& source, bool strict = true);
+  // The config its reference loader reads (written next to exported weights).
+  std::string to_json() const;
   void validate() const;
 };
 
@@ -259,5 +262,8 @@ class LTX : public Family {
   precision::InputPolicy inputs_;
   LatentGrid grid_;
 };
+
+// The family's record for the registry (models/family_traits.hpp).
+extern const FamilyTraits kLtxTraits;
 
 }  // namespace ditrl::models

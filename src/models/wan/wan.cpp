@@ -1,6 +1,6 @@
 #include <ditrl/error.hpp>
 #include <ditrl/models/json_config.hpp>
-#include <ditrl/models/wan.hpp>
+#include <ditrl/models/wan/wan.hpp>
 
 #include <ATen/ATen.h>
 #include <boost/json.hpp>
@@ -484,6 +484,28 @@ std::vector<CondSpec> Wan::cond_spec() const {
 
 std::vector<std::shared_ptr<torch::nn::Module>> Wan::expert_modules() {
   return hosts_;
+}
+
+std::string WanConfig::to_json() const {
+  const WanConfig& c = *this;
+  json::object o = json_config::diffusers_header("WanTransformer3DModel");
+  o["patch_size"] = json_config::int_array(c.patch_size);
+  o["num_attention_heads"] = c.num_attention_heads;
+  o["attention_head_dim"] = c.attention_head_dim;
+  o["in_channels"] = c.in_channels;
+  o["out_channels"] = c.out_channels;
+  o["text_dim"] = c.text_dim;
+  o["freq_dim"] = c.freq_dim;
+  o["ffn_dim"] = c.ffn_dim;
+  o["num_layers"] = c.num_layers;
+  o["cross_attn_norm"] = c.cross_attn_norm;
+  o["qk_norm"] = "rms_norm_across_heads";
+  o["eps"] = c.eps;
+  o["image_dim"] = nullptr;
+  o["added_kv_proj_dim"] = nullptr;
+  o["rope_max_seq_len"] = c.rope_max_seq_len;
+  o["pos_embed_seq_len"] = nullptr;
+  return json::serialize(o);
 }
 
 }  // namespace ditrl::models

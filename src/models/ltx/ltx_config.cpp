@@ -1,6 +1,6 @@
 #include <ditrl/error.hpp>
 #include <ditrl/models/json_config.hpp>
-#include <ditrl/models/ltx.hpp>
+#include <ditrl/models/ltx/ltx.hpp>
 
 #include <spdlog/spdlog.h>
 #include <boost/json.hpp>
@@ -251,6 +251,47 @@ void LtxConfig::validate() const {
     fail("ltx config: audio_positional_embedding_max_pos must have 1 entry (time), got {}",
          audio_positional_embedding_max_pos.size());
   if (!(av_ca_timestep_scale_multiplier > 0)) fail("ltx config: av_ca_timestep_scale_multiplier must be positive");
+}
+
+// The keys from_json reads, with the values ltx_core fixes.
+std::string LtxConfig::to_json() const {
+  const LtxConfig& c = *this;
+  if (!c.audio)
+    fail(
+        "ltx: a video-only model has no ltx_core checkpoint config (ltx_core's configurator always builds the "
+        "audio stream); export the weights of an audio+video preset or give model.config");
+  json::object t;
+  t["num_attention_heads"] = c.num_attention_heads;
+  t["attention_head_dim"] = c.attention_head_dim;
+  t["in_channels"] = c.in_channels;
+  t["out_channels"] = c.out_channels;
+  t["num_layers"] = c.num_layers;
+  t["cross_attention_dim"] = c.cross_attention_dim;
+  t["norm_eps"] = c.norm_eps;
+  t["positional_embedding_theta"] = c.positional_embedding_theta;
+  t["positional_embedding_max_pos"] = json_config::int_array(c.positional_embedding_max_pos);
+  t["timestep_scale_multiplier"] = c.timestep_scale_multiplier;
+  t["use_middle_indices_grid"] = c.use_middle_indices_grid;
+  t["rope_type"] = c.rope_type;
+  t["frequencies_precision"] = c.double_precision_rope ? "float64" : "float32";
+  t["apply_gated_attention"] = c.apply_gated_attention;
+  t["cross_attention_adaln"] = c.cross_attention_adaln;
+  t["use_prompt_adaln_single"] = c.use_prompt_adaln_single;
+  t["caption_proj_before_connector"] = !c.caption_projection;
+  t["caption_channels"] = c.caption_channels;
+  t["ff_bias"] = c.ff_bias;
+  t["audio_ff_bias"] = c.audio_ff_bias;
+  t["use_keyframes_abs_pos_embedding"] = c.use_keyframes_abs_pos_embedding;
+  t["audio_num_attention_heads"] = c.audio_num_attention_heads;
+  t["audio_attention_head_dim"] = c.audio_attention_head_dim;
+  t["audio_in_channels"] = c.audio_in_channels;
+  t["audio_out_channels"] = c.audio_out_channels;
+  t["audio_cross_attention_dim"] = c.audio_cross_attention_dim;
+  t["audio_positional_embedding_max_pos"] = json_config::int_array(c.audio_positional_embedding_max_pos);
+  t["av_ca_timestep_scale_multiplier"] = c.av_ca_timestep_scale_multiplier;
+  json::object o;
+  o["transformer"] = std::move(t);
+  return json::serialize(o);
 }
 
 }  // namespace ditrl::models

@@ -1,5 +1,5 @@
 #include <ditrl/error.hpp>
-#include <ditrl/models/wan_rope.hpp>
+#include <ditrl/models/wan/wan_rope.hpp>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>

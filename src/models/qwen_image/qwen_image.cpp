@@ -1,6 +1,6 @@
 #include <ditrl/error.hpp>
 #include <ditrl/models/json_config.hpp>
-#include <ditrl/models/qwen_image.hpp>
+#include <ditrl/models/qwen_image/qwen_image.hpp>
 
 #include <ATen/ATen.h>
 #include <boost/json.hpp>
@@ -450,6 +450,21 @@ LatentRgbFactors QwenImage::latent_rgb_factors() const {
 std::vector<CondSpec> QwenImage::cond_spec() const {
   return {{"encoder_hidden_states", {config_.text_tokens, config_.joint_attention_dim}, c10::ScalarType::Float},
           {"encoder_hidden_states_mask", {config_.text_tokens}, c10::ScalarType::Long}};
+}
+
+std::string QwenImageConfig::to_json() const {
+  const QwenImageConfig& c = *this;
+  json::object o = json_config::diffusers_header("QwenImageTransformer2DModel");
+  o["patch_size"] = c.patch_size;
+  o["in_channels"] = c.in_channels;
+  o["out_channels"] = c.out_channels;
+  o["num_layers"] = c.num_layers;
+  o["attention_head_dim"] = c.attention_head_dim;
+  o["num_attention_heads"] = c.num_attention_heads;
+  o["joint_attention_dim"] = c.joint_attention_dim;
+  o["guidance_embeds"] = false;
+  o["axes_dims_rope"] = json_config::int_array(c.axes_dims_rope);
+  return json::serialize(o);
 }
 
 }  // namespace ditrl::models

@@ -16,10 +16,11 @@
 #include <ditrl/models/attention.hpp>
 #include <ditrl/models/embeddings.hpp>
 #include <ditrl/models/family.hpp>
+#include <ditrl/models/family_traits.hpp>
 #include <ditrl/models/feed_forward.hpp>
 #include <ditrl/models/latent_preview.hpp>
 #include <ditrl/models/norms.hpp>
-#include <ditrl/models/qwen_rope.hpp>
+#include <ditrl/models/qwen_image/qwen_rope.hpp>
 
 #include <array>
 #include <cstdint>
@@ -49,6 +50,8 @@ struct QwenImageConfig {
   static QwenImageConfig preset(const std::string& name);
   static std::vector<std::string> preset_names();
   static QwenImageConfig from_json(const std::string& text, const std::string& source);
+  // The config its reference loader reads (written next to exported weights).
+  std::string to_json() const;
   void validate() const;
 };
 
@@ -127,5 +130,8 @@ class QwenImage : public Family {
   precision::InputPolicy inputs_;
   QwenRope rope_;
 };
+
+// The family's record for the registry (models/family_traits.hpp).
+extern const FamilyTraits kQwenImageTraits;
 
 }  // namespace ditrl::models

@@ -10,6 +10,7 @@
 #include <ditrl/models/attention.hpp>
 #include <ditrl/models/embeddings.hpp>
 #include <ditrl/models/family.hpp>
+#include <ditrl/models/family_traits.hpp>
 #include <ditrl/models/feed_forward.hpp>
 #include <ditrl/models/latent_preview.hpp>
 
@@ -47,6 +48,8 @@ struct SD3Config {
   static std::vector<std::string> preset_names();
   // A diffusers config.json; `source` names it in errors.
   static SD3Config from_json(const std::string& text, const std::string& source);
+  // The config its reference loader reads (written next to exported weights).
+  std::string to_json() const;
   void validate() const;
 };
 
@@ -112,5 +115,8 @@ class SD3 : public Family {
   SD3Config config_;
   precision::InputPolicy inputs_;
 };
+
+// The family's record for the registry (models/family_traits.hpp).
+extern const FamilyTraits kSd3Traits;
 
 }  // namespace ditrl::models

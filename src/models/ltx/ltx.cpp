@@ -1,5 +1,5 @@
 #include <ditrl/error.hpp>
-#include <ditrl/models/ltx.hpp>
+#include <ditrl/models/ltx/ltx.hpp>
 #include <ditrl/models/norms.hpp>
 
 #include <ATen/ATen.h>

@@ -1,7 +1,7 @@
 #include <ditrl/error.hpp>
 #include <ditrl/models/json_config.hpp>
 #include <ditrl/models/norms.hpp>
-#include <ditrl/models/sd3.hpp>
+#include <ditrl/models/sd3/sd3.hpp>
 
 #include <ATen/ATen.h>
 #include <boost/json.hpp>
@@ -350,6 +350,28 @@ LatentRgbFactors SD3::latent_rgb_factors() const {
 std::vector<CondSpec> SD3::cond_spec() const {
   return {{"encoder_hidden_states", {config_.text_tokens, config_.joint_attention_dim}, c10::ScalarType::Float},
           {"pooled_projections", {config_.pooled_projection_dim}, c10::ScalarType::Float}};
+}
+
+std::string SD3Config::to_json() const {
+  const SD3Config& c = *this;
+  json::object o = json_config::diffusers_header("SD3Transformer2DModel");
+  o["sample_size"] = c.sample_size;
+  o["patch_size"] = c.patch_size;
+  o["in_channels"] = c.in_channels;
+  o["num_layers"] = c.num_layers;
+  o["attention_head_dim"] = c.attention_head_dim;
+  o["num_attention_heads"] = c.num_attention_heads;
+  o["joint_attention_dim"] = c.joint_attention_dim;
+  o["caption_projection_dim"] = c.caption_projection_dim;
+  o["pooled_projection_dim"] = c.pooled_projection_dim;
+  o["out_channels"] = c.out_channels;
+  o["pos_embed_max_size"] = c.pos_embed_max_size;
+  o["dual_attention_layers"] = json_config::int_array(c.dual_attention_layers);
+  if (c.qk_norm)
+    o["qk_norm"] = "rms_norm";
+  else
+    o["qk_norm"] = nullptr;
+  return json::serialize(o);
 }
 
 }  // namespace ditrl::models

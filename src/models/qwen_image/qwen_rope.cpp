@@ -1,5 +1,5 @@
 #include <ditrl/error.hpp>
-#include <ditrl/models/qwen_rope.hpp>
+#include <ditrl/models/qwen_image/qwen_rope.hpp>
 
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>

@@ -1,6 +1,6 @@
 #include <ditrl/dist/device.hpp>
 #include <ditrl/error.hpp>
-#include <ditrl/models/ltx_rope.hpp>
+#include <ditrl/models/ltx/ltx_rope.hpp>
 
 #include <ATen/ATen.h>
 
