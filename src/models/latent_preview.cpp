@@ -1,9 +1,9 @@
 #include <ditrl/error.hpp>
 #include <ditrl/models/latent_preview.hpp>
-#include <ditrl/models/ltx.hpp>
-#include <ditrl/models/qwen_image.hpp>
-#include <ditrl/models/sd3.hpp>
-#include <ditrl/models/wan.hpp>
+#include <ditrl/models/ltx/ltx.hpp>
+#include <ditrl/models/qwen_image/qwen_image.hpp>
+#include <ditrl/models/sd3/sd3.hpp>
+#include <ditrl/models/wan/wan.hpp>
 
 #include <ATen/ATen.h>
 
