@@ -40,7 +40,7 @@ TEST_CASE("latent preview: each pixel is round(clamp((latent . weights + bias + 
   f.weights = {{0.5f, -0.25f, 0.125f}, {-0.375f, 0.75f, 0.25f}};
   f.bias = {0.125f, -0.5f, 0.0f};
   f.spatial = 1;
-  const std::vector<float> values{-1.0f, -0.5f, 0.0f, 0.5f, 1.0f, 1.5f};
+  const std::vector<float> values{-3.0f, -0.5f, 0.0f, 0.5f, 1.0f, 3.0f};
   at::Tensor frames = at::empty({2, 2, 2, 3});  // F = 2, C = 2, H = 2, W = 3
   auto a = frames.accessor<float, 4>();
   int64_t i = 0;
