@@ -99,6 +99,10 @@ set_target_properties(Boost::json PROPERTIES
   INTERFACE_INCLUDE_DIRECTORIES "${DITRL_BOOST_INCLUDE_DIR}" INTERFACE_LINK_LIBRARIES "${DITRL_BOOST_JSON_LIBRARY}")
 # SHA-256 of checkpoints and prompt datasets (io/sha256.cpp): OpenSSL's libcrypto.
 find_package(OpenSSL REQUIRED COMPONENTS Crypto)
+# Sample images (io/png.cpp) and animated sample videos (io/webp.cpp): libpng and libwebp's mux library.
+find_package(PNG REQUIRED)
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(WEBP REQUIRED IMPORTED_TARGET libwebp libwebpmux libwebpdemux)
 find_package(tomlplusplus REQUIRED)
 find_package(CLI11 REQUIRED)
 find_package(spdlog REQUIRED)

@@ -8,6 +8,7 @@ PACKAGES=(
   libopenmpi-dev openmpi-bin
   libhdf5-openmpi-dev hdf5-tools
   libboost-json1.81-dev libtomlplusplus-dev catch2 libcli11-dev libspdlog-dev libssl-dev
+  libpng-dev libwebp-dev pkg-config chromium
   python3-h5py python3-matplotlib python3-numpy python3-pil python3-venv
 )
 

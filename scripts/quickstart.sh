@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # From nothing to a trained tiny model: dependencies, build, a Flow-GRPO run of
-# inputs/quickstart.toml, and a PNG of its curves. Where an NVIDIA GPU is
+# inputs/quickstart.toml (with preview sample grids in OUT/samples), and a PNG of its curves. Where an NVIDIA GPU is
 # visible (nvidia-smi -L, or /dev/nvidia0), the CUDA variant is built
 # (-DDITRL_CUDA=ON against the venv's torch, which carries CUDA LibTorch) and
 # the quickstart trains on the GPU, one rank per GPU as slurm/train.sbatch and
@@ -47,4 +47,4 @@ else
 fi
 
 /usr/bin/python3 tools/plot_metrics.py "$OUT/metrics.h5" --out "$OUT/curves.png" --summary
-echo "quickstart: metrics $OUT/metrics.h5, checkpoints $OUT/checkpoints/, curves $OUT/curves.png"
+echo "quickstart: metrics $OUT/metrics.h5, checkpoints $OUT/checkpoints/, samples $OUT/samples/, curves $OUT/curves.png"

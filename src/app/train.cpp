@@ -21,9 +21,12 @@
 #include <ditrl/app/options.hpp>
 #include <ditrl/app/out_dir.hpp>
 #include <ditrl/app/progress.hpp>
+#include <ditrl/app/report.hpp>
 #include <ditrl/app/run.hpp>
 #include <ditrl/app/run_checkpoints.hpp>
+#include <ditrl/app/samples.hpp>
 #include <ditrl/app/stop_signal.hpp>
+#include <ditrl/build_info.hpp>
 #include <ditrl/clock.hpp>
 #include <ditrl/dist/device.hpp>
 #include <ditrl/dist/watchdog.hpp>
@@ -232,6 +235,30 @@ int preempted_in_rollout(const config::Config& config, bool root, const RolloutA
   return 0;
 }
 
+// Rank 0's report page, starting from the rows of metrics.h5 before the
+// step a resumed run continues at (read before the writer opens the file).
+std::unique_ptr<RunReport> open_report(const Run& run, const std::string& deck_path, bool resumed, int64_t step) {
+  const config::Config& c = run.config;
+  ReportIdentity id{c.run.name,
+                    deck_path,
+                    run.deck_text,
+                    build::git_commit(),
+                    run.runtime->device().str(),
+                    run.runtime->world().size,
+                    at::get_num_threads(),
+                    c.train.num_rollouts};
+  const std::string path = (std::filesystem::path(c.run.out_dir) / "metrics.h5").string();
+  io::MetricsTable earlier;
+  if (resumed && std::filesystem::exists(path)) {
+    const io::MetricsTable all = io::read_metrics(path);
+    for (size_t i = 0; i < all.steps.size() && all.steps[i] < step; ++i) {
+      earlier.steps.push_back(all.steps[i]);
+      for (const auto& [key, values] : all.series) earlier.series[key].push_back(values[i]);
+    }
+  }
+  return std::make_unique<RunReport>(c.run.out_dir, std::move(id), earlier);
+}
+
 int train(const TrainCli& cli) {
   config::Config config = config::load_deck(cli.deck, cli.overrides);
   if (!cli.resume.empty()) config.checkpoint.resume = cli.resume;  // the flag overrides the deck's key
@@ -258,6 +285,12 @@ int train(const TrainCli& cli) {
     return preempted_at_start_up(config, root, signal,
                                  fmt::format("before rollout {}/{}", first_rollout + 1, config.train.num_rollouts));
 
+  // The weights before any training, then every log.samples_every rollouts.
+  const std::unique_ptr<SampleWriter> samples = open_sample_writer(run, first_rollout);
+  if (samples && first_rollout == 0) samples->write(0);
+
+  std::unique_ptr<RunReport> report;
+  if (root) report = open_report(run, cli.deck, checkpoints.resumed(), trainer.global_step());
   std::unique_ptr<io::MetricsWriter> metrics;
   if (root)
     metrics = std::make_unique<io::MetricsWriter>(
@@ -307,8 +340,13 @@ int train(const TrainCli& cli) {
       r.values["perf/state_bytes"] = state_bytes;
       r.values["perf/peak_rss_bytes"] = stop[1].item<double>();
       if (on_gpu) r.values["perf/peak_device_bytes"] = stop[2].item<double>();
-      if (metrics && r.step % config.metrics.every == 0) metrics->write(r.step, r.values);
+      if (metrics && r.step % config.metrics.every == 0) {
+        metrics->write(r.step, r.values);
+        report->add(r);
+      }
     }
+    if (samples && samples->due(rollout_id + 1)) samples->write(rollout_id + 1);
+    if (report && save) report->write(rollout_id + 1, rollout_id + 1 - first_rollout, seconds_since(run_start));
     if ((signalled || boxed) && !last) {
       if (signalled)
         spdlog::info("signal {} received: checkpointed after rollout {}/{}; exiting for requeue",

@@ -23,6 +23,7 @@ struct Config {
   DataSection data;
   CheckpointSection checkpoint;
   MetricsSection metrics;
+  LogSection log;
   DebugSection debug;
 
   std::string source;  // the deck file (or a description of where the text came from)
@@ -39,6 +40,7 @@ struct Config {
     v.table("data", data, "The prompts (and SFT targets) the rollouts draw from.");
     v.table("checkpoint", checkpoint, "When checkpoints are written and kept, and where a run resumes from.");
     v.table("metrics", metrics, "How often metrics.h5 gets a row.");
+    v.table("log", log, "Preview samples written while the run trains (OUT/samples).");
     v.table("debug", debug, "Tensor dumps for `ditrl align` and checks for debugging.");
   }
 };

@@ -435,6 +435,23 @@ struct MetricsSection {
   }
 };
 
+struct LogSection {
+  int64_t samples_every = 0;  // app/samples.hpp
+  int64_t samples = 4;
+
+  template <class V>
+  void fields(V& v) {
+    v("samples_every", samples_every,
+      "write the preview samples to OUT/samples every this many rollouts, before the first and after the last: a "
+      "PNG grid (image families) or an animated WebP (video families); 0 = none",
+      Between{0, 1e9});
+    v("samples", samples,
+      "K, the preview samples: a seeded choice of prompts with fixed noise, sampled with the ODE (the same each "
+      "time)",
+      Between{1, 64});
+  }
+};
+
 struct DebugSection {
   bool dump = false;
   std::vector<int64_t> rollouts{0};

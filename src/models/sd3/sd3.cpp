@@ -322,6 +322,31 @@ std::vector<int64_t> SD3::latent_shape(int64_t batch, const LatentGrid& grid) co
   return {batch, config_.in_channels, grid.height, grid.width};
 }
 
+LatentRgbFactors SD3::latent_rgb_factors() const {
+  if (config_.out_channels != 16) return {};
+  // The SD3 VAE's 16 channels (ComfyUI's latent_formats.SD3).
+  return {{{-0.0922f, -0.0175f, 0.0749f},
+           {0.0311f, 0.0633f, 0.0954f},
+           {0.1994f, 0.0927f, 0.0458f},
+           {0.0856f, 0.0339f, 0.0902f},
+           {0.0587f, 0.0272f, -0.0496f},
+           {-0.0006f, 0.1104f, 0.0309f},
+           {0.0978f, 0.0306f, 0.0427f},
+           {-0.0042f, 0.1038f, 0.1358f},
+           {-0.0194f, 0.002f, 0.0669f},
+           {-0.0488f, 0.013f, -0.0268f},
+           {0.0922f, 0.0988f, 0.0951f},
+           {-0.0278f, 0.0524f, -0.0542f},
+           {0.0332f, 0.0456f, 0.0895f},
+           {-0.0069f, -0.003f, -0.081f},
+           {-0.0596f, -0.0465f, -0.0293f},
+           {-0.1448f, -0.1463f, -0.1189f}},
+          {0.2394f, 0.2135f, 0.1925f},
+          8,
+          1,
+          "ComfyUI's SD3 latent preview factors"};
+}
+
 std::vector<CondSpec> SD3::cond_spec() const {
   return {{"encoder_hidden_states", {config_.text_tokens, config_.joint_attention_dim}, c10::ScalarType::Float},
           {"pooled_projections", {config_.pooled_projection_dim}, c10::ScalarType::Float}};

@@ -18,6 +18,7 @@
 #include <ditrl/models/family.hpp>
 #include <ditrl/models/family_traits.hpp>
 #include <ditrl/models/feed_forward.hpp>
+#include <ditrl/models/latent_preview.hpp>
 #include <ditrl/models/norms.hpp>
 #include <ditrl/models/qwen_image/qwen_rope.hpp>
 
@@ -93,6 +94,8 @@ class QwenImage : public Family {
   double guidance_scale(const GuidanceOptions& g, double timestep) const override;
   std::vector<int64_t> latent_shape(int64_t batch, const LatentGrid& grid) const override;
   std::vector<CondSpec> cond_spec() const override;
+  // The published factors for this preset's latent channels (models/latent_preview.hpp); none: empty.
+  LatentRgbFactors latent_rgb_factors() const;
 
   const QwenImageConfig& config() const { return config_; }
 

@@ -12,6 +12,7 @@
 #include <ditrl/models/family.hpp>
 #include <ditrl/models/family_traits.hpp>
 #include <ditrl/models/feed_forward.hpp>
+#include <ditrl/models/latent_preview.hpp>
 
 #include <cstdint>
 #include <memory>
@@ -88,6 +89,8 @@ class SD3 : public Family {
   std::vector<DtypeOverride> default_overrides() const override { return {}; }
   std::vector<int64_t> latent_shape(int64_t batch, const LatentGrid& grid) const override;
   std::vector<CondSpec> cond_spec() const override;
+  // The published factors for this preset's latent channels (models/latent_preview.hpp); none: empty.
+  LatentRgbFactors latent_rgb_factors() const;
 
   const SD3Config& config() const { return config_; }
 

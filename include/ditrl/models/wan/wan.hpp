@@ -22,6 +22,7 @@
 #include <ditrl/models/family.hpp>
 #include <ditrl/models/family_traits.hpp>
 #include <ditrl/models/feed_forward.hpp>
+#include <ditrl/models/latent_preview.hpp>
 #include <ditrl/models/norms.hpp>
 #include <ditrl/models/wan/wan_rope.hpp>
 
@@ -137,6 +138,10 @@ class Wan : public Family {
   std::vector<int64_t> latent_shape(int64_t batch, const LatentGrid& grid) const override;
   void check_sequence_parallel(int64_t ranks, const LatentGrid& grid) const override;
   std::vector<CondSpec> cond_spec() const override;
+  // The published factors for this preset's latent channels (models/latent_preview.hpp); none: empty.
+  LatentRgbFactors latent_rgb_factors() const;
+  // Latents [B, ...] as [B, F, C, H, W] frames.
+  at::Tensor latent_frames(const at::Tensor& latents, const LatentGrid& grid) const;
   std::vector<std::shared_ptr<torch::nn::Module>> expert_modules() override;
 
   // The expert that denoises at trajectory timestep t: 0 (high noise,
