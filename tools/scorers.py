@@ -39,7 +39,8 @@ SCORERS = TORCH_SCORERS + ("ocr",)
 
 class ClipPreprocess(torch.nn.Module):
     """CLIPProcessor / open_clip's validation transform on tensors: shortest side to `size`
-    (bicubic), centre crop, normalise. An image already size x size passes through unresized."""
+    (bicubic, antialiased like PIL's resize), centre crop, normalise. An image already size x size
+    passes through unresized."""
 
     def __init__(self, size: int):
         super().__init__()
@@ -50,9 +51,11 @@ class ClipPreprocess(torch.nn.Module):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         h, w = images.shape[-2], images.shape[-1]
         if h != self.size or w != self.size:
-            scale = float(self.size) / float(min(h, w))
-            nh, nw = max(self.size, int(round(h * scale))), max(self.size, int(round(w * scale)))
-            images = F.interpolate(images, size=[nh, nw], mode="bicubic", align_corners=False).clamp(0.0, 1.0)
+            # The long side as CLIPProcessor and torchvision's Resize size it: floor(long * size / short).
+            short = min(h, w)
+            nh, nw = h * self.size // short, w * self.size // short
+            images = F.interpolate(images, size=[nh, nw], mode="bicubic", align_corners=False,
+                                   antialias=True).clamp(0.0, 1.0)
             top, left = (nh - self.size) // 2, (nw - self.size) // 2
             images = images[:, :, top:top + self.size, left:left + self.size]
         return (images - self.mean) / self.std
@@ -171,14 +174,15 @@ def clip_text_encoder(model, processor, device: str):
 
 
 def image_size(processor) -> int:
-    crop = processor.image_processor.crop_size
-    return int(crop["height"] if isinstance(crop, dict) else crop)
+    crop = processor.image_processor.crop_size  # an int, a dict or (transformers 5) a SizeDict
+    height = getattr(crop, "height", None)
+    return int(height if height is not None else crop["height"] if isinstance(crop, dict) else crop)
 
 
 def load_pickscore(model_dir: str, processor_dir: Optional[str], device: str, **_) -> Scorer:
     model, processor = clip_model_and_processor(model_dir, processor_dir)
     model.to(device)
-    head = ClipSimilarity(model, float(model.logit_scale.exp()))
+    head = ClipSimilarity(model, float(model.logit_scale.detach().exp()))
     return Scorer("pickscore", head, clip_text_encoder(model, processor, device), image_size(processor), device,
                   f"PickScore {model_dir}")
 
@@ -305,8 +309,7 @@ class FunctionScorer:
         self.identity = self.name
 
     def score(self, data: torch.Tensor, prompts: List[str]) -> torch.Tensor:
-        scores = self.fn(data, prompts)
-        return torch.as_tensor(np.asarray(scores, dtype=np.float64)).float().reshape(-1)
+        return torch.as_tensor(np.asarray(self.fn(data, prompts), dtype=np.float64)).reshape(-1)
 
 
 def describe(scorer) -> str:
