@@ -176,8 +176,7 @@ def tiny_parts(args: argparse.Namespace, prompts: List[str]):
     return TinyDecode(args.family == "wan"), head, text, args.size, f"tiny-{args.scorer}-{args.family} seed 0"
 
 
-def example_latents(family: str, tiny: bool, latent_frames: int) -> torch.Tensor:
-    h = 8 if tiny else 64
+def example_latents(family: str, h: int, latent_frames: int) -> torch.Tensor:
     return torch.randn(2, 16, latent_frames, h, h) if family == "wan" else torch.randn(2, 16, h, h)
 
 
@@ -199,12 +198,14 @@ def main(argv: List[str]) -> None:
     parser.add_argument("--latent-frames", type=int, default=21,
                         help="wan: latent frames of the rollout (rollout.frames; 21 for 81 video frames); the traced "
                              "decoder is fixed to it and refuses others")
+    parser.add_argument("--latent-size", type=int, default=0,
+                        help="latent height/width of the tracing example (default 64, --tiny 8); other sizes run")
     parser.add_argument("--size", type=int, default=224, help="--tiny: image tower input size (real scorers: their processor's crop size)")
     args = parser.parse_args(argv)
     if args.tiny == bool(args.vae):
         fail("give exactly one of --vae MODEL_DIR/vae or --tiny")
-    if args.frames < 1 or args.size < 1 or args.latent_frames < 1:
-        fail("--frames, --latent-frames and --size must be positive")
+    if args.frames < 1 or args.size < 1 or args.latent_frames < 1 or args.latent_size < 0:
+        fail("--frames, --latent-frames and --size must be positive, --latent-size non-negative")
     with open(args.prompts, encoding="utf-8") as f:
         prompts = [line.rstrip("\n") for line in f if line.strip()]
     if not prompts:
@@ -212,7 +213,7 @@ def main(argv: List[str]) -> None:
 
     decode, head, text, size, identity = (tiny_parts if args.tiny else real_parts)(args, prompts)
     latent_frames = args.latent_frames if not args.tiny else 1
-    example = example_latents(args.family, args.tiny, latent_frames)
+    example = example_latents(args.family, args.latent_size or (8 if args.tiny else 64), latent_frames)
     with torch.no_grad(), math_attention():
         decode = torch.jit.trace(decode.eval(), (example,))
         head = torch.jit.trace(head.eval(), (torch.zeros(example.shape[0], 3, size, size), text[:1].expand(

@@ -17,7 +17,8 @@ Scorers and the published scoring they reproduce (the real architectures from th
              CLIP ViT-L/14 image embedding, normalised, then the MLP 768-1024-128-64-16-1); no prompt
   ocr        rapidocr-onnxruntime (its shipped PP-OCR models) read against the prompt's quoted text;
              1 - min(edit distance, len) / len after removing spaces and lower-casing (flow_grpo's OCR
-             reward); not torch, so server only
+             reward); not torch, so server only. Video: the plain mean over the scored frames
+             (flow_grpo's video OCR takes every 4th frame and averages only those read above 0)
 Video ([B, F, H, W, 3]) is scored frame by frame and averaged per sample (`frames` evenly spaced
 frames, all when 0). A user's function (`load_function`) takes the same inputs as a scorer.
 """
@@ -242,10 +243,10 @@ def load_scorer(name: str, model: str, processor: Optional[str] = None, device: 
 
 
 def quoted_text(prompt: str) -> str:
-    """The text an OCR prompt asks for: between its first pair of double quotes (the whole prompt
+    """The text an OCR prompt asks for: after its first double quote up to the next (the whole prompt
     when it has none), without spaces, lower case."""
     parts = prompt.split('"')
-    text = parts[1] if len(parts) > 2 else prompt
+    text = parts[1] if len(parts) > 1 else prompt
     return text.replace(" ", "").lower()
 
 
@@ -261,9 +262,7 @@ def edit_distance(a: str, b: str) -> int:
 def ocr_accuracy(read: str, prompt: str) -> float:
     target = quoted_text(prompt)
     read = read.replace(" ", "").lower()
-    if not target:
-        return 0.0
-    return 1.0 - min(edit_distance(read, target), len(target)) / len(target)
+    return 1.0 - min(edit_distance(read, target), len(target)) / max(len(target), 1)
 
 
 class OcrScorer:
