@@ -151,6 +151,7 @@ def build_models():
     from transformers import CLIPVisionConfig
     out = os.path.join(WORK, "models")
     os.makedirs(out, exist_ok=True)
+    torch.manual_seed(0)  # the libraries' own inits of the weights seeded() only perturbs (CLIP's class embedding)
     tiny_models.pickscore(out)  # out/pickscore: CLIPModel, out/processor: CLIPProcessor (size 32)
     vision = CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                               image_size=SIZE, patch_size=8, projection_dim=16)
