@@ -19,6 +19,8 @@ Scorers and the published scoring they reproduce (the real architectures from th
              1 - min(edit distance, len) / len after removing spaces and lower-casing (flow_grpo's OCR
              reward); not torch, so server only. Video: the plain mean over the scored frames
              (flow_grpo's video OCR takes every 4th frame and averages only those read above 0)
+ImageReward is not here: image-reward 1.5 does not import with transformers 5, so there is no
+package scoring to check a rewrite against (docs/reward-server.md).
 Video ([B, F, H, W, 3]) is scored frame by frame and averaged per sample (`frames` evenly spaced
 frames, all when 0). A user's function (`load_function`) takes the same inputs as a scorer.
 """
@@ -151,12 +153,16 @@ class Scorer:
         return self.head(self.preprocess(pixels.to(self.device)), text.to(self.device)).float()
 
     @torch.no_grad()
-    def score_images(self, images: torch.Tensor, prompts: List[str]) -> torch.Tensor:
-        """uint8 [B, H, W, 3] or [B, F, H, W, 3] -> [B] (frames averaged)."""
+    def score_images(self, images: torch.Tensor, prompts: List[str], chunk: int = 64) -> torch.Tensor:
+        """uint8 [B, H, W, 3] or [B, F, H, W, 3] -> [B] (frames averaged). Frames go to the device
+        `chunk` at a time: a video batch in fp32 at full resolution would not fit."""
         flat, f = as_frames(images, self.frames)
-        pixels = flat.to(self.device).permute(0, 3, 1, 2).float() / 255.0
         text = self.text_features(prompts).repeat_interleave(f, 0)
-        return self.score_pixels(pixels, text).view(-1, f).mean(1).cpu()
+        scores = []
+        for start in range(0, flat.shape[0], chunk):
+            pixels = flat[start:start + chunk].to(self.device).permute(0, 3, 1, 2).float() / 255.0
+            scores.append(self.score_pixels(pixels, text[start:start + chunk]))
+        return torch.cat(scores).view(-1, f).mean(1).cpu()
 
 
 def clip_model_and_processor(model_dir: str, processor_dir: Optional[str]):

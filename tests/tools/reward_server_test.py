@@ -274,6 +274,9 @@ def mode_scorers():
         diff = max_diff(local, want)
         check(f"{name}: in-process scorer vs the package's eager scoring", diff <= 1e-4 * scale,
               f"scores {[round(v, 4) for v in want.tolist()]}, max diff {diff:.2e} (bound {1e-4 * scale:.1e})")
+        chunked = scorer.score_images(video, PROMPTS[:2], chunk=2)  # 6 frames in chunks of 2
+        diff = max_diff(chunked, scorer.score_images(video, PROMPTS[:2]))
+        check(f"{name}: video scored in chunks of 2 frames = in one", diff <= 1e-6 * scale, f"max diff {diff:.2e}")
         with Server(name, ["--scorer", name, *args]) as server:
             check(f"{name}: /health", server.health == {"status": "ok", "protocol": 1, "scorer": name,
                                                         "input": "images"}, json.dumps(server.health))
