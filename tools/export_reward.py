@@ -200,7 +200,8 @@ def main(argv: List[str]) -> None:
                              "decoder is fixed to it and refuses others")
     parser.add_argument("--latent-size", type=int, default=0,
                         help="latent height/width of the tracing example (default 64, --tiny 8); other sizes run")
-    parser.add_argument("--size", type=int, default=224, help="--tiny: image tower input size (real scorers: their processor's crop size)")
+    parser.add_argument("--size", type=int, default=224,
+                        help="--tiny: image tower input size (real scorers: their processor's crop size)")
     args = parser.parse_args(argv)
     if args.tiny == bool(args.vae):
         fail("give exactly one of --vae MODEL_DIR/vae or --tiny")
