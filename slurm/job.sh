@@ -10,6 +10,8 @@
 #               a requeued job keeps its id, so it finds its own checkpoints
 #   DITRL_LAUNCHER  srun (default; --mpi=pmix) or mpirun (Open MPI inside the allocation)
 #   DITRL_SET   extra "--set k=v" overrides, space separated
+#   DITRL_SRUN_ARGS  extra srun options for the step, space separated (slurm/reward_server.sbatch:
+#               --het-group=1, the training component of a heterogeneous job)
 #   DITRL_STARTUP_RETRIES  times a step that fails during MPI start-up is rerun (default 1)
 #   OMPI_MCA_odls_base_sigkill_timeout  mpirun launcher: seconds from a TERM to mpirun to its
 #               TERM to the ranks, and again to SIGKILL (default here 30; Open MPI's own is 1)
@@ -55,7 +57,8 @@ launch() {
     local root=(); [[ $(id -u) == 0 ]] && root=(--allow-run-as-root)
     mpirun "${root[@]}" -np "$SLURM_NTASKS" --bind-to none "$DITRL" "${args[@]}" &
   else
-    srun --mpi=pmix --kill-on-bad-exit=1 "$DITRL" "${args[@]}" &
+    local extra=(); read -r -a extra <<< "${DITRL_SRUN_ARGS:-}"
+    srun --mpi=pmix --kill-on-bad-exit=1 "${extra[@]}" "$DITRL" "${args[@]}" &
   fi
   step=$!
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Export a PickScore reward on VAE-decoded latents as the TorchScript module ditrl loads.
+"""Export a reward scorer on VAE-decoded latents as the TorchScript module ditrl loads.
 
 ditrl's `[reward] kind = "torchscript"` loads MODULE.pt and calls
     forward(latents: Tensor, prompt_index: Tensor) -> Tensor          # [N] fp32 rewards
@@ -12,12 +12,14 @@ The exported module holds, as buffers:
   * the family's VAE decoder with its latent de-normalisation (SD3: x / 1.5305 + 0.0609;
     Qwen-Image and Wan: x * std + mean per channel; video: the frames are decoded and
     `--frames` of them scored, the mean taken),
-  * the PickScore CLIP-H image tower and its preprocessing (resize to 224, centre crop,
-    CLIP mean/std) written in torch ops so that it traces,
-  * the prompts' PickScore text embeddings, precomputed here from the prompt list in the
-    order of the prompt dataset and indexed by prompt_index (no tokenizer in TorchScript).
-reward = logit_scale * <normalised image embedding, normalised text embedding>
-(PickScore_v1 scoring, as in flow_grpo's pickscore_scorer.py).
+  * the scorer's image preprocessing (resize to its size, centre crop, CLIP mean/std) written in
+    torch ops so that it scripts, and its traced head (tools/scorers.py: `--scorer` pickscore,
+    hpsv2, clip or aesthetic; ocr is served by tools/reward_server.py only),
+  * the prompts' text features, precomputed here from the prompt list in the order of the prompt
+    dataset and indexed by prompt_index (no tokenizer in TorchScript).
+PickScore: reward = logit_scale * <normalised image embedding, normalised text embedding>
+(PickScore_v1 scoring, as in flow_grpo's pickscore_scorer.py); the other scorers' formulas are in
+tools/scorers.py.
 
 Status: the real export path runs in ditrl's tests on the real classes (diffusers AutoencoderKL /
 AutoencoderKLWan / AutoencoderKLQwenImage, transformers CLIPModel + CLIPProcessor) built from tiny
@@ -32,6 +34,11 @@ machine). A Wan decoder is traced for --latent-frames and refuses other frame co
 Usage:
   export_reward.py --family sd3 --vae MODEL_DIR/vae --pickscore yuvalkirstain/PickScore_v1 \
       --processor laion/CLIP-ViT-H-14-laion2B-s32B-b79K --prompts prompts.txt --out pickscore_sd3.pt
+  export_reward.py --family sd3 --vae MODEL_DIR/vae --scorer hpsv2 --model HPS_v2.1_compressed.pt \
+      --prompts prompts.txt --out hpsv2_sd3.pt
+  export_reward.py --family wan --vae MODEL_DIR/vae --scorer aesthetic \
+      --model shunk031/aesthetics-predictor-v2-sac-logos-ava1-l14-linearMSE \
+      --processor openai/clip-vit-large-patch14 --frames 3 --prompts prompts.txt --out aesthetic_wan.pt
   export_reward.py --family sd3 --tiny --prompts prompts.txt --out tiny_reward.pt
 prompts.txt: one prompt per line, the same list (same order) that was tokenized and encoded
 for `[data] prompts`. The number of prompts is stored in the module and checked per call.
@@ -44,68 +51,53 @@ from typing import List
 import torch
 import torch.nn.functional as F
 
+import scorers
 from torchscript_compat import math_attention
 
-VERSION = "ditrl-export-reward 2"
+VERSION = "ditrl-export-reward 3"
 FAMILIES = ("sd3", "qwen_image", "wan")
-CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+PICKSCORE_PROCESSOR = "laion/CLIP-ViT-H-14-laion2B-s32B-b79K"
 
 
 def fail(message: str) -> None:
     sys.exit(f"export_reward.py: {message}")
 
 
-class PickScoreReward(torch.nn.Module):
-    """latents -> decoded RGB in [0, 1] -> CLIP preprocessing -> image embedding -> score
-    against the precomputed text embedding of each sample's prompt."""
+class ScorerReward(torch.nn.Module):
+    """latents -> decoded RGB in [0, 1] -> the scorer's preprocessing and head, against the
+    precomputed text features of each sample's prompt; video frames are scored and averaged."""
     identity: str
 
-    def __init__(self, decode, image_tower, text_embeds: torch.Tensor, logit_scale: float, video: bool,
-                 frames: int, size: int, identity: str, latent_frames: int = 0):
+    def __init__(self, decode, head, text_features: torch.Tensor, video: bool, frames: int, size: int,
+                 identity: str, latent_frames: int = 0):
         super().__init__()
         self.decode = decode
-        self.image_tower = image_tower
-        self.register_buffer("text_embeds", F.normalize(text_embeds.float(), dim=-1))
-        self.register_buffer("mean", torch.tensor(CLIP_MEAN).view(1, 3, 1, 1))
-        self.register_buffer("std", torch.tensor(CLIP_STD).view(1, 3, 1, 1))
-        self.logit_scale = logit_scale
+        self.head = head
+        self.preprocess = torch.jit.script(scorers.ClipPreprocess(size))
+        self.register_buffer("text_features", text_features.float())
         self.video = video
         self.frames = frames
-        self.size = size
         self.identity = identity
         self.latent_frames = latent_frames
-
-    def preprocess(self, images: torch.Tensor) -> torch.Tensor:
-        # CLIPProcessor: shortest side to `size` (bicubic), centre crop, normalise.
-        h, w = images.shape[-2], images.shape[-1]
-        scale = float(self.size) / float(min(h, w))
-        nh, nw = max(self.size, int(round(h * scale))), max(self.size, int(round(w * scale)))
-        images = F.interpolate(images, size=[nh, nw], mode="bicubic", align_corners=False).clamp(0.0, 1.0)
-        top, left = (nh - self.size) // 2, (nw - self.size) // 2
-        images = images[:, :, top:top + self.size, left:left + self.size]
-        return (images - self.mean) / self.std
 
     def forward(self, latents: torch.Tensor, prompt_index: torch.Tensor) -> torch.Tensor:
         if prompt_index.numel() != latents.shape[0]:
             raise ValueError("prompt_index must have one entry per latent")
-        if bool((prompt_index < 0).any()) or bool((prompt_index >= self.text_embeds.shape[0]).any()):
+        if bool((prompt_index < 0).any()) or bool((prompt_index >= self.text_features.shape[0]).any()):
             raise ValueError("prompt_index out of range of the exported prompt list")
         # A traced video decoder unrolls its per-frame loop for the frame count it was traced with.
         if self.video and self.latent_frames > 0 and latents.shape[2] != self.latent_frames:
             raise ValueError("latents have another number of frames than the decoder was exported for "
                              "(export_reward.py --latent-frames)")
         pixels = (self.decode(latents) * 0.5 + 0.5).clamp(0.0, 1.0)  # [N, 3, (F,) H, W]
+        n, per_sample = pixels.shape[0], 1
         if self.video:
-            n, f = pixels.shape[0], pixels.shape[2]
+            f = pixels.shape[2]
             picks = torch.linspace(0, f - 1, min(self.frames, f)).round().long()
             pixels = pixels.index_select(2, picks).transpose(1, 2).reshape(-1, 3, pixels.shape[3], pixels.shape[4])
-        else:
-            n = pixels.shape[0]
-        image = F.normalize(self.image_tower(self.preprocess(pixels)).float(), dim=-1)
-        image = image.view(n, -1, image.shape[-1])  # [N, frames, D]
-        text = self.text_embeds.index_select(0, prompt_index.long())
-        return (self.logit_scale * (image * text[:, None, :]).sum(-1)).mean(1)
+            per_sample = picks.numel()
+        text = self.text_features.index_select(0, prompt_index.long()).repeat_interleave(per_sample, 0)
+        return self.head(self.preprocess(pixels), text).view(n, per_sample).mean(1)
 
 
 class DiffusersDecode(torch.nn.Module):
@@ -132,37 +124,23 @@ class DiffusersDecode(torch.nn.Module):
         return self.vae.decode(latents * self.scale + self.shift, return_dict=False)[0]
 
 
-def projected(features):
-    """CLIPModel.get_*_features: a tensor (transformers 4), or an output whose pooler_output is the
-    projected embedding (transformers 5)."""
-    return features if torch.is_tensor(features) else features.pooler_output
-
-
 def real_parts(args: argparse.Namespace, prompts: List[str]):
     try:
         import diffusers
-        from transformers import AutoModel, AutoProcessor
     except ImportError:
         fail("the real export needs `transformers` and `diffusers` (and the checkpoints)")
     vae_class = {"sd3": diffusers.AutoencoderKL, "qwen_image": diffusers.AutoencoderKLQwenImage,
                  "wan": diffusers.AutoencoderKLWan}[args.family]
     decode = DiffusersDecode(vae_class.from_pretrained(args.vae, torch_dtype=torch.float32).eval(), args.family)
-    processor = AutoProcessor.from_pretrained(args.processor)
-    model = AutoModel.from_pretrained(args.pickscore).eval()
+    model = args.model or (args.pickscore if args.scorer == "pickscore" else None)
+    processor = args.processor or (PICKSCORE_PROCESSOR if args.scorer == "pickscore" else None)
+    try:
+        scorer = scorers.load_scorer(args.scorer, model, processor, "cpu", args.arch)
+    except ValueError as e:
+        fail(str(e))
     with torch.no_grad():
-        text = processor(text=prompts, padding=True, truncation=True, max_length=77, return_tensors="pt")
-        text_embeds = projected(model.get_text_features(**text))
-
-    class Tower(torch.nn.Module):
-        def __init__(self, clip):
-            super().__init__()
-            self.clip = clip
-
-        def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-            return projected(self.clip.get_image_features(pixel_values=pixels))
-
-    identity = f"PickScore {args.pickscore} on {args.family} VAE {args.vae}"
-    return decode, Tower(model), text_embeds, float(model.logit_scale.exp()), identity
+        text = scorer.encode_prompts(prompts)
+    return decode, scorer.head, text, scorer.size, f"{scorer.identity} on {args.family} VAE {args.vae}"
 
 
 class TinyDecode(torch.nn.Module):
@@ -179,16 +157,26 @@ class TinyDecode(torch.nn.Module):
         return F.interpolate(x, scale_factor=scale, mode="nearest")
 
 
+class TinyHead(torch.nn.Module):
+    """Seeded stand-in for a CLIP image tower: scale * cos(tower(pixels), text)."""
+
+    def __init__(self, size: int):
+        super().__init__()
+        self.tower = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 4, stride=4), torch.nn.Flatten(),
+                                         torch.nn.Linear(8 * (size // 4) ** 2, 16))
+
+    def forward(self, pixels: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+        return 100.0 * (F.normalize(self.tower(pixels), dim=-1) * text).sum(-1)
+
+
 def tiny_parts(args: argparse.Namespace, prompts: List[str]):
     torch.manual_seed(0)
-    tower = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 4, stride=4), torch.nn.Flatten(),
-                                torch.nn.Linear(8 * (args.size // 4) ** 2, 16))
-    text_embeds = torch.randn(len(prompts), 16)
-    return TinyDecode(args.family == "wan"), tower, text_embeds, 100.0, f"tiny-pickscore-{args.family} seed 0"
+    head = TinyHead(args.size)
+    text = F.normalize(torch.randn(len(prompts), 16), dim=-1)
+    return TinyDecode(args.family == "wan"), head, text, args.size, f"tiny-{args.scorer}-{args.family} seed 0"
 
 
-def example_latents(family: str, tiny: bool, latent_frames: int) -> torch.Tensor:
-    h = 8 if tiny else 64
+def example_latents(family: str, h: int, latent_frames: int) -> torch.Tensor:
     return torch.randn(2, 16, latent_frames, h, h) if family == "wan" else torch.randn(2, 16, h, h)
 
 
@@ -200,34 +188,40 @@ def main(argv: List[str]) -> None:
     parser.add_argument("--out", required=True, help="TorchScript module to write")
     parser.add_argument("--tiny", action="store_true", help="seeded tiny decoder and image tower (tests)")
     parser.add_argument("--vae", help="the family's diffusers VAE folder (MODEL_DIR/vae)")
-    parser.add_argument("--pickscore", default="yuvalkirstain/PickScore_v1")
-    parser.add_argument("--processor", default="laion/CLIP-ViT-H-14-laion2B-s32B-b79K")
+    parser.add_argument("--scorer", choices=scorers.TORCH_SCORERS, default="pickscore")
+    parser.add_argument("--model", help="the scorer's checkpoint (tools/scorers.py; pickscore: --pickscore)")
+    parser.add_argument("--pickscore", default="yuvalkirstain/PickScore_v1", help="pickscore: the CLIPModel")
+    parser.add_argument("--processor", help=f"CLIP processor (pickscore default {PICKSCORE_PROCESSOR}; "
+                                            "others: --model)")
+    parser.add_argument("--arch", default="ViT-H-14", help="hpsv2: open_clip model name or JSON config")
     parser.add_argument("--frames", type=int, default=3, help="video frames scored per sample (wan)")
     parser.add_argument("--latent-frames", type=int, default=21,
                         help="wan: latent frames of the rollout (rollout.frames; 21 for 81 video frames); the traced "
                              "decoder is fixed to it and refuses others")
-    parser.add_argument("--size", type=int, default=224, help="image tower input size")
+    parser.add_argument("--latent-size", type=int, default=0,
+                        help="latent height/width of the tracing example (default 64, --tiny 8); other sizes run")
+    parser.add_argument("--size", type=int, default=224,
+                        help="--tiny: image tower input size (real scorers: their processor's crop size)")
     args = parser.parse_args(argv)
     if args.tiny == bool(args.vae):
         fail("give exactly one of --vae MODEL_DIR/vae or --tiny")
-    if args.frames < 1 or args.size < 1 or args.latent_frames < 1:
-        fail("--frames, --latent-frames and --size must be positive")
+    if args.frames < 1 or args.size < 1 or args.latent_frames < 1 or args.latent_size < 0:
+        fail("--frames, --latent-frames and --size must be positive, --latent-size non-negative")
     with open(args.prompts, encoding="utf-8") as f:
         prompts = [line.rstrip("\n") for line in f if line.strip()]
     if not prompts:
         fail(f"{args.prompts}: no prompts (one per line)")
 
-    decode, tower, text_embeds, logit_scale, identity = (tiny_parts if args.tiny else real_parts)(args, prompts)
+    decode, head, text, size, identity = (tiny_parts if args.tiny else real_parts)(args, prompts)
     latent_frames = args.latent_frames if not args.tiny else 1
-    example = example_latents(args.family, args.tiny, latent_frames)
+    example = example_latents(args.family, args.latent_size or (8 if args.tiny else 64), latent_frames)
     with torch.no_grad(), math_attention():
         decode = torch.jit.trace(decode.eval(), (example,))
-        pixels = decode(example)
-        frame = pixels[:, :, 0] if pixels.dim() == 5 else pixels
-        tower = torch.jit.trace(tower.eval(), (torch.zeros(frame.shape[0], 3, args.size, args.size),))
-    reward = PickScoreReward(decode, tower, text_embeds, logit_scale, args.family == "wan", args.frames, args.size,
-                             f"{identity}; {len(prompts)} prompts; {VERSION}",
-                             latent_frames if args.family == "wan" and not args.tiny else 0)
+        head = torch.jit.trace(head.eval(), (torch.zeros(example.shape[0], 3, size, size), text[:1].expand(
+            example.shape[0], *text.shape[1:]).contiguous()))
+    reward = ScorerReward(decode, head, text, args.family == "wan", args.frames, size,
+                          f"{identity}; {len(prompts)} prompts; {VERSION}",
+                          latent_frames if args.family == "wan" and not args.tiny else 0)
     module = torch.jit.script(reward.eval())
     module.save(args.out)
     with torch.no_grad():

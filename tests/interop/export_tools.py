@@ -33,6 +33,7 @@ FAMILIES = sys.argv[5:] or ["sd3", "wan", "qwen_image"]
 sys.path.insert(0, os.path.join(SOURCE, "tools"))
 sys.path.insert(0, os.path.join(SOURCE, "tests", "interop"))
 import export_reward  # noqa: E402
+import scorers  # noqa: E402
 import export_text_encoder  # noqa: E402
 import tiny_models  # noqa: E402
 
@@ -172,12 +173,9 @@ def eager_reward(family, folder, pickscore, processor, latents, prompt_index, si
         text_embeds = model.get_text_features(**text)
         text_embeds = text_embeds if torch.is_tensor(text_embeds) else text_embeds.pooler_output
 
-        class Tower(torch.nn.Module):
-            def forward(self, pixels):
-                out = model.get_image_features(pixel_values=pixels)
-                return out if torch.is_tensor(out) else out.pooler_output
-        reward = export_reward.PickScoreReward(decode, Tower(), text_embeds, float(model.logit_scale.exp()),
-                                               family == "wan", frames, size, "eager")
+        head = scorers.ClipSimilarity(model, float(model.logit_scale.exp()))
+        reward = export_reward.ScorerReward(decode, head, torch.nn.functional.normalize(text_embeds, dim=-1),
+                                            family == "wan", frames, size, "eager")
         return reward(latents, prompt_index)
 
 
