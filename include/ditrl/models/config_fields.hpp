@@ -2,9 +2,9 @@
 
 // A family config names its config-file keys once, in
 //   template <class V> void fields(V& v)
-// as v("key", member, kinds...), in the order its reference loader's file
-// lists them (diffusers and ltx_core compare configs as text, so the order is
-// part of the format). The same list reads a config (read_config), writes one
+// as v("key", member, kinds...), in the order the written file lists them
+// (an exported config.json keeps the bytes it had before this list). The
+// same list reads a config (read_config), writes one
 // (write_config) and checks the sizes that must be positive
 // (require_positive); rules between keys stay in the config's validate().
 // A member's kinds:
@@ -28,6 +28,7 @@
 #include <map>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace ditrl::models {
@@ -44,7 +45,7 @@ struct NullMeans {
 };
 struct Fixed {
   boost::json::value value;
-  std::string why;      // ends "'key' = <value> is not supported: "
+  std::string why;      // the error's end: "'key' = <value> is not supported: <why>"
   bool written = true;  // whether write_config writes the key
 };
 struct Ignored {};
