@@ -1,5 +1,5 @@
 #include <ditrl/error.hpp>
-#include <ditrl/models/json_config.hpp>
+#include <ditrl/models/config_fields.hpp>
 #include <ditrl/models/qwen_image/qwen_image.hpp>
 
 #include <ATen/ATen.h>
@@ -92,45 +92,12 @@ QwenImageConfig QwenImageConfig::preset(const std::string& name) {
 
 QwenImageConfig QwenImageConfig::from_json(const std::string& text, const std::string& source) {
   QwenImageConfig c;
-  const std::map<std::string, int64_t*> ints = {
-      {"patch_size", &c.patch_size},
-      {"in_channels", &c.in_channels},
-      {"num_layers", &c.num_layers},
-      {"attention_head_dim", &c.attention_head_dim},
-      {"num_attention_heads", &c.num_attention_heads},
-      {"joint_attention_dim", &c.joint_attention_dim},
-  };
-  bool out_channels_null = false;
-  std::map<std::string, json_config::Field> fields = {
-      {"out_channels",
-       [&](const json::value& v) {
-         out_channels_null = v.is_null();
-         if (!out_channels_null) c.out_channels = json_config::to_int(v, "out_channels", source);
-       }},
-      {"axes_dims_rope",
-       [&](const json::value& v) { c.axes_dims_rope = json_config::to_int_list(v, "axes_dims_rope", source); }},
-  };
-  // Variants of other Qwen-Image models (guidance-distilled, edit, layered).
-  for (const char* key : {"guidance_embeds", "zero_cond_t", "use_additional_t_cond", "use_layer3d_rope"})
-    fields[key] = [&source, key](const json::value& v) {
-      if (json_config::to_bool(v, key, source))
-        fail("{}: '{}' = true is a variant ditrl's qwen_image does not implement (Qwen-Image sets it false)", source,
-             key);
-    };
-  json_config::read_fields(text, source, "QwenImageTransformer2DModel", ints, fields);
-  if (out_channels_null) c.out_channels = c.in_channels;  // `out_channels or in_channels`
+  json_config::read_config(json_config::parse_object(text, source), source, "QwenImageTransformer2DModel", c);
   return json_config::validated(std::move(c), source);
 }
 
 void QwenImageConfig::validate() const {
-  json_config::require_positive("qwen_image", {{"patch_size", patch_size},
-                                               {"in_channels", in_channels},
-                                               {"out_channels", out_channels},
-                                               {"num_layers", num_layers},
-                                               {"attention_head_dim", attention_head_dim},
-                                               {"num_attention_heads", num_attention_heads},
-                                               {"joint_attention_dim", joint_attention_dim},
-                                               {"text_tokens", text_tokens}});
+  json_config::require_positive("qwen_image", *this);
   if (axes_dims_rope.size() != 3)
     fail("qwen_image config: axes_dims_rope must have 3 entries (frame, height, width), got {}", axes_dims_rope.size());
   const int64_t sum = std::accumulate(axes_dims_rope.begin(), axes_dims_rope.end(), int64_t{0});
@@ -453,17 +420,8 @@ std::vector<CondSpec> QwenImage::cond_spec() const {
 }
 
 std::string QwenImageConfig::to_json() const {
-  const QwenImageConfig& c = *this;
   json::object o = json_config::diffusers_header("QwenImageTransformer2DModel");
-  o["patch_size"] = c.patch_size;
-  o["in_channels"] = c.in_channels;
-  o["out_channels"] = c.out_channels;
-  o["num_layers"] = c.num_layers;
-  o["attention_head_dim"] = c.attention_head_dim;
-  o["num_attention_heads"] = c.num_attention_heads;
-  o["joint_attention_dim"] = c.joint_attention_dim;
-  o["guidance_embeds"] = false;
-  o["axes_dims_rope"] = json_config::int_array(c.axes_dims_rope);
+  json_config::write_config(*this, o);
   return json::serialize(o);
 }
 

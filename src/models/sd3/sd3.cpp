@@ -1,5 +1,5 @@
 #include <ditrl/error.hpp>
-#include <ditrl/models/json_config.hpp>
+#include <ditrl/models/config_fields.hpp>
 #include <ditrl/models/norms.hpp>
 #include <ditrl/models/sd3/sd3.hpp>
 
@@ -64,52 +64,12 @@ SD3Config SD3Config::preset(const std::string& name) {
 
 SD3Config SD3Config::from_json(const std::string& text, const std::string& source) {
   SD3Config c;
-  const std::map<std::string, int64_t*> ints = {
-      {"sample_size", &c.sample_size},
-      {"patch_size", &c.patch_size},
-      {"in_channels", &c.in_channels},
-      {"num_layers", &c.num_layers},
-      {"attention_head_dim", &c.attention_head_dim},
-      {"num_attention_heads", &c.num_attention_heads},
-      {"joint_attention_dim", &c.joint_attention_dim},
-      {"caption_projection_dim", &c.caption_projection_dim},
-      {"pooled_projection_dim", &c.pooled_projection_dim},
-      {"out_channels", &c.out_channels},
-  };
-  const std::map<std::string, json_config::Field> fields = {
-      {"pos_embed_max_size",
-       [&](const json::value& v) {
-         if (v.is_null())
-           fail("{}: pos_embed_max_size = null is not supported (every SD3/SD3.5 checkpoint sets it)", source);
-         c.pos_embed_max_size = json_config::to_int(v, "pos_embed_max_size", source);
-       }},
-      {"dual_attention_layers",
-       [&](const json::value& v) {
-         if (!v.is_array()) fail("{}: dual_attention_layers must be a list of block indices", source);
-         c.dual_attention_layers = json_config::to_int_list(v, "dual_attention_layers", source);
-       }},
-      {"qk_norm",
-       [&](const json::value& v) {
-         if (!v.is_null() && !(v.is_string() && v.get_string() == "rms_norm"))
-           fail("{}: qk_norm must be \"rms_norm\" or null, got {}", source, json::serialize(v));
-         c.qk_norm = !v.is_null();
-       }},
-  };
-  json_config::read_fields(text, source, "SD3Transformer2DModel", ints, fields);
+  json_config::read_config(json_config::parse_object(text, source), source, "SD3Transformer2DModel", c);
   return json_config::validated(std::move(c), source);
 }
 
 void SD3Config::validate() const {
-  json_config::require_positive("sd3", {{"sample_size", sample_size},
-                                        {"patch_size", patch_size},
-                                        {"in_channels", in_channels},
-                                        {"num_layers", num_layers},
-                                        {"attention_head_dim", attention_head_dim},
-                                        {"num_attention_heads", num_attention_heads},
-                                        {"joint_attention_dim", joint_attention_dim},
-                                        {"pooled_projection_dim", pooled_projection_dim},
-                                        {"out_channels", out_channels},
-                                        {"pos_embed_max_size", pos_embed_max_size}});
+  json_config::require_positive("sd3", *this);
   if (caption_projection_dim != inner_dim())
     fail("sd3 config: caption_projection_dim {} must equal num_attention_heads x attention_head_dim = {}",
          caption_projection_dim, inner_dim());
@@ -353,24 +313,8 @@ std::vector<CondSpec> SD3::cond_spec() const {
 }
 
 std::string SD3Config::to_json() const {
-  const SD3Config& c = *this;
   json::object o = json_config::diffusers_header("SD3Transformer2DModel");
-  o["sample_size"] = c.sample_size;
-  o["patch_size"] = c.patch_size;
-  o["in_channels"] = c.in_channels;
-  o["num_layers"] = c.num_layers;
-  o["attention_head_dim"] = c.attention_head_dim;
-  o["num_attention_heads"] = c.num_attention_heads;
-  o["joint_attention_dim"] = c.joint_attention_dim;
-  o["caption_projection_dim"] = c.caption_projection_dim;
-  o["pooled_projection_dim"] = c.pooled_projection_dim;
-  o["out_channels"] = c.out_channels;
-  o["pos_embed_max_size"] = c.pos_embed_max_size;
-  o["dual_attention_layers"] = json_config::int_array(c.dual_attention_layers);
-  if (c.qk_norm)
-    o["qk_norm"] = "rms_norm";
-  else
-    o["qk_norm"] = nullptr;
+  json_config::write_config(*this, o);
   return json::serialize(o);
 }
 

@@ -1,5 +1,5 @@
 #include <ditrl/error.hpp>
-#include <ditrl/models/json_config.hpp>
+#include <ditrl/models/config_fields.hpp>
 #include <ditrl/models/wan/wan.hpp>
 
 #include <ATen/ATen.h>
@@ -60,56 +60,16 @@ WanConfig WanConfig::preset(const std::string& name) {
 
 WanConfig WanConfig::from_json(const std::string& text, const std::string& source) {
   WanConfig c;
-  const std::map<std::string, int64_t*> ints = {
-      {"num_attention_heads", &c.num_attention_heads},
-      {"attention_head_dim", &c.attention_head_dim},
-      {"in_channels", &c.in_channels},
-      {"out_channels", &c.out_channels},
-      {"text_dim", &c.text_dim},
-      {"freq_dim", &c.freq_dim},
-      {"ffn_dim", &c.ffn_dim},
-      {"num_layers", &c.num_layers},
-      {"rope_max_seq_len", &c.rope_max_seq_len},
-  };
-  std::map<std::string, json_config::Field> fields = {
-      {"patch_size", [&](const json::value& v) { c.patch_size = json_config::to_int_list(v, "patch_size", source); }},
-      {"cross_attn_norm",
-       [&](const json::value& v) { c.cross_attn_norm = json_config::to_bool(v, "cross_attn_norm", source); }},
-      {"eps", [&](const json::value& v) { c.eps = json_config::to_number(v, "eps", source); }},
-      // diffusers builds the across-heads q/k RMSNorm whatever this says.
-      {"qk_norm",
-       [&](const json::value& v) {
-         if (!v.is_string() || v.get_string() != "rms_norm_across_heads")
-           fail("{}: qk_norm must be \"rms_norm_across_heads\" (what WanTransformer3DModel builds), got {}", source,
-                json::serialize(v));
-       }},
-  };
-  // Image-to-video inputs (CLIP image embedding, added K/V projections).
-  for (const char* key : {"image_dim", "added_kv_proj_dim", "pos_embed_seq_len"})
-    fields[key] = [&source, key](const json::value& v) {
-      if (!v.is_null())
-        fail("{}: '{}' = {} is an image-to-video input; ditrl's wan is text-to-video", source, key, json::serialize(v));
-    };
-  json_config::read_fields(text, source, "WanTransformer3DModel", ints, fields);
+  json_config::read_config(json_config::parse_object(text, source), source, "WanTransformer3DModel", c);
   return json_config::validated(std::move(c), source);
 }
 
 void WanConfig::validate() const {
-  json_config::require_positive("wan", {{"num_attention_heads", num_attention_heads},
-                                        {"attention_head_dim", attention_head_dim},
-                                        {"in_channels", in_channels},
-                                        {"out_channels", out_channels},
-                                        {"text_dim", text_dim},
-                                        {"freq_dim", freq_dim},
-                                        {"ffn_dim", ffn_dim},
-                                        {"num_layers", num_layers},
-                                        {"rope_max_seq_len", rope_max_seq_len},
-                                        {"text_tokens", text_tokens}});
+  json_config::require_positive("wan", *this);
   if (patch_size.size() != 3 || patch_size[0] <= 0 || patch_size[1] <= 0 || patch_size[2] <= 0)
     fail("wan config: patch_size must be three positive integers (t, h, w), got [{}]", fmt::join(patch_size, ", "));
   if (attention_head_dim % 2 != 0)
     fail("wan config: attention_head_dim {} must be even (RoPE pairs)", attention_head_dim);
-  if (!(eps > 0)) fail("wan config: eps must be positive, got {}", eps);
   if (experts != 1 && experts != 2) fail("wan config: experts must be 1 or 2 (Wan2.2 A14B), got {}", experts);
   if (!(boundary_ratio > 0 && boundary_ratio < 1))
     fail("wan config: boundary_ratio must be in (0, 1), got {}", boundary_ratio);
@@ -487,24 +447,8 @@ std::vector<std::shared_ptr<torch::nn::Module>> Wan::expert_modules() {
 }
 
 std::string WanConfig::to_json() const {
-  const WanConfig& c = *this;
   json::object o = json_config::diffusers_header("WanTransformer3DModel");
-  o["patch_size"] = json_config::int_array(c.patch_size);
-  o["num_attention_heads"] = c.num_attention_heads;
-  o["attention_head_dim"] = c.attention_head_dim;
-  o["in_channels"] = c.in_channels;
-  o["out_channels"] = c.out_channels;
-  o["text_dim"] = c.text_dim;
-  o["freq_dim"] = c.freq_dim;
-  o["ffn_dim"] = c.ffn_dim;
-  o["num_layers"] = c.num_layers;
-  o["cross_attn_norm"] = c.cross_attn_norm;
-  o["qk_norm"] = "rms_norm_across_heads";
-  o["eps"] = c.eps;
-  o["image_dim"] = nullptr;
-  o["added_kv_proj_dim"] = nullptr;
-  o["rope_max_seq_len"] = c.rope_max_seq_len;
-  o["pos_embed_seq_len"] = nullptr;
+  json_config::write_config(*this, o);
   return json::serialize(o);
 }
 

@@ -11,6 +11,7 @@
 // Consumes sigma in [0, 1] (x1000 inside), never the trajectory timesteps.
 
 #include <ditrl/models/attention.hpp>
+#include <ditrl/models/config_fields.hpp>
 #include <ditrl/models/embeddings.hpp>
 #include <ditrl/models/family.hpp>
 #include <ditrl/models/family_traits.hpp>
@@ -68,6 +69,59 @@ struct LtxConfig {
   // proj_out (a trainer under autocast) instead of ltx_core's eager
   // forward-dtype ops; identical in an fp32 forward.
   bool fp32_output_tail = true;
+
+  // The transformer keys of ltx_core's checkpoint config (models/config_fields.hpp).
+  template <class V>
+  void fields(V& v) {
+    v("num_attention_heads", num_attention_heads, Positive{});
+    v("attention_head_dim", attention_head_dim, Positive{});
+    v("in_channels", in_channels, Positive{});
+    v("out_channels", out_channels, Positive{});
+    v("num_layers", num_layers, Positive{});
+    v("cross_attention_dim", cross_attention_dim, Positive{});
+    v("norm_eps", norm_eps);
+    v("positional_embedding_theta", positional_embedding_theta);
+    v("positional_embedding_max_pos", positional_embedding_max_pos);
+    v("timestep_scale_multiplier", timestep_scale_multiplier);
+    v("use_middle_indices_grid", use_middle_indices_grid);
+    v("rope_type", rope_type);
+    v("frequencies_precision", double_precision_rope, Coded{"float64", {"float32", false}});
+    v("apply_gated_attention", apply_gated_attention);
+    v("cross_attention_adaln", cross_attention_adaln);
+    v("use_prompt_adaln_single", use_prompt_adaln_single);
+    v("caption_proj_before_connector", caption_projection, Coded{false, {true}});
+    v("caption_channels", caption_channels, Positive{});
+    v("ff_bias", ff_bias);
+    v("audio_ff_bias", audio_ff_bias);
+    v("use_keyframes_abs_pos_embedding", use_keyframes_abs_pos_embedding);
+    v("audio_num_attention_heads", audio_num_attention_heads, Positive{});
+    v("audio_attention_head_dim", audio_attention_head_dim, Positive{});
+    v("audio_in_channels", audio_in_channels, Positive{});
+    v("audio_out_channels", audio_out_channels, Positive{});
+    v("audio_cross_attention_dim", audio_cross_attention_dim);
+    v("audio_positional_embedding_max_pos", audio_positional_embedding_max_pos);
+    v("av_ca_timestep_scale_multiplier", av_ca_timestep_scale_multiplier);
+    v("text_tokens", text_tokens, NotInFile{}, Positive{});
+    // Keys ltx_core's configurator insists on (check_config_value): any
+    // other value builds a different model. Not written: ltx_core's defaults.
+    const auto fixed = [](boost::json::value value) {
+      const std::string why = "ltx_core builds LTX-2 with " + boost::json::serialize(value);
+      return Fixed{std::move(value), why, false};
+    };
+    v("dropout", fixed(0.0));
+    v("attention_bias", fixed(true));
+    v("activation_fn", fixed("gelu-approximate"));
+    v("qk_norm", fixed("rms_norm"));
+    v("standardization_norm", fixed("rms_norm"));
+    v("norm_elementwise_affine", fixed(false));
+    v("positional_embedding_type", fixed("rope"));
+    v("use_audio_video_cross_attention", fixed(true));
+    // Legacy LTX-Video keys the LTX-2 model does not read.
+    for (const char* key :
+         {"av_cross_ada_norm", "cross_attention_norm", "double_self_attention", "num_embeds_ada_norm",
+          "num_vector_embeds", "only_cross_attention", "share_ff", "upcast_attention", "use_linear_projection"})
+      v(key, Ignored{});
+  }
 
   int64_t inner_dim() const { return num_attention_heads * attention_head_dim; }
   int64_t audio_inner_dim() const { return audio_num_attention_heads * audio_attention_head_dim; }

@@ -14,6 +14,7 @@
 
 #include <ditrl/models/adaln.hpp>
 #include <ditrl/models/attention.hpp>
+#include <ditrl/models/config_fields.hpp>
 #include <ditrl/models/embeddings.hpp>
 #include <ditrl/models/family.hpp>
 #include <ditrl/models/family_traits.hpp>
@@ -43,6 +44,26 @@ struct QwenImageConfig {
   // Not in config.json: text tokens per prompt (padded, with a mask), for
   // synthetic prompts and prompt datasets (the pipeline's default maximum).
   int64_t text_tokens = 512;
+
+  // The keys of QwenImageTransformer2DModel's config.json (models/config_fields.hpp).
+  template <class V>
+  void fields(V& v) {
+    // Variants of other Qwen-Image models (guidance-distilled, edit, layered).
+    const char* variant = "a variant ditrl's qwen_image does not implement (Qwen-Image sets it false)";
+    v("patch_size", patch_size, Positive{});
+    v("in_channels", in_channels, Positive{});
+    v("out_channels", out_channels, Positive{}, NullMeans{&in_channels});  // `out_channels or in_channels`
+    v("num_layers", num_layers, Positive{});
+    v("attention_head_dim", attention_head_dim, Positive{});
+    v("num_attention_heads", num_attention_heads, Positive{});
+    v("joint_attention_dim", joint_attention_dim, Positive{});
+    v("guidance_embeds", Fixed{false, variant});
+    v("axes_dims_rope", axes_dims_rope);
+    v("zero_cond_t", Fixed{false, variant, false});
+    v("use_additional_t_cond", Fixed{false, variant, false});
+    v("use_layer3d_rope", Fixed{false, variant, false});
+    v("text_tokens", text_tokens, NotInFile{}, Positive{});
+  }
 
   int64_t inner_dim() const { return num_attention_heads * attention_head_dim; }
 

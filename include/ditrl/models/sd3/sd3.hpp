@@ -8,6 +8,7 @@
 
 #include <ditrl/models/adaln.hpp>
 #include <ditrl/models/attention.hpp>
+#include <ditrl/models/config_fields.hpp>
 #include <ditrl/models/embeddings.hpp>
 #include <ditrl/models/family.hpp>
 #include <ditrl/models/family_traits.hpp>
@@ -35,10 +36,29 @@ struct SD3Config {
   int64_t out_channels = 16;
   int64_t pos_embed_max_size = 96;
   std::vector<int64_t> dual_attention_layers;
-  bool qk_norm = false;  // "rms_norm" or null
+  bool qk_norm = false;
   // Not in config.json: text tokens per prompt the pipeline builds
   // (77 CLIP + 256 T5), used for synthetic prompts.
   int64_t text_tokens = 333;
+
+  // The keys of SD3Transformer2DModel's config.json (models/config_fields.hpp);
+  // caption_projection_dim is checked against the heads in validate().
+  template <class V>
+  void fields(V& v) {
+    v("sample_size", sample_size, Positive{});
+    v("patch_size", patch_size, Positive{});
+    v("in_channels", in_channels, Positive{});
+    v("num_layers", num_layers, Positive{});
+    v("attention_head_dim", attention_head_dim, Positive{});
+    v("num_attention_heads", num_attention_heads, Positive{});
+    v("joint_attention_dim", joint_attention_dim, Positive{});
+    v("caption_projection_dim", caption_projection_dim);
+    v("pooled_projection_dim", pooled_projection_dim, Positive{});
+    v("out_channels", out_channels, Positive{});
+    v("pos_embed_max_size", pos_embed_max_size, Positive{});  // null: not supported (every checkpoint sets it)
+    v("dual_attention_layers", dual_attention_layers);
+    v("qk_norm", qk_norm, Coded{"rms_norm", {nullptr}});
+  }
 
   int64_t inner_dim() const { return num_attention_heads * attention_head_dim; }
   bool dual(int64_t layer) const;

@@ -18,6 +18,7 @@
 // all route the same way.
 
 #include <ditrl/models/attention.hpp>
+#include <ditrl/models/config_fields.hpp>
 #include <ditrl/models/embeddings.hpp>
 #include <ditrl/models/family.hpp>
 #include <ditrl/models/family_traits.hpp>
@@ -53,6 +54,30 @@ struct WanConfig {
   int64_t text_tokens = 512;
   int64_t experts = 1;
   double boundary_ratio = 0.875;
+
+  // The keys of WanTransformer3DModel's config.json (models/config_fields.hpp).
+  template <class V>
+  void fields(V& v) {
+    const char* i2v = "an image-to-video input; ditrl's wan is text-to-video";
+    v("patch_size", patch_size);
+    v("num_attention_heads", num_attention_heads, Positive{});
+    v("attention_head_dim", attention_head_dim, Positive{});
+    v("in_channels", in_channels, Positive{});
+    v("out_channels", out_channels, Positive{});
+    v("text_dim", text_dim, Positive{});
+    v("freq_dim", freq_dim, Positive{});
+    v("ffn_dim", ffn_dim, Positive{});
+    v("num_layers", num_layers, Positive{});
+    v("cross_attn_norm", cross_attn_norm);
+    // diffusers builds the across-heads q/k RMSNorm whatever this says.
+    v("qk_norm", Fixed{"rms_norm_across_heads", "WanTransformer3DModel builds \"rms_norm_across_heads\""});
+    v("eps", eps, Positive{});
+    v("image_dim", Fixed{nullptr, i2v});
+    v("added_kv_proj_dim", Fixed{nullptr, i2v});
+    v("rope_max_seq_len", rope_max_seq_len, Positive{});
+    v("pos_embed_seq_len", Fixed{nullptr, i2v});
+    v("text_tokens", text_tokens, NotInFile{}, Positive{});
+  }
 
   int64_t inner_dim() const { return num_attention_heads * attention_head_dim; }
 
