@@ -17,6 +17,7 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <fstream>
 
 #include "process.hpp"
 #include "reward_server.hpp"
@@ -115,14 +116,15 @@ TEST_CASE("http reward: images decoded by the deck's decoder module are what the
   const std::string dir = test::fresh_output_dir("http-reward-decoder");
   const std::string decoder = dir + "/decoder.pt";
   // A scripted decoder: the first 3 channels, clamped, as uint8 RGB [B, H, W, 3].
-  const std::string script = fmt::format(
-      "import torch\n"
-      "class Decoder(torch.nn.Module):\n"
-      "    def forward(self, x: torch.Tensor) -> torch.Tensor:\n"
-      "        return (x[:, :3].permute(0, 2, 3, 1).clamp(-1, 1) * 100 + 128).to(torch.uint8)\n"
-      "torch.jit.save(torch.jit.script(Decoder()), '{}')\n",
-      decoder);
-  const test::ProcessResult made = test::run_process(fmt::format("{} -c \"{}\"", DITRL_PYTHON, script));
+  std::ofstream(dir + "/make.py") << R"(
+import sys, torch
+class Decoder(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x[:, :3].permute(0, 2, 3, 1).clamp(-1, 1) * 100 + 128).to(torch.uint8)
+torch.jit.save(torch.jit.script(Decoder()), sys.argv[1])
+)";
+  const test::ProcessResult made = test::run_process(fmt::format("{} {}/make.py {}", DITRL_PYTHON, dir, decoder));
+  INFO(made.output);
   REQUIRE(made.exit_code == 0);
   RewardOptions o = http_options("/images/decoded");
   o.input = RewardInput::Images;
