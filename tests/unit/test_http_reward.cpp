@@ -18,6 +18,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <thread>
 
 #include "process.hpp"
 #include "reward_server.hpp"
@@ -110,6 +111,36 @@ TEST_CASE("http reward: requests started per micro-group join in order to the sc
   CHECK(at::equal(values.select(1, 0), expected_latent_scores(s)));
   // Negative control: the order matters, so a join out of order would show.
   CHECK_FALSE(at::equal(values.select(1, 0).flip(0), expected_latent_scores(s)));
+}
+
+TEST_CASE("http reward: a micro-group's request is in flight while the next one samples", "[reward][http]") {
+  // Four micro-groups, each "sampled" in 0.3 s, each scored by a server that takes 0.3 s.
+  const Samples s = samples();
+  auto run = [&](bool overlapped) {
+    std::vector<WeightedReward> one;
+    one.push_back({"judge", 1.0, make_reward(http_options(overlapped ? "/delay/overlapped" : "/delay/serial"))});
+    RewardSet rewards(std::move(one), true, RewardCombine::WeightedSum);
+    rewards.begin_rollout(0);
+    std::vector<at::Tensor> serial;
+    const auto start = std::chrono::steady_clock::now();
+    for (int64_t first = 0; first < 8; first += 2) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      const at::Tensor latents = s.latents.narrow(0, first, 2), index = s.prompt_index.narrow(0, first, 2);
+      const std::vector<std::string> texts(s.texts.begin() + first, s.texts.begin() + first + 2);
+      if (overlapped)
+        rewards.start(latents, index, texts);
+      else
+        serial.push_back(rewards.finish(latents, index, texts));
+    }
+    const at::Tensor values = overlapped ? rewards.finish(s.latents, s.prompt_index, s.texts) : at::cat(serial);
+    CHECK(at::equal(values.select(1, 0), expected_latent_scores(s)));
+    return seconds_since(start);
+  };
+  const double overlapped = run(true), serial = run(false);
+  INFO("overlapped " << overlapped << " s, serial " << serial << " s");
+  // Overlapped: 4 x 0.3 s of sampling + the last 0.3 s request = 1.5 s; serial: 2.4 s (negative control).
+  CHECK(overlapped < 2.0);
+  CHECK(serial >= 2.4);
 }
 
 TEST_CASE("http reward: images decoded by the deck's decoder module are what the server scores", "[reward][http]") {
