@@ -103,6 +103,8 @@ find_package(OpenSSL REQUIRED COMPONENTS Crypto)
 find_package(PNG REQUIRED)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(WEBP REQUIRED IMPORTED_TARGET libwebp libwebpmux libwebpdemux)
+# Reward servers over HTTP/1.1 (rollout/http_reward.cpp): libcurl.
+find_package(CURL REQUIRED)
 find_package(tomlplusplus REQUIRED)
 find_package(CLI11 REQUIRED)
 find_package(spdlog REQUIRED)

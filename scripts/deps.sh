@@ -7,7 +7,7 @@ PACKAGES=(
   build-essential cmake ccache git xz-utils libtcmalloc-minimal4
   libopenmpi-dev openmpi-bin
   libhdf5-openmpi-dev hdf5-tools
-  libboost-json1.81-dev libtomlplusplus-dev catch2 libcli11-dev libspdlog-dev libssl-dev
+  libboost-json1.81-dev libtomlplusplus-dev catch2 libcli11-dev libspdlog-dev libssl-dev libcurl4-openssl-dev
   libpng-dev libwebp-dev pkg-config chromium
   python3-h5py python3-matplotlib python3-numpy python3-pil python3-venv
 )

@@ -23,7 +23,7 @@ PACKAGES=(
   libhdf5-openmpi-103-1 libhdf5-openmpi-hl-100 libhdf5-openmpi-dev libsz2 libaec0
   libboost-json1.81.0 libboost-json1.81-dev libboost1.81-dev
   libtomlplusplus3 libtomlplusplus-dev libspdlog1.10 libspdlog-dev libfmt9 libfmt-dev libcli11-dev catch2
-  libtcmalloc-minimal4 libssl3 libssl-dev
+  libtcmalloc-minimal4 libssl3 libssl-dev libcurl4 libcurl4-openssl-dev
 )
 
 # Where a machine with a C++ compiler has its own copy (the C library and the

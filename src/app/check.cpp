@@ -10,12 +10,23 @@
 #include <ditrl/app/run.hpp>
 #include <ditrl/config/deck.hpp>
 #include <ditrl/error.hpp>
+#include <ditrl/rollout/http_reward.hpp>
 
 #include <iostream>
 
 namespace ditrl::app {
 
 namespace {
+
+// Each reward server answers its health check as `train` will ask it.
+void check_reward_servers(const config::Config& config) {
+  for (const rollout::RewardOptions& r : reward_options(config, c10::kCPU))
+    if (r.kind == rollout::RewardKind::Http) {
+      const std::string scorer = rollout::check_reward_server(r);
+      std::cout << "# reward " << r.name << ": " << r.url << " serves scorer " << scorer << " (input = \""
+                << name_of(rollout::kRewardInputNames, r.input) << "\")\n";
+    }
+}
 
 int check(const std::string& deck, const std::vector<std::string>& overrides, int ranks, bool files) {
   const config::Config config = config::load_deck(deck, overrides);
@@ -26,6 +37,7 @@ int check(const std::string& deck, const std::vector<std::string>& overrides, in
   check_latent_grid(config, *family);
   check_sequence_parallel(config, *family);
   check_out_dir(config);
+  if (files) check_reward_servers(config);
   std::cout << "# effective configuration of " << deck << " (checked for " << ranks << " rank(s))\n"
             << config::to_toml(config);
   return 0;

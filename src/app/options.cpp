@@ -91,17 +91,30 @@ shard::ShardOptions shard_options(const config::Config& c, c10::Device device) {
   return o;
 }
 
-rollout::RewardOptions reward_options(const config::Config& c, c10::Device device) {
-  rollout::RewardOptions o;
-  o.kind = c.reward.kind;
-  o.analytic = c.reward.analytic;
-  o.module = c.reward.module;
-  o.command = c.reward.command;
-  o.target_seed = c.reward.target_seed;
-  o.timeout_s = c.reward.timeout_s;
-  o.work_dir = (std::filesystem::path(c.run.out_dir) / "reward").string();
-  o.device = device;
-  return o;
+std::vector<rollout::RewardOptions> reward_options(const config::Config& c, c10::Device device) {
+  std::vector<rollout::RewardOptions> out;
+  for (const config::RewardSection& r : config::reward_list(c)) {
+    rollout::RewardOptions o;
+    if (!r.name.empty()) o.name = r.name;
+    o.kind = r.kind;
+    o.weight = r.weight;
+    o.analytic = r.analytic;
+    o.module = r.module;
+    o.command = r.command;
+    o.target_seed = r.target_seed;
+    o.timeout_s = r.timeout_s;
+    o.work_dir = (std::filesystem::path(c.run.out_dir) / "reward").string();
+    o.device = device;
+    o.url = r.url;
+    o.input = r.input;
+    o.decoder = r.decoder;
+    o.batch_size = r.batch_size;
+    o.retries = r.retries;
+    o.backoff_s = r.backoff_s;
+    o.family = c.model.family;
+    out.push_back(std::move(o));
+  }
+  return out;
 }
 
 rollout::SamplerOptions sampler_options(const config::Config& c) {

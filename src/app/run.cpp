@@ -70,6 +70,10 @@ void check_files(const config::Config& c) {
                                   {"data.prompts", c.data.prompts},
                                   {"data.sft_latents", c.data.sft_latents}})
     if (!path.empty() && !std::filesystem::exists(path)) fail("{}: {} = \"{}\": no such file", c.source, key, path);
+  for (const config::RewardSection& r : config::reward_list(c))
+    for (const std::string& path : {r.module, r.decoder})
+      if (!path.empty() && !std::filesystem::exists(path))
+        fail("{}: reward {}: \"{}\": no such file", c.source, r.name.empty() ? "[reward]" : r.name, path);
   const std::string& resume = c.checkpoint.resume;
   if (!resume.empty() && resume != "latest" && resume != "auto" && resume != "none" &&
       !std::filesystem::is_regular_file(resume))
@@ -256,7 +260,8 @@ Run open_run(const config::Config& config, dist::Runtime& runtime, const std::st
   run.prompts = c.data.prompts.empty()
                     ? rollout::synthetic_prompts(run.family->cond_spec(), c.data.synthetic_prompts, c.data.seed)
                     : rollout::open_prompt_dataset(c.data.prompts, run.family->cond_spec());
-  run.reward = rollout::make_reward(reward_options(c, runtime.device()));
+  run.rewards = std::make_unique<rollout::RewardSet>(reward_options(c, runtime.device()), !c.rewards.empty(),
+                                                     c.train.reward_combine);
 
   const models::LatentGrid grid = latent_grid(c);
   diffusion::Schedule schedule =
@@ -288,7 +293,7 @@ Run open_run(const config::Config& config, dist::Runtime& runtime, const std::st
   }
   run.collector = std::make_unique<rollout::Collector>(
       collect,
-      rollout::CollectParts{run.family.get(), run.params.get(), run.prompts.get(), run.reward.get(),
+      rollout::CollectParts{run.family.get(), run.params.get(), run.prompts.get(), run.rewards.get(),
                             &sequence.samples(), run.ulysses.get(), runtime.io_comm()},
       std::move(schedule), latent_shape);
 

@@ -136,7 +136,9 @@ void SampleWriter::write(int64_t rollouts_done) {
   }
   std::vector<std::string> texts;
   for (int64_t row : rows) texts.push_back(run_.prompts->text(row));
-  const at::Tensor rewards = run_.reward->score(t.final_latents, t.prompt_index, texts).to(device, at::kFloat);
+  // The run's reward (several: their weighted sum), scored on all of the rank's samples at once.
+  const at::Tensor rewards =
+      run_.rewards->weighted_sum(run_.rewards->finish(t.final_latents, t.prompt_index, texts)).to(device, at::kFloat);
 
   const at::Tensor local = t.final_latents.to(at::kFloat).contiguous();
   at::Tensor all_latents = at::empty({comm.size() * local.numel()}, local.options());

@@ -3,17 +3,35 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 namespace ditrl::config {
 
 namespace {
 
+// Whether some line of `text` is the header `header` (blanks around it allowed).
+bool has_header(const std::string& text, const std::string& header) {
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    const size_t first = line.find_first_not_of(" \t");
+    if (first != std::string::npos && line.compare(first, header.size(), header) == 0 &&
+        line.find_first_not_of(" \t\r", first + header.size()) == std::string::npos)
+      return true;
+  }
+  return false;
+}
+
 toml::table parse_text(const std::string& text, const std::string& source_name) {
   try {
     return toml::parse(std::string_view(text), std::string_view(source_name));
   } catch (const toml::parse_error& e) {
+    // TOML itself refuses the mix; its message does not say what to do.
+    if (has_header(text, "[reward]") && has_header(text, "[[reward]]"))
+      fail("{}: the deck has both a [reward] table and [[reward]] entries: use one [reward] table for a single "
+           "reward, or one [[reward]] entry per reward", source_name);
     fail("{}: TOML syntax error: {}", where(e.source()), e.description());
   }
 }
@@ -66,6 +84,47 @@ void validate_deck(const Config& c, Diagnostics& diag, const SourceMap& sources)
                "or \"flash\"");
 }
 
+// A reward server's worst case, every try to its deadline and every back-off,
+// must end before the collective watchdog gives up on the rank that waits for
+// it: the watchdog would end the run naming a collective, not the server.
+void check_reward_deadline(const RewardSection& r, const Config& c, const Checker& at) {
+  if (r.kind != rollout::RewardKind::Http) return;
+  const double worst = r.timeout_s * static_cast<double>(r.retries + 1) +
+                       r.backoff_s * (std::pow(2.0, static_cast<double>(r.retries)) - 1);
+  if (worst >= c.parallel.collective_timeout_s)
+    at.error("timeout_s", fmt::format("x (retries + 1) plus the back-offs is {} s, not below parallel.collective_timeout_s "
+                                      "= {} s: lower timeout_s or retries, or raise the collective timeout",
+                                      worst, c.parallel.collective_timeout_s));
+}
+
+// Each reward's own rules; [[reward]] entries also need distinct names, which
+// become metric series and file columns.
+void validate_rewards(const Config& c, Diagnostics& diag, const SourceMap& sources) {
+  if (c.rewards.empty()) {
+    const Checker reward(diag, sources, "reward");
+    c.reward.validate(reward);
+    check_reward_deadline(c.reward, c, reward);
+    if (c.reward.weight != 1.0)
+      reward.error("weight", "applies to [[reward]] entries only (a single [reward] is the run's reward as it is)");
+    return;
+  }
+  std::set<std::string> names;
+  for (size_t i = 0; i < c.rewards.size(); ++i) {
+    const RewardSection& r = c.rewards[i];
+    const Checker entry(diag, sources, fmt::format("reward[{}]", i));
+    r.validate(entry);
+    check_reward_deadline(r, c, entry);
+    if (r.name.empty())
+      entry.error("name", "is required in a [[reward]] entry (it names the reward's metric series)");
+    else if (r.name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") !=
+             std::string::npos)
+      entry.error("name", fmt::format("= \"{}\" may hold only letters, digits, _ and - (it names a metric series)",
+                                      r.name));
+    else if (!names.insert(r.name).second)
+      entry.error("name", fmt::format("= \"{}\" names an earlier [[reward]] entry too", r.name));
+  }
+}
+
 Config read_config(const toml::table& root, const std::string& source_name) {
   Config config;
   config.source = source_name;
@@ -82,7 +141,7 @@ Config read_config(const toml::table& root, const std::string& source_name) {
     config.model.validate(Checker(diag, sources, "model"));
     config.precision.validate(Checker(diag, sources, "precision"));
     config.rollout.validate(Checker(diag, sources, "rollout"));
-    config.reward.validate(Checker(diag, sources, "reward"));
+    validate_rewards(config, diag, sources);
     config.train.validate(Checker(diag, sources, "train"));
     validate_deck(config, diag, sources);
   }
@@ -142,6 +201,10 @@ Config load_deck(const std::string& path, const std::vector<std::string>& overri
   std::ostringstream text;
   text << in.rdbuf();
   return parse_deck(text.str(), path, overrides);
+}
+
+std::vector<RewardSection> reward_list(const Config& config) {
+  return config.rewards.empty() ? std::vector<RewardSection>{config.reward} : config.rewards;
 }
 
 std::string to_toml(const Config& config) {

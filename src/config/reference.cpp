@@ -98,6 +98,11 @@ class Describer {
     Describer inner = open(key, false, meaning);
     sub.fields(inner);
   }
+  // One table or an array of them: the keys are the same, listed once.
+  template <class S>
+  void table_or_tables(std::string_view key, S& single, std::vector<S>& /*none*/, std::string_view meaning) {
+    table(key, single, meaning);
+  }
   // The keys of one table of the array: the array itself defaults to none.
   template <class S>
   void tables(std::string_view key, std::vector<S>& /*none*/, std::string_view meaning) {

@@ -73,8 +73,16 @@ void RolloutSection::validate(const Checker& c) const {
 }
 
 void RewardSection::validate(const Checker& c) const {
-  if (kind == "torchscript" && module.empty()) c.error("module", "is required when kind = \"torchscript\"");
-  if (kind == "command" && command.empty()) c.error("command", "is required when kind = \"command\"");
+  using rollout::RewardKind;
+  if (kind == RewardKind::TorchScript && module.empty()) c.error("module", "is required when kind = \"torchscript\"");
+  if (kind == RewardKind::Command && command.empty()) c.error("command", "is required when kind = \"command\"");
+  if (kind != RewardKind::Http) return;
+  if (url.rfind("http://", 0) != 0)
+    c.error("url", fmt::format("= \"{}\" must be an http:// URL of a reward server (kind = \"http\")", url));
+  if (input == rollout::RewardInput::Images && decoder.empty())
+    c.error("decoder", "is required when input = \"images\" (the module that decodes latents to RGB)");
+  if (input == rollout::RewardInput::Latents && !decoder.empty())
+    c.error("decoder", "is only used with input = \"images\"");
 }
 
 void TrainSection::validate(const Checker& c) const {

@@ -1,5 +1,6 @@
 #include <ditrl/error.hpp>
 #include <ditrl/io/h5.hpp>
+#include <ditrl/rollout/http_reward.hpp>
 #include <ditrl/rollout/reward.hpp>
 
 #include <ATen/ATen.h>
@@ -18,8 +19,6 @@
 
 namespace ditrl::rollout {
 
-namespace {
-
 // Every kind's output goes through the same checks before it can become an
 // advantage: one finite float per sample.
 at::Tensor checked_rewards(const at::Tensor& rewards, int64_t samples, const std::string& source) {
@@ -37,26 +36,37 @@ at::Tensor checked_rewards(const at::Tensor& rewards, int64_t samples, const std
   return values;
 }
 
+std::future<at::Tensor> Reward::start(const at::Tensor& final_latents, const at::Tensor& prompt_index,
+                                      const std::vector<std::string>& texts) {
+  std::promise<at::Tensor> scored;
+  scored.set_value(score(final_latents, prompt_index, texts));
+  return scored.get_future();
+}
+
+namespace {
+
 // Analytic rewards are functions of a single sample's latent, so they do not
 // depend on how samples are split across ranks or micro-groups.
 class AnalyticReward final : public Reward {
  public:
-  AnalyticReward(std::string kind, int64_t seed) : kind_(std::move(kind)), seed_(seed) {}
-  std::string name() const override { return "analytic/" + kind_; }
+  AnalyticReward(AnalyticFunction function, int64_t seed) : function_(function), seed_(seed) {}
+  std::string name() const override { return "analytic/" + std::string(name_of(kAnalyticNames, function_)); }
 
   at::Tensor score(const at::Tensor& final_latents, const at::Tensor&, const std::vector<std::string>&) override {
     const at::Tensor x = final_latents.to(at::kFloat).flatten(1);
     at::Tensor r;
-    if (kind_ == "target_pattern") {
-      // -mean squared distance to a fixed seeded pattern of the latent's shape
-      // (drawn on the host, where the latents may not be).
-      r = -(x - target(x.size(1)).to(x.device())).pow(2).mean(1);
-    } else if (kind_ == "brightness") {
-      r = x.mean(1);
-    } else if (kind_ == "smoothness") {
-      r = -(final_latents.to(at::kFloat).diff(1, -1)).pow(2).flatten(1).mean(1);
-    } else {
-      fail("unknown analytic reward '{}': expected target_pattern, brightness or smoothness", kind_);
+    switch (function_) {
+      case AnalyticFunction::TargetPattern:
+        // -mean squared distance to a fixed seeded pattern of the latent's shape
+        // (drawn on the host, where the latents may not be).
+        r = -(x - target(x.size(1)).to(x.device())).pow(2).mean(1);
+        break;
+      case AnalyticFunction::Brightness:
+        r = x.mean(1);
+        break;
+      case AnalyticFunction::Smoothness:
+        r = -(final_latents.to(at::kFloat).diff(1, -1)).pow(2).flatten(1).mean(1);
+        break;
     }
     return checked_rewards(r, final_latents.size(0), name());
   }
@@ -70,7 +80,7 @@ class AnalyticReward final : public Reward {
     return target_;
   }
 
-  std::string kind_;
+  AnalyticFunction function_;
   int64_t seed_;
   at::Tensor target_;
 };
@@ -259,11 +269,17 @@ std::vector<std::string> split_command(const std::string& command) {
 }
 
 std::unique_ptr<Reward> make_reward(const RewardOptions& options) {
-  if (options.kind == "analytic") return std::make_unique<AnalyticReward>(options.analytic, options.target_seed);
-  if (options.kind == "torchscript") return std::make_unique<TorchScriptReward>(options.module, options.device);
-  if (options.kind == "command")
-    return std::make_unique<CommandReward>(options.command, options.timeout_s, options.work_dir);
-  fail("unknown reward kind '{}': expected analytic, torchscript or command", options.kind);
+  switch (options.kind) {
+    case RewardKind::Analytic:
+      return std::make_unique<AnalyticReward>(options.analytic, options.target_seed);
+    case RewardKind::TorchScript:
+      return std::make_unique<TorchScriptReward>(options.module, options.device);
+    case RewardKind::Command:
+      return std::make_unique<CommandReward>(options.command, options.timeout_s, options.work_dir);
+    case RewardKind::Http:
+      return make_http_reward(options);
+  }
+  fail("reward {}: no reward kind {}", options.name, static_cast<int>(options.kind));
 }
 
 }  // namespace ditrl::rollout

@@ -143,6 +143,7 @@ Trajectories sample(models::Family& family, const models::ForwardContext& ctx, c
       outputs.push_back(at::stack(g.outputs, 1));
     }
     finals.push_back(g.final);
+    if (options.after_microgroup) options.after_microgroup(begin, g.final);
   }
 
   Trajectories out;

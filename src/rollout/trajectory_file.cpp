@@ -100,6 +100,11 @@ void write_datasets(h5::File& file, const TrajectoryRecord& local, int64_t first
   write_rows(file, "final_latents", t.final_latents, first_row, total_rows);
   if (t.model_outputs.defined()) write_rows(file, "model_outputs", t.model_outputs, first_row, total_rows);
   if (t.rewards.defined()) write_rows(file, "rewards", t.rewards, first_row, total_rows);
+  if (t.reward_values.defined()) {
+    write_rows(file, "reward_values", t.reward_values, first_row, total_rows);
+    file.set_attr("reward_names", fmt::format("{}", fmt::join(local.reward_names, ",")));
+  }
+  if (local.advantages.defined()) write_rows(file, "advantages", local.advantages.cpu(), first_row, total_rows);
   write_rows(file, "prompt_index", t.prompt_index, first_row, total_rows);
   write_rows(file, "sample_index", t.sample_index, first_row, total_rows);
   for (const auto& [name, tensor] : local.cond.tensors) write_rows(file, "cond/" + name, tensor, first_row, total_rows);
@@ -185,6 +190,15 @@ TrajectoryRecord read_trajectories(const std::string& path, int64_t first_row, i
     t.model_outputs = r.rows("model_outputs", at::kFloat, per_output, n);
   }
   if (r.has("rewards")) t.rewards = r.rows("rewards", at::kFloat, {}, n);
+  if (r.has("reward_values") && !expect.reward_names.empty()) {
+    const std::string names = fmt::format("{}", fmt::join(expect.reward_names, ","));
+    const std::string written =
+        r.file().has_attr("reward_names") ? r.file().string_attr("reward_names") : std::string("(none)");
+    if (written != names)
+      fail("trajectories {}: /reward_values holds rewards {}, the deck's [[reward]] entries are {}", path, written,
+           names);
+    t.reward_values = r.rows("reward_values", at::kFloat, {static_cast<int64_t>(expect.reward_names.size())}, n);
+  }
   t.prompt_index = r.rows("prompt_index", at::kLong, {}, n);
   t.sample_index = r.has("sample_index") ? r.rows("sample_index", at::kLong, {}, n)
                                          : at::arange(first_row, first_row + count, at::kLong);

@@ -39,10 +39,10 @@ void check_same_scores(Reward& reward, const at::Tensor& index) {
 }  // namespace
 
 TEST_CASE("gpu: the analytic rewards score latents on the GPU as on the CPU", "[gpu][reward]") {
-  for (const char* kind : {"target_pattern", "brightness", "smoothness"}) {
-    INFO("reward.analytic = " << kind);
+  for (const auto& [name, function] : ditrl::rollout::kAnalyticNames) {
+    INFO("reward.analytic = " << name);
     RewardOptions options;
-    options.analytic = kind;
+    options.analytic = function;
     check_same_scores(*make_reward(options), at::arange(4, at::kLong));
   }
 }
@@ -62,7 +62,7 @@ torch.jit.script(Two()).save(sys.argv[1] + "/two.pt")
   INFO(made.output);
   REQUIRE(made.exit_code == 0);
   RewardOptions options;
-  options.kind = "torchscript";
+  options.kind = ditrl::rollout::RewardKind::TorchScript;
   options.module = dir + "/two.pt";
   options.device = kGpu;
   const at::Tensor index = at::tensor({3, 0, 2, 1}, at::kLong);

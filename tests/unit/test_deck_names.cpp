@@ -90,11 +90,19 @@ TEST_CASE("deck names: every enum value round-trips name -> enum -> name through
   round_trips("latents", &InputPolicySection::latents, precision::kInputDtypeNames);
   round_trips("cond", &InputPolicySection::cond, precision::kInputDtypeNames);
   round_trips("timestep", &InputPolicySection::timestep, precision::kInputDtypeNames);
+  round_trips("kind", &config::RewardSection::kind, rollout::kRewardKindNames);
+  round_trips("analytic", &config::RewardSection::analytic, rollout::kAnalyticNames);
+  round_trips("input", &config::RewardSection::input, rollout::kRewardInputNames);
+  round_trips("reward_combine", &TrainSection::reward_combine, rollout::kRewardCombineNames);
   names_every_value(rl::kLossNames);
   names_every_value(diffusion::kSdeNames);
   names_every_value(rl::kStepStrategyNames);
   names_every_value(models::kAttentionNames);
   names_every_value(precision::kInputDtypeNames);
+  names_every_value(rollout::kRewardKindNames);
+  names_every_value(rollout::kAnalyticNames);
+  names_every_value(rollout::kRewardInputNames);
+  names_every_value(rollout::kRewardCombineNames);
 }
 
 TEST_CASE("deck names: an unknown name is refused naming the key / its choices and the closest", "[config]") {

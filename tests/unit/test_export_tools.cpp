@@ -109,7 +109,7 @@ TEST_CASE("export tools: tiny exported encoders and rewards load in ditrl with t
        std::vector<std::pair<std::string, std::vector<int64_t>>>{{"sd3", {3, 16, 8, 8}}, {"wan", {3, 16, 2, 8, 8}}}) {
     INFO(family);
     rollout::RewardOptions options;
-    options.kind = "torchscript";
+    options.kind = rollout::RewardKind::TorchScript;
     options.module = dir + "/rew_" + family + ".pt";
     const auto reward = rollout::make_reward(options);
     int64_t numel = 1;

@@ -53,7 +53,8 @@ precision::PrecisionPlan precision_plan(const config::Config& c, const std::vect
 // That plan, with the family's rules, compiled against its parameter names.
 precision::CompiledPlan compiled_plan(const config::Config& c, models::Family& family);
 shard::ShardOptions shard_options(const config::Config& c, c10::Device device);
-rollout::RewardOptions reward_options(const config::Config& c, c10::Device device);
+// Each reward of the deck ([[reward]] entries, or the one [reward] table).
+std::vector<rollout::RewardOptions> reward_options(const config::Config& c, c10::Device device);
 rollout::SamplerOptions sampler_options(const config::Config& c);
 // Pairs per training forward: GRPO trains each rollout micro-group as one
 // micro-batch (rollout.microgroup, else train.micro_batch); NFT and SFT

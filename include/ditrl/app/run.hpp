@@ -17,7 +17,7 @@
 #include <ditrl/rl/policy.hpp>
 #include <ditrl/rollout/collect.hpp>
 #include <ditrl/rollout/prompts.hpp>
-#include <ditrl/rollout/reward.hpp>
+#include <ditrl/rollout/reward_set.hpp>
 #include <ditrl/shard/sharded_params.hpp>
 
 #include <cstdint>
@@ -35,7 +35,7 @@ struct Run {
   std::unique_ptr<models::Ulysses> ulysses;  // parallel.sequence_parallel > 1: this rank's group
   std::unique_ptr<shard::ShardedParams> params;
   std::unique_ptr<rollout::PromptSource> prompts;
-  std::unique_ptr<rollout::Reward> reward;
+  std::unique_ptr<rollout::RewardSet> rewards;
   std::unique_ptr<rl::ParityDump> dump;  // [debug] dump = true: OUT/debug/dump-rank<r>.h5
   std::unique_ptr<rollout::Collector> collector;
   rl::Policy policy;

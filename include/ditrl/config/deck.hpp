@@ -18,7 +18,8 @@ struct Config {
   PrecisionSection precision;
   ParallelSection parallel;
   RolloutSection rollout;
-  RewardSection reward;
+  RewardSection reward;                // a single [reward] table
+  std::vector<RewardSection> rewards;  // or [[reward]] entries: several, weighted
   TrainSection train;
   DataSection data;
   CheckpointSection checkpoint;
@@ -35,7 +36,9 @@ struct Config {
     v.table("precision", precision, "Dtypes of the weights, gradients and forward, and the kernels that compute them.");
     v.table("parallel", parallel, "Parameter sharding and gathers, the collective watchdog, sequence parallelism.");
     v.table("rollout", rollout, "Sampling: schedule, SDE kernel and steps, guidance, batch and latent grid.");
-    v.table("reward", reward, "What scores the rollout's final latents.");
+    v.table_or_tables("reward", reward, rewards,
+                      "What scores the rollout's final latents: one [reward] table, or one [[reward]] entry per "
+                      "reward of a weighted sum (docs/rewards.md).");
     v.table("train", train, "The loss, AdamW, batching, the learning-rate schedule and advantages.");
     v.table("data", data, "The prompts (and SFT targets) the rollouts draw from.");
     v.table("checkpoint", checkpoint, "When checkpoints are written and kept, and where a run resumes from.");
@@ -44,6 +47,9 @@ struct Config {
     v.table("debug", debug, "Tensor dumps for `ditrl align` and checks for debugging.");
   }
 };
+
+// The run's rewards: the [[reward]] entries, or the single [reward] table.
+std::vector<RewardSection> reward_list(const Config& config);
 
 // Reads and validates a deck file; throws ditrl::Error listing every problem.
 Config load_deck(const std::string& path, const std::vector<std::string>& overrides = {});

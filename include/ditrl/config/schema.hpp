@@ -203,6 +203,16 @@ class Reader {
       subs.push_back(std::move(sub));
     }
   }
+  // A key that is either one table ([key]) or an array of them ([[key]]):
+  // the array fills `subs` (at least one entry), the table or its absence
+  // fills `single`.
+  template <class S>
+  void table_or_tables(std::string_view key, S& single, std::vector<S>& subs, std::string_view meaning) {
+    const toml::node* node = table_.get(key);
+    if (!node || !node->is_array()) return table(key, single, meaning);
+    tables(key, subs, meaning);
+    if (subs.empty()) missing(key, "at least one [[" + dotted(key) + "]] entry");
+  }
   // Reports keys the section does not know, with a suggestion.
   void finish();
 
@@ -320,6 +330,11 @@ class Writer {
     Writer w(t);
     sub.fields(w);
     out_.insert_or_assign(key, std::move(t));
+  }
+  template <class S>
+  void table_or_tables(std::string_view key, S& single, std::vector<S>& subs, std::string_view meaning) {
+    if (subs.empty()) return table(key, single, meaning);
+    tables(key, subs, meaning);
   }
   template <class S>
   void tables(std::string_view key, std::vector<S>& subs, std::string_view /*meaning*/) {

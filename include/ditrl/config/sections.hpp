@@ -15,6 +15,7 @@
 #include <ditrl/precision/dtype_names.hpp>
 #include <ditrl/rl/algorithm_traits.hpp>
 #include <ditrl/rl/step_strategy.hpp>
+#include <ditrl/rollout/reward_kind.hpp>
 
 #include <cstdint>
 #include <optional>
@@ -303,28 +304,60 @@ struct RolloutSection {
   void validate(const Checker& c) const;
 };
 
+// One reward: the deck's single [reward] table, or one [[reward]] entry of
+// several (their weighted sum is the run's reward, docs/rewards.md).
 struct RewardSection {
-  std::string kind = "analytic";
-  std::string analytic = "target_pattern";
+  std::string name;
+  rollout::RewardKind kind = rollout::RewardKind::Analytic;
+  double weight = 1.0;
+  rollout::AnalyticFunction analytic = rollout::AnalyticFunction::TargetPattern;
   std::string module;
   std::string command;
   int64_t target_seed = 1234;
   double timeout_s = 600;
+  std::string url;
+  rollout::RewardInput input = rollout::RewardInput::Latents;
+  std::string decoder;
+  int64_t batch_size = 0;
+  int64_t retries = 3;
+  double backoff_s = 1.0;
 
   template <class V>
   void fields(V& v) {
+    v("name", name,
+      "[[reward]] entries: the reward's name, its metric series rollout/reward/<name>/... (letters, digits, _ and -)");
     v("kind", kind,
-      "what scores the final latents: a built-in analytic reward, a TorchScript module or an external command",
-      OneOf{"analytic", "torchscript", "command"});
+      "what scores the final latents: a built-in analytic reward, a TorchScript module, an external command or a "
+      "reward server over HTTP",
+      rollout::kRewardKindNames);
+    v("weight", weight, "[[reward]] entries: the reward's weight in the run's reward, the weighted sum",
+      Between{-1e6, 1e6});
     v("analytic", analytic,
       "kind = \"analytic\": closeness to a seeded pattern, mean brightness, or smoothness along the width",
-      OneOf{"target_pattern", "brightness", "smoothness"});
+      rollout::kAnalyticNames);
     v("module", module, "kind = \"torchscript\": the module, forward(latents[, prompt_index]) -> [N]");
     v("command", command,
       "kind = \"command\": the program and its arguments, run without a shell; `{input}` and `{output}` are HDF5 "
       "paths");
     v("target_seed", target_seed, "seeds target_pattern's pattern", Between{0, kIntMax});
-    v("timeout_s", timeout_s, "seconds a reward command may run before it is killed", Above{0, kTimeoutMax});
+    v("timeout_s", timeout_s,
+      "seconds a reward command may run before it is killed; kind = \"http\": the deadline of one request",
+      Above{0, kTimeoutMax});
+    v("url", url, "kind = \"http\": the reward server, e.g. \"http://127.0.0.1:8000\" (GET /health, POST /score)");
+    v("input", input,
+      "kind = \"http\": what the server scores: the final latents, or RGB images made by `decoder` on the run's "
+      "device (the server's /health must say the same)",
+      rollout::kRewardInputNames);
+    v("decoder", decoder,
+      "kind = \"http\", input = \"images\": a TorchScript module, forward(latents fp32) -> uint8 [B,H,W,3] or "
+      "[B,F,H,W,3]");
+    v("batch_size", batch_size, "kind = \"http\": samples per request; 0 = all of a scoring call's samples in one",
+      Between{0, 1 << 20});
+    v("retries", retries,
+      "kind = \"http\": retries of a request that failed to connect, timed out or got 5xx/429, then the run fails",
+      Between{0, 100});
+    v("backoff_s", backoff_s, "kind = \"http\": seconds before the first retry, doubled for each next one",
+      Between{0, 3600});
   }
   void validate(const Checker& c) const;
 };
@@ -354,6 +387,7 @@ struct TrainSection {
   bool nft_adaptive = true;
   bool nft_shuffle_timesteps = true;
   std::string on_nonfinite = "skip";
+  rollout::RewardCombine reward_combine = rollout::RewardCombine::WeightedSum;
 
   template <class V>
   void fields(V& v) {
@@ -390,6 +424,10 @@ struct TrainSection {
     v("on_nonfinite", on_nonfinite,
       "a non-finite loss or gradient norm: \"skip\" the step on every rank (counted), or \"stop\" the run",
       OneOf{"skip", "stop"});
+    v("reward_combine", reward_combine,
+      "several [[reward]] entries: advantages of their weighted sum, or the weighted sum of each reward's own "
+      "advantage (every reward normalised within its prompt group first)",
+      rollout::kRewardCombineNames);
   }
   void validate(const Checker& c) const;
 };

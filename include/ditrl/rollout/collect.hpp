@@ -13,7 +13,7 @@
 #include <ditrl/rl/advantages.hpp>
 #include <ditrl/rl/step_strategy.hpp>
 #include <ditrl/rollout/prompts.hpp>
-#include <ditrl/rollout/reward.hpp>
+#include <ditrl/rollout/reward_set.hpp>
 #include <ditrl/rollout/sampler.hpp>
 #include <ditrl/shard/sharded_params.hpp>
 
@@ -31,10 +31,11 @@ namespace ditrl::rollout {
 struct RolloutBatch {
   int64_t rollout_id = 0;
   Trajectories trajectories;
-  models::Cond cond;       // [N, ...] conditioning rows of the rank's samples
-  models::Cond negative;   // [N, ...] when the run uses CFG
-  at::Tensor all_rewards;  // [samples_per_rollout], every rank
-  at::Tensor advantages;   // [N] this rank's samples
+  models::Cond cond;             // [N, ...] conditioning rows of the rank's samples
+  models::Cond negative;         // [N, ...] when the run uses CFG
+  at::Tensor all_rewards;        // [samples_per_rollout], every rank: the run's reward
+  at::Tensor all_reward_values;  // [samples_per_rollout, K], every rank: each [[reward]] entry's (else undefined)
+  at::Tensor advantages;         // [N] this rank's samples
   double seconds_sampling = 0;
   double seconds_reward = 0;
 };
@@ -56,7 +57,7 @@ struct CollectParts {
   models::Family* family = nullptr;
   shard::ShardedParams* params = nullptr;
   PromptSource* prompts = nullptr;
-  Reward* reward = nullptr;
+  RewardSet* rewards = nullptr;
   dist::Communicator* comm = nullptr;        // the ranks holding different samples (dist::SequenceGroups::samples)
   const models::Ulysses* ulysses = nullptr;  // the sequence-parallel group sharing this rank's samples, if any
   MPI_Comm io_comm = MPI_COMM_NULL;          // collective trajectory files
@@ -81,7 +82,8 @@ class Collector {
   void save(const RolloutBatch& batch, const std::string& path, const std::map<std::string, std::string>& text_attrs,
             const std::map<std::string, double>& number_attrs) const;
 
-  // rollout/reward/* statistics over the whole rollout and rollout/step.
+  // rollout/reward/* statistics over the whole rollout (the run's reward;
+  // rollout/reward/<name>/* each [[reward]] entry's raw values) and rollout/step.
   std::map<std::string, double> metrics(const RolloutBatch& batch) const;
 
   int64_t samples_per_rollout() const { return options_.prompts_per_rollout * options_.samples_per_prompt; }
@@ -90,6 +92,7 @@ class Collector {
 
  private:
   void score_and_normalise(RolloutBatch& out);
+  std::vector<std::string> texts(const at::Tensor& prompt_index) const;
 
   CollectOptions options_;
   CollectParts parts_;

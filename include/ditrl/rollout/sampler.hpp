@@ -31,6 +31,10 @@ struct SamplerOptions {
   // the same order; it may throw to abandon the rollout (`train` does on an
   // agreed stop signal). Empty: never called.
   std::function<void(int64_t step)> before_step;
+  // Called with each micro-group's first sample and final latents [m, ...]
+  // as soon as they are sampled (the rollout starts a reward server's
+  // requests there). Empty: never called.
+  std::function<void(int64_t first, const at::Tensor& final_latents)> after_microgroup;
 };
 
 // A rank's samples of one rollout.
@@ -43,7 +47,8 @@ struct Trajectories {
   at::Tensor final_latents;  // [N, ...] fp32: x_T
   at::Tensor prompt_index;   // [N] int64
   at::Tensor sample_index;   // [N] int64: global sample id of the rollout
-  at::Tensor rewards;        // [N] fp32, after scoring
+  at::Tensor rewards;        // [N] fp32, after scoring: the run's reward (several: their weighted sum)
+  at::Tensor reward_values;  // [N, K] fp32: each [[reward]] entry's raw value (undefined for a single reward)
 
   int64_t size() const { return prompt_index.defined() ? prompt_index.size(0) : 0; }
   // Position of latent x_step in `latents` (error if the rollout did not keep it).

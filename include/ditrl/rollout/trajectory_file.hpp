@@ -13,7 +13,12 @@
 //   /log_probs      [N, S] fp32  rollout log-prob of x_i -> x_{i+1}, i in /sde_steps
 //   /final_latents  [N, ...] fp32 (absent: the last kept latent, which must be x_T)
 //   /model_outputs  [N, S, ...] optional: the (guided) velocity at each SDE step
-//   /rewards        [N]   fp32 optional (absent: the deck's reward scores x_T)
+//   /rewards        [N]   fp32 optional (absent: the deck's reward scores x_T); with
+//                         [[reward]] entries, their weighted sum
+//   /reward_values  [N, K] fp32 optional: each [[reward]] entry's raw value, in the
+//                         order of the attribute reward_names ("a,b,c")
+//   /advantages     [N]   fp32 optional: the advantages the writing run computed
+//                         (for inspection; a reading run computes its own)
 //   /prompt_index   [N]   int64
 //   /sample_index   [N]   int64 optional (absent: 0..N-1)
 //   /cond/<name>    [N, ...] the conditioning the family reads (its cond_spec)
@@ -37,7 +42,9 @@ namespace ditrl::rollout {
 struct TrajectoryRecord {
   Trajectories trajectories;
   models::Cond cond;
-  models::Cond negative;  // empty without CFG
+  models::Cond negative;                  // empty without CFG
+  std::vector<std::string> reward_names;  // names /reward_values' columns
+  at::Tensor advantages;                  // [N] optional
   std::map<std::string, std::string> text_attrs;
   std::map<std::string, double> number_attrs;
 };
@@ -50,7 +57,8 @@ void write_trajectories(const std::string& path, const TrajectoryRecord& local, 
 struct TrajectoryExpectation {
   std::vector<int64_t> latent_shape;  // one sample
   std::vector<models::CondSpec> cond;
-  int64_t total_rows = 0;  // samples of the rollout
+  int64_t total_rows = 0;                 // samples of the rollout
+  std::vector<std::string> reward_names;  // [[reward]] entries: /reward_values must name these, if present
 };
 
 // Reads rows [first_row, first_row + count) and checks every shape, dtype
