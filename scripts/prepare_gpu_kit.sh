@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prepares kit/prefix/: the libraries ditrl builds and runs with that a bare
 # GPU machine lacks (Open MPI, parallel HDF5, Boost.JSON, toml++,
-# spdlog + fmt, CLI11, Catch2, OpenSSL's libcrypto), as Debian bookworm packages unpacked into one
+# spdlog + fmt, CLI11, Catch2, OpenSSL's libcrypto, libcurl, libpng, libwebp and pkg-config),
+# as Debian bookworm packages unpacked into one
 # relocatable prefix, for scripts/gpu_check.sh. The device tool copies the
 # tree to the GPU machine with at most 64 MiB of ignored paths, so the prefix
 # is pruned (no docs, static libraries, Fortran/Java/OpenSHMEM, only the
@@ -24,6 +25,7 @@ PACKAGES=(
   libboost-json1.81.0 libboost-json1.81-dev libboost1.81-dev
   libtomlplusplus3 libtomlplusplus-dev libspdlog1.10 libspdlog-dev libfmt9 libfmt-dev libcli11-dev catch2
   libtcmalloc-minimal4 libssl3 libssl-dev libcurl4 libcurl4-openssl-dev
+  libpng16-16 libpng-dev zlib1g-dev libwebp7 libwebpmux3 libwebpdemux2 libwebp-dev pkgconf pkgconf-bin libpkgconf3
 )
 
 # Where a machine with a C++ compiler has its own copy (the C library and the
@@ -127,6 +129,7 @@ export HDF5_USE_SHLIB=yes  # h5pcc -show: the shared libraries (the static ones 
 export PATH=\$KIT_USR/bin:\$PATH
 export LD_LIBRARY_PATH=\$KIT_USR/lib/$ARCH:\$KIT_USR/lib/$ARCH/openmpi/lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}
 export CMAKE_PREFIX_PATH=\$KIT_USR\${CMAKE_PREFIX_PATH:+:\$CMAKE_PREFIX_PATH}
+export PKG_CONFIG_PATH=\$KIT_USR/lib/$ARCH/pkgconfig:\$KIT_USR/share/pkgconfig\${PKG_CONFIG_PATH:+:\$PKG_CONFIG_PATH}  # libwebp's .pc files
 # Debian's /etc/openmpi/openmpi-mca-params.conf, which does not travel.
 export OMPI_MCA_btl_base_warn_component_unused=0 OMPI_MCA_mtl='^ofi' OMPI_MCA_btl='^uct,openib,ofi' \\
   OMPI_MCA_pml='^ucx' OMPI_MCA_osc='^ucx,pt2pt'

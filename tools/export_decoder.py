@@ -8,7 +8,7 @@ DiffusersDecode: SD3 x / scaling_factor + shift_factor; Qwen-Image and Wan x * s
 channel), decodes, and returns what diffusers' image / video post-processing gives as uint8:
     round(255 * clamp(x / 2 + 0.5, 0, 1))  as  [B, H, W, 3] (sd3, qwen_image) or [B, F, H, W, 3] (wan).
 It is what ditrl's `http` reward runs on the rollout's device to send decoded images to a reward
-server (docs/reward-server.md), and what tools/follow.py can use to show samples.
+server (docs/reward-server.md), and what `[log] decoder` decodes the preview samples with.
 
 Checked against diffusers' own decode + VaeImageProcessor / VideoProcessor post-processing on tiny
 random configs (tests/tools/export_decoder_test.py; max difference in uint8 stated there). The

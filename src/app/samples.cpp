@@ -72,11 +72,14 @@ SampleWriter::SampleWriter(Run& run, int64_t first_rollout) : run_(run) {
   std::vector<int64_t> one = run.policy.latent_shape;
   one.insert(one.begin(), 1);
   const int64_t channels = models::latent_frames(*run.family, at::zeros(one), grid).size(2);
-  if (static_cast<int64_t>(factors_.weights.size()) != channels)
+  if (!c.log.decoder.empty()) {
+    // Only rank 0 makes pictures, so only its device holds the VAE.
+    if (run.runtime->world().rank == 0) decoder_.emplace(c.log.decoder, run.params->device(), "log.decoder");
+  } else if (static_cast<int64_t>(factors_.weights.size()) != channels)
     fail(
         "{}: log.samples_every = {} needs a latent preview of {}'s {}-channel latents, and no latent-to-RGB factors "
-        "are "
-        "published for that channel count ({}); set log.samples_every = 0",
+        "are published for that channel count ({}); give log.decoder (tools/export_decoder.py) or set "
+        "log.samples_every = 0",
         c.source, c.log.samples_every, c.model.family, channels,
         factors_.weights.empty() ? "this preset's VAE has none" : fmt::format("they have {}", factors_.weights.size()));
   video_ = grid.frames > 1;
@@ -93,7 +96,8 @@ SampleWriter::SampleWriter(Run& run, int64_t first_rollout) : run_(run) {
     index_ = kept_index_lines(dir_ + "/" + kIndex, first_rollout);
   }
   spdlog::info("[samples] {} preview sample(s) of prompts [{}] every {} rollout(s) -> {} ({})", c.log.samples,
-               fmt::join(prompts_, ", "), c.log.samples_every, dir_, factors_.source);
+               fmt::join(prompts_, ", "), c.log.samples_every, dir_,
+               decoder_ ? "decoded by " + c.log.decoder : factors_.source);
 }
 
 bool SampleWriter::due(int64_t rollouts_done) const {
@@ -153,11 +157,11 @@ void SampleWriter::write(int64_t rollouts_done) {
   const at::Tensor kept_rewards = all_rewards.narrow(0, 0, k).cpu();
   const std::string file = fmt::format("rollout-{:06d}.{}", rollouts_done, video_ ? "webp" : "png");
   const std::string line = index_line(rollouts_done, file, kept_rewards);
-  const at::Tensor frames = models::latent_frames(*run_.family, finals, latent_grid(c));  // [K, F, C, H, W]
-  std::vector<at::Tensor> pictures;                                                       // each [F, h, w, 3]
-  for (int64_t i = 0; i < k; ++i) pictures.push_back(models::latent_preview(frames[i], factors_));
+  const std::vector<at::Tensor> pictures = this->pictures(finals);  // each [F, h, w, 3]
   if (video_) {
-    const int frame_ms = static_cast<int>(std::lround(1000.0 * static_cast<double>(factors_.temporal) / c.rollout.fps));
+    // A latent frame previews `temporal` video frames; a decoded frame is one.
+    const double per_frame = decoder_ ? 1.0 : static_cast<double>(factors_.temporal);
+    const int frame_ms = static_cast<int>(std::lround(1000.0 * per_frame / c.rollout.fps));
     io::write_animated_webp(dir_ + "/" + file, at::cat(pictures, 2), frame_ms);
   } else {
     std::vector<at::Tensor> images;
@@ -183,6 +187,18 @@ void SampleWriter::write(int64_t rollouts_done) {
                file, k, kept_rewards.mean().item<double>(), seconds_since(start));
 }
 
+std::vector<at::Tensor> SampleWriter::pictures(const at::Tensor& finals) {
+  std::vector<at::Tensor> out;
+  if (decoder_) {
+    const at::Tensor rgb = decoder_->decode(finals);  // [K, H, W, 3] or [K, F, H, W, 3]
+    for (int64_t i = 0; i < rgb.size(0); ++i) out.push_back(rgb.dim() == 4 ? rgb[i].unsqueeze(0) : rgb[i]);
+    return out;
+  }
+  const at::Tensor frames = models::latent_frames(*run_.family, finals, latent_grid(run_.config));  // [K, F, C, H, W]
+  for (int64_t i = 0; i < frames.size(0); ++i) out.push_back(models::latent_preview(frames[i], factors_));
+  return out;
+}
+
 std::string SampleWriter::index_line(int64_t rollouts_done, const std::string& file, const at::Tensor& rewards) const {
   boost::json::array prompts, indices, values;
   for (int64_t i = 0; i < run_.config.log.samples; ++i) {
@@ -197,7 +213,7 @@ std::string SampleWriter::index_line(int64_t rollouts_done, const std::string& f
   o["prompts"] = std::move(prompts);
   o["prompt_index"] = std::move(indices);
   o["rewards"] = std::move(values);
-  o["source"] = "latent_preview";
+  o["source"] = decoder_ ? "decoder" : "latent_preview";
   return boost::json::serialize(o);
 }
 

@@ -1,19 +1,19 @@
 #include <ditrl/error.hpp>
 #include <ditrl/io/safetensors.hpp>
+#include <ditrl/rollout/decoder.hpp>
 #include <ditrl/rollout/http_reward.hpp>
 
 #include <ATen/ATen.h>
 #include <curl/curl.h>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
-#include <torch/script.h>
 #include <boost/json.hpp>
 
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <filesystem>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 namespace ditrl::rollout {
@@ -181,7 +181,7 @@ class HttpReward final : public Reward {
  public:
   explicit HttpReward(const RewardOptions& options) : o_(options), score_url_(base_url(options.url) + "/score") {
     check_reward_server(o_);
-    if (o_.input == RewardInput::Images) load_decoder();
+    if (o_.input == RewardInput::Images) decoder_.emplace(o_.decoder, o_.device, "reward " + o_.name);
   }
   std::string name() const override { return "http:" + o_.url; }
   bool asynchronous() const override { return true; }
@@ -199,8 +199,8 @@ class HttpReward final : public Reward {
     const int64_t n = final_latents.size(0);
     if (prompt_index.numel() != n || static_cast<int64_t>(texts.size()) != n)
       fail("reward {}: {} samples but {} prompt indices and {} texts", o_.name, n, prompt_index.numel(), texts.size());
-    const at::Tensor payload =
-        o_.input == RewardInput::Images ? decode(final_latents) : final_latents.to(at::kCPU, at::kFloat).contiguous();
+    const at::Tensor payload = o_.input == RewardInput::Images ? decoder_->decode(final_latents)
+                                                               : final_latents.to(at::kCPU, at::kFloat).contiguous();
     const at::Tensor indices = prompt_index.to(at::kCPU, at::kLong).contiguous();
     const int64_t per_request = o_.batch_size > 0 ? o_.batch_size : n;
     std::vector<Request> requests;
@@ -233,39 +233,9 @@ class HttpReward final : public Reward {
     std::string id;
   };
 
-  void load_decoder() {
-    if (!std::filesystem::exists(o_.decoder)) fail("reward {}: decoder module {}: no such file", o_.name, o_.decoder);
-    try {
-      decoder_ = torch::jit::load(o_.decoder, o_.device);
-    } catch (const c10::Error& e) {
-      fail("reward {}: decoder module {}: torch::jit::load onto {} failed: {}", o_.name, o_.decoder, o_.device.str(),
-           e.what_without_backtrace());
-    }
-    decoder_.eval();
-  }
-
-  // latents -> uint8 RGB [B, H, W, 3] or [B, F, H, W, 3], on the run's device.
-  at::Tensor decode(const at::Tensor& final_latents) {
-    torch::NoGradGuard no_grad;
-    torch::jit::IValue out;
-    try {
-      out = decoder_.forward({final_latents.to(o_.device, at::kFloat)});
-    } catch (const std::exception& e) {
-      fail("reward {}: decoder module {}: forward on {} failed: {}", o_.name, o_.decoder, o_.device.str(), e.what());
-    }
-    if (!out.isTensor()) fail("reward {}: decoder module {}: forward must return a tensor", o_.name, o_.decoder);
-    const at::Tensor images = out.toTensor();
-    const int64_t n = final_latents.size(0);
-    if (images.scalar_type() != at::kByte || (images.dim() != 4 && images.dim() != 5) || images.size(0) != n ||
-        images.size(-1) != 3)
-      fail("reward {}: decoder module {}: expected uint8 [{}, H, W, 3] or [{}, F, H, W, 3], got {} [{}]", o_.name,
-           o_.decoder, n, n, c10::toString(images.scalar_type()), fmt::join(images.sizes(), ", "));
-    return images.cpu().contiguous();
-  }
-
   RewardOptions o_;
   std::string score_url_;
-  torch::jit::Module decoder_;
+  std::optional<Decoder> decoder_;
   int64_t rollout_id_ = 0;
   std::atomic<int64_t> next_request_{0};
 };

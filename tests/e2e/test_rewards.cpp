@@ -5,13 +5,16 @@
 // `ditrl train` writes each reward's metric series; an http reward scores a
 // rollout through tests/fixtures/reward_server/faulty_server.py as computed
 // here from the file's final latents, and `ditrl check` / `ditrl train`
-// refuse an unreachable server or a mismatched input at start-up.
+// refuse an unreachable server or a mismatched input at start-up; the
+// reference server (tools/reward_server.py) scores a user's function on the
+// latents and on images decoded by tools/export_decoder.py's module.
 
 #include <ditrl/io/h5.hpp>
 
 #include <ATen/ATen.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <torch/script.h>
 #include <unistd.h>
 #include <catch2/catch.hpp>
 
@@ -223,4 +226,67 @@ url = ")";
   INFO(ok.output);
   CHECK(ok.exit_code == 0);
   CHECK_THAT(ok.output, Contains("serves scorer faulty-ok"));
+}
+
+TEST_CASE("rewards: the reference server scores a user's function on latents and on images decoded by an exported VAE",
+          "[e2e][reward][http]") {
+  const std::string dir = test::fresh_output_dir("rewards-reference-server");
+  // The user's function: each sample's sum (latents) or mean (images) + 1000 x the index its prompt text
+  // ("synthetic prompt N") names, so the prompts must arrive in the samples' order.
+  std::ofstream(dir + "/user_reward.py") << R"(
+def score(data, prompts):
+    per_sample = data.double().flatten(1)
+    values = per_sample.sum(1) if data.is_floating_point() else per_sample.mean(1)
+    return [float(v) + 1000.0 * int(p.split()[-1]) for v, p in zip(values, prompts)]
+)";
+  const std::string server_script = std::string(DITRL_SOURCE_DIR) + "/tools/reward_server.py";
+  const std::string http = R"(
+[[reward]]
+name = "user"
+kind = "http"
+timeout_s = 20
+retries = 1
+backoff_s = 0.1
+)";
+  const std::string file = dir + "/latents/rollout.h5";
+  {
+    test::RewardServer server(server_script,
+                              {"--function", dir + "/user_reward.py:score", "--input", "latents", "--port", "0"});
+    const std::string deck = deck_with(dir, http + "url = \"" + server.url() + "\"\n", "latents.toml");
+    const test::ProcessResult r = rollout(deck, dir + "/latents", 2);
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+  }
+  const at::Tensor index = dataset(file, "prompt_index").to(at::kDouble);
+  const at::Tensor finals = dataset(file, "final_latents");
+  CHECK(
+      at::equal(dataset(file, "rewards"), (finals.to(at::kDouble).flatten(1).sum(1) + 1000.0 * index).to(at::kFloat)));
+
+  // Images: tools/export_decoder.py's seeded tiny SD3 VAE decoder, run by ditrl, scored by the server.
+  const std::string decoder = dir + "/decoder_sd3.pt";
+  const test::ProcessResult exported = test::run_process(fmt::format(
+      "{} {}/tools/export_decoder.py --family sd3 --tiny --out {}", DITRL_PYTHON, DITRL_SOURCE_DIR, decoder));
+  INFO(exported.output);
+  REQUIRE(exported.exit_code == 0);
+  {
+    test::RewardServer server(server_script,
+                              {"--function", dir + "/user_reward.py:score", "--input", "images", "--port", "0"});
+    const std::string deck =
+        deck_with(dir, http + "input = \"images\"\ndecoder = \"" + decoder + "\"\nurl = \"" + server.url() + "\"\n",
+                  "images.toml");
+    const test::ProcessResult r = rollout(deck, dir + "/images", 2);
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+  }
+  const std::string images_file = dir + "/images/rollout.h5";
+  // The same deck and seeds: the same samples; their pixels decoded here by the same module.
+  REQUIRE(at::equal(dataset(images_file, "final_latents"), finals));
+  torch::jit::Module module = torch::jit::load(decoder);
+  const at::Tensor pixels = module.forward({finals.to(at::kFloat)}).toTensor();
+  REQUIRE(pixels.scalar_type() == at::kByte);
+  const at::Tensor expected = (pixels.to(at::kDouble).flatten(1).mean(1) + 1000.0 * index).to(at::kFloat);
+  const at::Tensor got = dataset(images_file, "rewards");
+  CHECK(at::equal(got, expected));
+  // Negative control: the latents' scores are not the images'.
+  CHECK_FALSE(at::equal(got, dataset(file, "rewards")));
 }

@@ -3,7 +3,8 @@
 // prompts each time, training metrics bitwise those of a run without
 // samples; a tiny Wan video run (sequence parallel over 2 ranks) as an
 // animated WebP read back through libwebp; a family without published
-// factors refused by name.
+// factors refused by name; with [log] decoder, a decoder module's pixels on
+// image and video runs, and a module of the wrong kind refused by name.
 #include <ditrl/io/png.hpp>
 #include <ditrl/io/webp.hpp>
 
@@ -14,6 +15,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
 using namespace ditrl;
@@ -145,4 +147,84 @@ TEST_CASE("samples: a family with no published factors for its latent channels i
   INFO(r.output);
   CHECK(r.exit_code != 0);
   CHECK_THAT(r.output, Contains("log.samples_every") && Contains("16-channel") && Contains("ltx"));
+}
+
+namespace {
+
+// A scripted decoder module (the shape tools/export_decoder.py's has): the
+// first 3 latent channels as uint8 RGB, each latent cell a 2 x 2 block, so
+// the grid's pixels can only have come from it.
+std::string scripted_decoder(const std::string& dir, bool video, bool wrong_dtype = false) {
+  const std::string path = dir + (wrong_dtype ? "/float_decoder.pt" : "/decoder.pt");
+  const std::string layout = video ? "x[:, :3].permute(0, 2, 3, 4, 1)" : "x[:, :3].permute(0, 2, 3, 1)";
+  const std::string up =
+      video ? "y.repeat_interleave(2, 2).repeat_interleave(2, 3)" : "y.repeat_interleave(2, 1).repeat_interleave(2, 2)";
+  std::ofstream(dir + "/make_decoder.py") << fmt::format(R"(
+import sys, torch
+class Decoder(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = ({} * 40 + 128).round().clamp(0, 255)
+        return {}.to({})
+torch.jit.save(torch.jit.script(Decoder()), sys.argv[1])
+)",
+                                                         layout, up, wrong_dtype ? "torch.float32" : "torch.uint8");
+  const test::ProcessResult made = test::run_process(fmt::format("{} {}/make_decoder.py {}", DITRL_PYTHON, dir, path));
+  INFO(made.output);
+  REQUIRE(made.exit_code == 0);
+  return path;
+}
+
+// Every 2 x 2 block of an [H, W, 3] picture holds one colour.
+bool in_blocks(const at::Tensor& rgb) {
+  const at::Tensor corner = rgb.slice(0, 0, rgb.size(0), 2).slice(1, 0, rgb.size(1), 2);
+  return at::equal(rgb, corner.repeat_interleave(2, 0).repeat_interleave(2, 1));
+}
+
+}  // namespace
+
+TEST_CASE("samples: with log.decoder the grids are the decoder module's pixels on image and video runs",
+          "[e2e][samples]") {
+  const std::string out = test::fresh_output_dir("e2e_samples_decoder");
+  const std::string decoder = scripted_decoder(out, false);
+  const auto r = test::train(kQuickstart, out + "/run", 2,
+                             "--set train.num_rollouts=1 --set log.samples_every=1 --set log.samples=3 "
+                             "--set log.decoder=" +
+                                 decoder);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const std::vector<boost::json::object> lines = index_lines(out + "/run");
+  REQUIRE(lines.size() == 2);
+  for (const boost::json::object& l : lines) {
+    CHECK(l.at("source").as_string() == "decoder");
+    // 3 samples of an 8 x 8 latent, 16 x 16 decoded pixels each, in a 2 x 2 grid (the latent preview's are 64 x 64).
+    const io::PngImage png = io::read_png(out + "/run/samples/" + std::string(l.at("file").as_string()));
+    REQUIRE(png.rgb.sizes() == at::IntArrayRef({32, 32, 3}));
+    CHECK(in_blocks(png.rgb));
+    CHECK(at::any(png.rgb.narrow(0, 0, 16).narrow(1, 0, 16) != 0).item<bool>());
+  }
+  // Negative control for in_blocks: a picture with one pixel changed.
+  at::Tensor nudged = io::read_png(out + "/run/samples/rollout-000000.png").rgb.clone();
+  nudged[0][1][0] = static_cast<uint8_t>(nudged[0][0][0].item<uint8_t>() ^ 1);
+  CHECK_FALSE(in_blocks(nudged));
+
+  // Video: each decoded frame is a frame of the animation.
+  const std::string video_decoder = scripted_decoder(out, true);
+  const auto v = test::train(test::e2e_deck("wan_sequence_parallel.toml"), out + "/wan", 2,
+                             "--set parallel.sequence_parallel=2 --set rollout.frames=3 --set rollout.height=8 "
+                             "--set rollout.width=8 --set train.num_rollouts=1 --set log.samples_every=1 "
+                             "--set log.samples=2 --set log.decoder=" +
+                                 video_decoder);
+  INFO(v.output);
+  REQUIRE(v.exit_code == 0);
+  const io::WebpAnimation anim = io::read_animated_webp(out + "/wan/samples/rollout-000001.webp");
+  CHECK(anim.width == 32);  // 2 samples of 16 x 16 side by side
+  CHECK(anim.height == 16);
+  CHECK(anim.frames == 3);
+
+  // A module that does not return uint8 RGB is a named error.
+  const auto bad = test::train(
+      kQuickstart, out + "/bad", 1,
+      "--set train.num_rollouts=1 --set log.samples_every=1 --set log.decoder=" + scripted_decoder(out, false, true));
+  CHECK(bad.exit_code != 0);
+  CHECK_THAT(bad.output, Contains("log.decoder: decoder module") && Contains("expected uint8"));
 }

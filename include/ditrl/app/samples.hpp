@@ -4,7 +4,7 @@
 // K fixed prompts (a seeded choice from the dataset) with fixed noise,
 // sampled with the deterministic ODE of the rollout's schedule and guidance
 // by the current weights, scored by the run's reward, shown through the
-// family's latent preview. Every rank samples its share of the K (the
+// family's latent preview or decoded by [log] decoder's VAE module. Every rank samples its share of the K (the
 // weights are sharded, so the forwards are collective); rank 0 writes
 // OUT/samples/rollout-NNNNNN.png (a grid) or .webp (video samples side by
 // side, animated) and a line of OUT/samples/index.jsonl. Its generators are
@@ -12,9 +12,11 @@
 
 #include <ditrl/app/run.hpp>
 #include <ditrl/models/latent_preview.hpp>
+#include <ditrl/rollout/decoder.hpp>
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,12 +34,15 @@ class SampleWriter {
   void write(int64_t rollouts_done);
 
  private:
+  // The K samples' pixels, each [F, h, w, 3] uint8 (F = 1 for images).
+  std::vector<at::Tensor> pictures(const at::Tensor& finals);
   std::string index_line(int64_t rollouts_done, const std::string& file, const at::Tensor& rewards) const;
 
   Run& run_;
   models::LatentRgbFactors factors_;
-  std::vector<int64_t> prompts_;  // the K prompt indices
-  int64_t per_rank_ = 0;          // samples each sample group draws (K padded to a multiple of the groups)
+  std::optional<rollout::Decoder> decoder_;  // [log] decoder; else the latent preview
+  std::vector<int64_t> prompts_;             // the K prompt indices
+  int64_t per_rank_ = 0;                     // samples each sample group draws (K padded to a multiple of the groups)
   int64_t microgroup_ = 1;
   bool video_ = false;
   std::string dir_;                 // OUT/samples

@@ -476,6 +476,7 @@ struct MetricsSection {
 struct LogSection {
   int64_t samples_every = 0;  // app/samples.hpp
   int64_t samples = 4;
+  std::string decoder;
 
   template <class V>
   void fields(V& v) {
@@ -487,6 +488,9 @@ struct LogSection {
       "K, the preview samples: a seeded choice of prompts with fixed noise, sampled with the ODE (the same each "
       "time)",
       Between{1, 64});
+    v("decoder", decoder,
+      "the samples' pixels from this VAE decoder module (tools/export_decoder.py: forward(latents fp32) -> uint8 "
+      "[B,H,W,3] or [B,F,H,W,3]), run on the run's device; absent: the family's latent preview");
   }
 };
 
