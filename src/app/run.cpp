@@ -71,9 +71,10 @@ void check_files(const config::Config& c) {
                                   {"data.sft_latents", c.data.sft_latents}})
     if (!path.empty() && !std::filesystem::exists(path)) fail("{}: {} = \"{}\": no such file", c.source, key, path);
   for (const config::RewardSection& r : config::reward_list(c))
-    for (const std::string& path : {r.module, r.decoder})
+    for (const auto& [key, path] : {std::pair<const char*, std::string>{"module", r.module}, {"decoder", r.decoder}})
       if (!path.empty() && !std::filesystem::exists(path))
-        fail("{}: reward {}: \"{}\": no such file", c.source, r.name.empty() ? "[reward]" : r.name, path);
+        fail("{}: {}.{} = \"{}\": no such file", c.source,
+             r.name.empty() ? std::string("reward") : fmt::format("reward \"{}\"", r.name), key, path);
   const std::string& resume = c.checkpoint.resume;
   if (!resume.empty() && resume != "latest" && resume != "auto" && resume != "none" &&
       !std::filesystem::is_regular_file(resume))

@@ -250,7 +250,13 @@ std::unique_ptr<RunReport> open_report(const Run& run, const std::string& deck_p
   const std::string path = (std::filesystem::path(c.run.out_dir) / "metrics.h5").string();
   io::MetricsTable earlier;
   if (resumed && std::filesystem::exists(path)) {
-    const io::MetricsTable all = io::read_metrics(path);
+    io::MetricsTable all;
+    try {
+      all = io::read_metrics(path);
+    } catch (const std::exception& e) {
+      // The metrics writer sets a damaged file aside and starts a new one; the page's curves start there too.
+      spdlog::warn("report: the earlier curves are not shown: {}", e.what());
+    }
     for (size_t i = 0; i < all.steps.size() && all.steps[i] < step; ++i) {
       earlier.steps.push_back(all.steps[i]);
       for (const auto& [key, values] : all.series) earlier.series[key].push_back(values[i]);

@@ -28,6 +28,10 @@ struct LatentRgbFactors {
   std::string source;    // whose factors, for the logs
 };
 
+// Wan2.1's 16-channel VAE (8x spatial), which Qwen-Image shares: ComfyUI's
+// latent_formats.Wan21 factors (temporal 1: a video family sets its own).
+LatentRgbFactors wan21_vae_factors();
+
 // The family's factors for its preset's latent channels (empty weights: none published).
 LatentRgbFactors latent_rgb_factors(const Family& family);
 

@@ -392,26 +392,9 @@ std::vector<int64_t> QwenImage::latent_shape(int64_t batch, const LatentGrid& gr
 LatentRgbFactors QwenImage::latent_rgb_factors() const {
   if (config_.out_channels != 16) return {};
   // Qwen-Image's VAE is Wan2.1's: ComfyUI previews it with latent_formats.Wan21.
-  return {{{-0.1299f, -0.1692f, 0.2932f},
-           {0.0671f, 0.0406f, 0.0442f},
-           {0.3568f, 0.2548f, 0.1747f},
-           {0.0372f, 0.2344f, 0.142f},
-           {0.0313f, 0.0189f, -0.0328f},
-           {0.0296f, -0.0956f, -0.0665f},
-           {-0.3477f, -0.4059f, -0.2925f},
-           {0.0166f, 0.1902f, 0.1975f},
-           {-0.0412f, 0.0267f, -0.1364f},
-           {-0.1293f, 0.074f, 0.1636f},
-           {0.068f, 0.3019f, 0.1128f},
-           {0.0032f, 0.0581f, 0.0639f},
-           {-0.1251f, 0.0927f, 0.1699f},
-           {0.006f, -0.0633f, 0.0005f},
-           {0.3477f, 0.2275f, 0.295f},
-           {0.1984f, 0.0913f, 0.1861f}},
-          {-0.1835f, -0.0868f, -0.3360f},
-          8,
-          1,
-          "ComfyUI's Wan2.1 latent preview factors (Qwen-Image's VAE)"};
+  LatentRgbFactors f = wan21_vae_factors();
+  f.source += " (Qwen-Image's VAE)";
+  return f;
 }
 
 std::vector<CondSpec> QwenImage::cond_spec() const {

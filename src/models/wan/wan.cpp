@@ -387,27 +387,11 @@ void Wan::check_sequence_parallel(int64_t ranks, const LatentGrid& grid) const {
 
 LatentRgbFactors Wan::latent_rgb_factors() const {
   // Wan2.1's VAE has 16 channels (8x spatial), Wan2.2 TI2V-5B's 48 (16x).
-  if (config_.out_channels == 16)
-    return {{{-0.1299f, -0.1692f, 0.2932f},
-             {0.0671f, 0.0406f, 0.0442f},
-             {0.3568f, 0.2548f, 0.1747f},
-             {0.0372f, 0.2344f, 0.142f},
-             {0.0313f, 0.0189f, -0.0328f},
-             {0.0296f, -0.0956f, -0.0665f},
-             {-0.3477f, -0.4059f, -0.2925f},
-             {0.0166f, 0.1902f, 0.1975f},
-             {-0.0412f, 0.0267f, -0.1364f},
-             {-0.1293f, 0.074f, 0.1636f},
-             {0.068f, 0.3019f, 0.1128f},
-             {0.0032f, 0.0581f, 0.0639f},
-             {-0.1251f, 0.0927f, 0.1699f},
-             {0.006f, -0.0633f, 0.0005f},
-             {0.3477f, 0.2275f, 0.295f},
-             {0.1984f, 0.0913f, 0.1861f}},
-            {-0.1835f, -0.0868f, -0.3360f},
-            8,
-            4,
-            "ComfyUI's Wan2.1 latent preview factors"};
+  if (config_.out_channels == 16) {
+    LatentRgbFactors f = wan21_vae_factors();
+    f.temporal = 4;  // the VAE's 4x temporal compression
+    return f;
+  }
   if (config_.out_channels == 48)
     return {{{0.0119f, 0.0103f, 0.0046f},    {-0.1062f, -0.0504f, 0.0165f},  {0.014f, 0.0409f, 0.0491f},
              {-0.0813f, -0.0677f, 0.0607f},  {0.0656f, 0.0851f, 0.0808f},    {0.0264f, 0.0463f, 0.0912f},
