@@ -68,7 +68,8 @@ void check_files(const config::Config& c) {
                                   {"model.weights_2", c.model.weights_2},
                                   {"model.lora.weights", c.model.lora.weights},
                                   {"data.prompts", c.data.prompts},
-                                  {"data.sft_latents", c.data.sft_latents}})
+                                  {"data.sft_latents", c.data.sft_latents},
+                                  {"log.decoder", c.log.decoder}})
     if (!path.empty() && !std::filesystem::exists(path)) fail("{}: {} = \"{}\": no such file", c.source, key, path);
   for (const config::RewardSection& r : config::reward_list(c))
     for (const auto& [key, path] : {std::pair<const char*, std::string>{"module", r.module}, {"decoder", r.decoder}})

@@ -138,12 +138,6 @@ boost::json::object json_object(const RewardOptions& o, const std::string& url, 
   return std::move(v.as_object());
 }
 
-double json_number(const boost::json::value& v) {
-  if (v.is_double()) return v.get_double();
-  if (v.is_int64()) return static_cast<double>(v.get_int64());
-  return static_cast<double>(v.get_uint64());
-}
-
 // The scores of a /score answer: one finite number per sample, for this request.
 at::Tensor parse_scores(const RewardOptions& o, const std::string& url, const std::string& body, int64_t samples,
                         const std::string& request) {
@@ -163,7 +157,7 @@ at::Tensor parse_scores(const RewardOptions& o, const std::string& url, const st
     if (!values[i].is_number())
       fail("reward {}: {} answered a score that is not a number at index {}: {}", o.name, url, i,
            boost::json::serialize(values[i]));
-    const double value = json_number(values[i]);
+    const double value = values[i].to_number<double>();
     if (!std::isfinite(value) || !std::isfinite(static_cast<float>(value)))
       fail("reward {}: {} answered a non-finite score at index {}: {}", o.name, url, i, value);
     out.push_back(static_cast<float>(value));

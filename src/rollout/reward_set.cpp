@@ -68,23 +68,25 @@ at::Tensor RewardSet::finish(const at::Tensor& final_latents, const at::Tensor& 
   return at::stack(columns, 1).contiguous();
 }
 
+// sum_k weight_k * columns[:, k], accumulated in double, as fp32.
+at::Tensor RewardSet::weighted(const std::vector<at::Tensor>& columns) const {
+  at::Tensor sum = at::zeros({columns.front().size(0)}, columns.front().options().dtype(at::kDouble));
+  for (size_t k = 0; k < rewards_.size(); ++k) sum.add_(columns[k].to(at::kDouble), rewards_[k].weight);
+  return sum.to(at::kFloat);
+}
+
 at::Tensor RewardSet::weighted_sum(const at::Tensor& values) const {
   if (!several_) return values.select(1, 0).contiguous();
-  at::Tensor sum = at::zeros({values.size(0)}, values.options().dtype(at::kDouble));
-  for (size_t k = 0; k < rewards_.size(); ++k)
-    sum.add_(values.select(1, static_cast<int64_t>(k)).to(at::kDouble), rewards_[k].weight);
-  return sum.to(at::kFloat);
+  return weighted(values.unbind(1));
 }
 
 at::Tensor RewardSet::advantages(const at::Tensor& values, const rl::AdvantageOptions& options) const {
   if (values.dim() != 2 || values.size(1) != size())
     fail("rewards: expected [samples, {}] reward values, got {} dimensions", size(), values.dim());
   if (!several_ || combine_ == RewardCombine::WeightedSum) return rl::group_advantages(weighted_sum(values), options);
-  at::Tensor sum = at::zeros({values.size(0)}, values.options().dtype(at::kDouble));
-  for (size_t k = 0; k < rewards_.size(); ++k)
-    sum.add_(rl::group_advantages(values.select(1, static_cast<int64_t>(k)).contiguous(), options).to(at::kDouble),
-             rewards_[k].weight);
-  return sum.to(at::kFloat);
+  std::vector<at::Tensor> own;  // each reward's own group advantages
+  for (const at::Tensor& column : values.unbind(1)) own.push_back(rl::group_advantages(column.contiguous(), options));
+  return weighted(own);
 }
 
 }  // namespace ditrl::rollout

@@ -58,6 +58,8 @@ class RewardSet {
   at::Tensor advantages(const at::Tensor& values, const rl::AdvantageOptions& options) const;
 
  private:
+  at::Tensor weighted(const std::vector<at::Tensor>& columns) const;
+
   std::vector<WeightedReward> rewards_;
   bool several_;
   RewardCombine combine_;
