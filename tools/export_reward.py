@@ -14,7 +14,7 @@ The exported module holds, as buffers:
     `--frames` of them scored, the mean taken),
   * the scorer's image preprocessing (resize to its size, centre crop, CLIP mean/std) written in
     torch ops so that it scripts, and its traced head (tools/scorers.py: `--scorer` pickscore,
-    hpsv2, clip or aesthetic; ocr is served by tools/reward_server.py only),
+    hpsv2, clip, aesthetic or imagereward; ocr is served by tools/reward_server.py only),
   * the prompts' text features, precomputed here from the prompt list in the order of the prompt
     dataset and indexed by prompt_index (no tokenizer in TorchScript).
 PickScore: reward = logit_scale * <normalised image embedding, normalised text embedding>

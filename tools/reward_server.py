@@ -9,7 +9,7 @@
 A request the server cannot score is answered 4xx with the reason as text; a scorer that fails or
 returns a wrong count or a non-finite score is answered 500 with the reason.
 
-Serves one scorer of tools/scorers.py (pickscore, hpsv2, clip, aesthetic on `--device`; ocr on the
+Serves one scorer of tools/scorers.py (pickscore, hpsv2, clip, aesthetic, imagereward on `--device`; ocr on the
 CPU) or a user's function `--function FILE.py:NAME`, called as NAME(data, prompts) with data the
 uint8 images [B, H, W, 3] / [B, F, H, W, 3] (`--input images`, default) or the fp32 latents
 (`--input latents`) as torch tensors, returning B numbers. Video is scored per frame and averaged

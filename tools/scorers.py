@@ -13,14 +13,15 @@ Scorers and the published scoring they reproduce (the real architectures from th
   hpsv2      open_clip CLIP (HPS v2.1: ViT-H-14): cos(image, prompt), as hpsv2's scorer
   clip       transformers CLIPModel (openai/clip-vit-large-patch14): max(100 * cos(image, prompt), 0),
              torchmetrics' CLIPScore per sample
+  imagereward  ImageReward v1.0 (image-reward's BLIP ViT + BLIP text encoder cross-attending to the
+             image tokens, [CLS] through its MLP 768-1024-128-64-16-1, (r - mean) / std), on
+             transformers' BlipVisionModel and BlipTextModel with the checkpoint's tensors renamed
   aesthetic  LAION aesthetic predictor v2 (simple-aesthetics-predictor's AestheticsPredictorV2Linear:
              CLIP ViT-L/14 image embedding, normalised, then the MLP 768-1024-128-64-16-1); no prompt
   ocr        rapidocr-onnxruntime (its shipped PP-OCR models) read against the prompt's quoted text;
              1 - min(edit distance, len) / len after removing spaces and lower-casing (flow_grpo's OCR
              reward); not torch, so server only. Video: the plain mean over the scored frames
              (flow_grpo's video OCR takes every 4th frame and averages only those read above 0)
-ImageReward is not here: image-reward 1.5 does not import with transformers 5, so there is no
-package scoring to check a rewrite against (docs/reward-server.md).
 Video ([B, F, H, W, 3]) is scored frame by frame and averaged per sample (`frames` evenly spaced
 frames, all when 0). A user's function (`load_function`) takes the same inputs as a scorer.
 """
@@ -36,7 +37,7 @@ import torch.nn.functional as F
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
-TORCH_SCORERS = ("pickscore", "hpsv2", "clip", "aesthetic")
+TORCH_SCORERS = ("pickscore", "hpsv2", "clip", "aesthetic", "imagereward")
 SCORERS = TORCH_SCORERS + ("ocr",)
 
 
@@ -234,7 +235,104 @@ def load_hpsv2(model_dir: str, processor_dir: Optional[str], device: str, arch: 
     return Scorer("hpsv2", OpenClipSimilarity(model), encode, int(size), device, f"HPS v2.1 {arch} {model_dir}")
 
 
-LOADERS = {"pickscore": load_pickscore, "hpsv2": load_hpsv2, "clip": load_clip, "aesthetic": load_aesthetic}
+# ImageReward's published score normalisation (image-reward 1.5, ImageReward.mean / .std).
+IMAGEREWARD_MEAN = 0.16717362830052426
+IMAGEREWARD_STD = 1.0333394966054072
+IMAGEREWARD_TOKENS = 35  # the prompt is padded / truncated to 35 BERT tokens
+
+
+class ImageRewardHead(torch.nn.Module):
+    """The prompt's tokens attend to the BLIP ViT's image tokens; the [CLS] feature goes through the
+    MLP (linear layers only: the package comments its activations out) and the published
+    normalisation. `text` is [N, 2, 35]: token ids and attention mask, as floats (exact below 2^24),
+    because the text side cross-attends to each image and cannot be reduced to a vector beforehand."""
+
+    def __init__(self, vision, text, mlp):
+        super().__init__()
+        self.vision = vision
+        self.text = text
+        self.mlp = mlp
+
+    def forward(self, pixels: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+        image = self.vision(pixel_values=pixels).last_hidden_state
+        ids, mask = text[:, 0].long(), text[:, 1].long()
+        image_mask = torch.ones(image.shape[:2], dtype=torch.long, device=image.device)
+        hidden = self.text(input_ids=ids, attention_mask=mask, encoder_hidden_states=image,
+                           encoder_attention_mask=image_mask).last_hidden_state
+        return ((self.mlp(hidden[:, 0]) - IMAGEREWARD_MEAN) / IMAGEREWARD_STD).squeeze(-1)
+
+
+def imagereward_mlp(width: int) -> torch.nn.Sequential:
+    """Linear layers at the checkpoint's `mlp.layers.{0,2,4,6,7}` (dropouts between them)."""
+    identity = torch.nn.Identity
+    return torch.nn.Sequential(torch.nn.Linear(width, 1024), identity(), torch.nn.Linear(1024, 128), identity(),
+                               torch.nn.Linear(128, 64), identity(), torch.nn.Linear(64, 16), torch.nn.Linear(16, 1))
+
+
+def imagereward_vision_name(name: str) -> str:
+    """blip.visual_encoder.* (BLIP's timm-style ViT) -> BlipVisionModel's name."""
+    for old, new in (("cls_token", "embeddings.class_embedding"), ("pos_embed", "embeddings.position_embedding"),
+                     ("patch_embed.proj", "embeddings.patch_embedding"), ("blocks.", "encoder.layers."),
+                     (".norm1.", ".layer_norm1."), (".norm2.", ".layer_norm2."), (".attn.proj.", ".self_attn.projection."),
+                     (".attn.qkv.", ".self_attn.qkv.")):
+        name = name.replace(old, new)
+    return "post_layernorm." + name[len("norm."):] if name.startswith("norm.") else name
+
+
+def imagereward_modules(state: dict, med: dict):
+    """BlipVisionModel and BlipTextModel sized from the checkpoint (ViT heads of 64 channels, as in
+    BLIP's ViT-B and ViT-L) and med_config.json, with the checkpoint's tensors loaded strictly."""
+    from transformers import BlipTextConfig, BlipTextModel, BlipVisionConfig, BlipVisionModel
+    prefix = "blip.visual_encoder."
+    vision_state = {imagereward_vision_name(k[len(prefix):]): v for k, v in state.items() if k.startswith(prefix)}
+    width = vision_state["embeddings.class_embedding"].shape[-1]
+    patch = vision_state["embeddings.patch_embedding.weight"].shape[-1]
+    grid = round((vision_state["embeddings.position_embedding"].shape[1] - 1) ** 0.5)
+    layers = 1 + max(int(k.split(".")[2]) for k in vision_state if k.startswith("encoder.layers."))
+    vision = BlipVisionModel(BlipVisionConfig(
+        hidden_size=width, intermediate_size=vision_state["encoder.layers.0.mlp.fc1.weight"].shape[0],
+        num_hidden_layers=layers, num_attention_heads=width // 64, image_size=grid * patch, patch_size=patch,
+        layer_norm_eps=1e-6, hidden_act="gelu"))
+    text = BlipTextModel(BlipTextConfig(
+        vocab_size=med["vocab_size"], hidden_size=med["hidden_size"], encoder_hidden_size=width,
+        intermediate_size=med["intermediate_size"], num_hidden_layers=med["num_hidden_layers"],
+        num_attention_heads=med["num_attention_heads"], max_position_embeddings=med["max_position_embeddings"],
+        layer_norm_eps=med.get("layer_norm_eps", 1e-12), hidden_act=med.get("hidden_act", "gelu"),
+        pad_token_id=med.get("pad_token_id", 0), is_decoder=True), add_pooling_layer=False)
+    prefix = "blip.text_encoder."
+    text_state = {k[len(prefix):]: v for k, v in state.items()
+                  if k.startswith(prefix) and not k.endswith("embeddings.position_ids")}
+    mlp = imagereward_mlp(med["hidden_size"])
+    mlp_state = {k[len("mlp.layers."):]: v for k, v in state.items() if k.startswith("mlp.layers.")}
+    for module, part in ((vision, vision_state), (text, text_state), (mlp, mlp_state)):
+        module.load_state_dict(part, strict=True)
+    return vision, text, mlp, grid * patch
+
+
+def load_imagereward(model_dir: str, processor_dir: Optional[str], device: str, **_) -> Scorer:
+    """model_dir: the folder of ImageReward.pt and med_config.json (THUDM/ImageReward's files) or the
+    .pt beside its med_config.json; processor_dir: bert-base-uncased's tokenizer (default model_dir),
+    given BLIP's two extra tokens as image-reward does."""
+    from transformers import BertTokenizer
+    checkpoint = model_dir if os.path.isfile(model_dir) else os.path.join(model_dir, "ImageReward.pt")
+    folder = os.path.dirname(checkpoint)
+    with open(os.path.join(folder, "med_config.json")) as f:
+        med = json.load(f)
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    vision, text, mlp, size = imagereward_modules(state.get("state_dict", state), med)
+    tokenizer = BertTokenizer.from_pretrained(processor_dir or folder)
+    tokenizer.add_special_tokens({"bos_token": "[DEC]", "additional_special_tokens": ["[ENC]"]})
+
+    def encode(prompts: List[str]) -> torch.Tensor:
+        t = tokenizer(prompts, padding="max_length", truncation=True, max_length=IMAGEREWARD_TOKENS,
+                      return_tensors="pt")
+        return torch.stack([t["input_ids"], t["attention_mask"]], 1).float()
+    head = ImageRewardHead(vision.float().eval(), text.float().eval(), mlp.float().eval())
+    return Scorer("imagereward", head, encode, size, device, f"ImageReward {checkpoint}")
+
+
+LOADERS = {"pickscore": load_pickscore, "hpsv2": load_hpsv2, "clip": load_clip, "aesthetic": load_aesthetic,
+           "imagereward": load_imagereward}
 
 
 def load_scorer(name: str, model: str, processor: Optional[str] = None, device: str = "cpu",

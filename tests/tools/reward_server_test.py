@@ -4,7 +4,9 @@ Every model is built from a tiny config of the real architecture with seeded ran
 as the checkpoint the server loads (nothing is downloaded): PickScore and CLIP score on transformers'
 CLIPModel + CLIPProcessor, HPS v2.1 on open_clip's CLIP (a tiny config of ViT-H-14's layout, open_clip's
 own shipped BPE tokenizer), the LAION aesthetic predictor on simple-aesthetics-predictor's
-AestheticsPredictorV2Linear. OCR runs rapidocr-onnxruntime's shipped models for real. Each server is
+AestheticsPredictorV2Linear, ImageReward on image-reward 1.5's own ImageReward class (loaded without its
+package __init__, with the three transformers 4 helpers, fairscale's checkpoint wrapper and the
+BERT tokenizer download it makes replaced: see import_imagereward). OCR runs rapidocr-onnxruntime's shipped models for real. Each server is
 started by the test on 127.0.0.1 with --port 0 and stopped by it; every wait is bounded.
 
 Modes (one CTest test each):
@@ -23,6 +25,7 @@ Modes (one CTest test each):
 Usage: reward_server_test.py MODE SOURCE_DIR WORK_DIR
 """
 
+import functools
 import json
 import os
 import subprocess
@@ -165,9 +168,98 @@ def build_models():
     hps = tiny_models.seeded(open_clip.create_model("tiny-hps-vit"), 12)
     torch.save({"state_dict": hps.state_dict()}, os.path.join(out, "hps.pt"))
     clip = ["--model", os.path.join(out, "pickscore"), "--processor", os.path.join(out, "processor")]
-    return {"pickscore": clip, "clip": clip,
+    build_imagereward(os.path.join(out, "imagereward"))
+    return {"imagereward": ["--model", os.path.join(out, "imagereward")],
+            "pickscore": clip, "clip": clip,
             "aesthetic": ["--model", os.path.join(out, "aesthetic"), "--processor", os.path.join(out, "processor")],
             "hpsv2": ["--model", os.path.join(out, "hps.pt"), "--arch", config]}
+
+
+IMAGEREWARD_SIZE = 224  # image-reward's ImageReward builds its BLIP and its transform at 224
+
+
+@functools.lru_cache(maxsize=None)
+def import_imagereward():
+    """image-reward 1.5's ImageReward and BLIP modules on transformers 5, without the package __init__
+    (it imports ReFL's training stack and OpenAI's clip, which scoring never runs). Three helpers med.py
+    imports from transformers.modeling_utils moved or went in transformers 5: apply_chunking_to_forward
+    is taken from transformers.pytorch_utils, the two head-pruning ones (never called when scoring)
+    raise. fairscale's checkpoint_wrapper is only applied with gradient checkpointing (off here)."""
+    import importlib
+    import importlib.util
+    import types
+    import transformers.modeling_utils as modeling_utils
+    import transformers.pytorch_utils as pytorch_utils
+
+    def unused(name):
+        def fail(*_, **__):
+            raise NotImplementedError(f"{name} is not part of ImageReward's scoring")
+        return fail
+    for name in ("apply_chunking_to_forward", "find_pruneable_heads_and_indices", "prune_linear_layer"):
+        if not hasattr(modeling_utils, name):
+            setattr(modeling_utils, name, getattr(pytorch_utils, name, None) or unused(name))
+    wrapper = types.ModuleType("fairscale.nn.checkpoint.checkpoint_activations")
+    wrapper.checkpoint_wrapper = unused("checkpoint_wrapper")
+    for name in ("fairscale", "fairscale.nn", "fairscale.nn.checkpoint"):
+        sys.modules.setdefault(name, types.ModuleType(name))
+    sys.modules[wrapper.__name__] = wrapper
+    root = os.path.dirname(importlib.util.find_spec("ImageReward").origin)
+    for package, path in (("ImageReward", root), ("ImageReward.models", os.path.join(root, "models")),
+                          ("ImageReward.models.BLIP", os.path.join(root, "models", "BLIP"))):
+        module = types.ModuleType(package)
+        module.__path__ = [path]
+        sys.modules[package] = module
+    med = importlib.import_module("ImageReward.models.BLIP.med")
+    # transformers 5's init_weights needs post_init's bookkeeping, which med's BertModel never runs; the
+    # test draws every matrix itself (tiny_models.seeded), so torch's constructor inits are enough.
+    med.BertModel.init_weights = lambda self: None
+
+    def invert_attention_mask(self, mask):  # transformers 4's ModuleUtilsMixin methods, gone in 5
+        mask = (mask[:, None, :, :] if mask.dim() == 3 else mask[:, None, None, :]).to(self.dtype)
+        return (1.0 - mask) * torch.finfo(self.dtype).min
+    med.BertModel.invert_attention_mask = invert_attention_mask
+    med.BertModel.get_head_mask = lambda self, head_mask, layers: [None] * layers  # scoring masks no head
+    return (importlib.import_module("ImageReward.ImageReward"), importlib.import_module("ImageReward.models.BLIP.blip"),
+            importlib.import_module("ImageReward.models.BLIP.blip_pretrain"),
+            importlib.import_module("ImageReward.models.BLIP.vit"))
+
+
+def imagereward_package(folder):
+    """The package's ImageReward on folder's med_config.json and tokenizer, its ViT a tiny
+    VisionTransformer of the package's own class (ViT-L's 64-channel heads, 2 layers, width 128)."""
+    from transformers import BertTokenizer
+    reward, _, blip_pretrain, vit = import_imagereward()
+
+    def local_tokenizer():  # blip.init_tokenizer on folder's vocabulary instead of bert-base-uncased's
+        tokenizer = BertTokenizer.from_pretrained(folder)
+        tokenizer.add_special_tokens({"bos_token": "[DEC]", "additional_special_tokens": ["[ENC]"]})
+        tokenizer.enc_token_id = tokenizer.convert_tokens_to_ids("[ENC]")  # transformers 5 dropped *_ids
+        return tokenizer
+    blip_pretrain.init_tokenizer = local_tokenizer
+    blip_pretrain.create_vit = lambda _vit, size, *_: (vit.VisionTransformer(
+        img_size=size, patch_size=16, embed_dim=128, depth=2, num_heads=2, mlp_ratio=2.0), 128)
+    return reward.ImageReward(med_config=os.path.join(folder, "med_config.json"), device="cpu").eval()
+
+
+def build_imagereward(folder):
+    """ImageReward.pt + med_config.json (BLIP's med config: hidden 768 as the MLP needs, one layer) and a
+    BERT tokenizer over the prompts' words, as a THUDM/ImageReward-style folder."""
+    from transformers import BertTokenizer
+    os.makedirs(folder, exist_ok=True)
+    words = sorted({w.strip('"').lower() for p in PROMPTS for w in p.split()} - {""})
+    vocab = os.path.join(folder, "vocab.txt")
+    with open(vocab, "w") as f:
+        f.write("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", '"', *words]) + "\n")
+    BertTokenizer(vocab).save_pretrained(folder)
+    with open(os.path.join(folder, "med_config.json"), "w") as f:
+        json.dump({"architectures": ["BertModel"], "hidden_act": "gelu", "hidden_size": 768,
+                   "intermediate_size": 256, "layer_norm_eps": 1e-12, "max_position_embeddings": 64,
+                   "model_type": "bert", "num_attention_heads": 12, "num_hidden_layers": 1, "pad_token_id": 0,
+                   "type_vocab_size": 2, "vocab_size": len(words) + 8, "encoder_width": 768,
+                   "add_cross_attention": True, "attention_probs_dropout_prob": 0.1,
+                   "hidden_dropout_prob": 0.1, "initializer_range": 0.02}, f)
+    model = tiny_models.seeded(imagereward_package(folder), 13)
+    torch.save(model.state_dict(), os.path.join(folder, "ImageReward.pt"))
 
 
 def option(args, name):
@@ -250,7 +342,21 @@ def eager_hpsv2(args):
     return score
 
 
+def eager_imagereward(args):
+    """ImageReward.score(prompt, PIL image): the package's transform, BLIP and MLP, one image at a time."""
+    folder = option(args, "--model")
+    model = imagereward_package(folder)
+    model.load_state_dict(torch.load(os.path.join(folder, "ImageReward.pt"), weights_only=True))
+
+    def score(images, prompts):
+        with torch.no_grad():
+            return torch.tensor([model.score(p, im) for p, im in zip(prompts, pil(images))], dtype=torch.float64)
+    return score
+
+
 def eager_scorer(name, args):
+    if name == "imagereward":
+        return eager_imagereward(args)
     if name in ("pickscore", "clip"):
         return eager_clip_model(args, name)
     return eager_aesthetic(args) if name == "aesthetic" else eager_hpsv2(args)
@@ -260,10 +366,11 @@ def eager_scorer(name, args):
 
 def mode_scorers():
     models = build_models()
-    images = random_images(4, seed=1)
-    video = random_images(2, seed=2, frames=3)
     for name, args in models.items():
         start = time.time()
+        size = IMAGEREWARD_SIZE if name == "imagereward" else SIZE
+        images = random_images(4, size, size, seed=1)
+        video = random_images(2, size, size, seed=2, frames=3)
         eager = eager_scorer(name, args)
         want = eager(images, PROMPTS)
         scorer = scorers.load_scorer(name, option(args, "--model"), option(args, "--processor")
@@ -274,6 +381,10 @@ def mode_scorers():
         diff = max_diff(local, want)
         check(f"{name}: in-process scorer vs the package's eager scoring", diff <= 1e-4 * scale,
               f"scores {[round(v, 4) for v in want.tolist()]}, max diff {diff:.2e} (bound {1e-4 * scale:.1e})")
+        if name == "imagereward":  # the prompt reaches the score through cross-attention, not a vector
+            moved = max_diff(scorer.score_images(images, PROMPTS[::-1]), want)
+            check("imagereward: other prompts move the scores beyond that bound (negative control)",
+                  moved > 1e-4 * scale, f"max change {moved:.2e}")
         chunked = scorer.score_images(video, PROMPTS[:2], chunk=2)  # 6 frames in chunks of 2
         diff = max_diff(chunked, scorer.score_images(video, PROMPTS[:2]))
         check(f"{name}: video scored in chunks of 2 frames = in one", diff <= 1e-6 * scale, f"max diff {diff:.2e}")
@@ -289,7 +400,7 @@ def mode_scorers():
             frames = [eager(video[:, f], PROMPTS[:2]) for f in range(video.shape[1])]
             want_video = torch.stack(frames).mean(0)
             diff = max_diff(reply["scores"], want_video) if status == 200 else float("inf")
-            check(f"{name}: video [2, 3, {SIZE}, {SIZE}, 3] = mean of the eager per-frame scores",
+            check(f"{name}: video [2, 3, {size}, {size}, 3] = mean of the eager per-frame scores",
                   diff <= 1e-4 * scale, f"status {status}, max diff {diff:.2e}")
             bigger = random_images(2, 40, 52, seed=3)
             status, reply = post(server.url, body(bigger, prompts=PROMPTS[:2]))
