@@ -28,7 +28,8 @@ key out gets), the values it accepts and what it means. A deck is a TOML file of
   `rollout.batch x rollout.samples_per_prompt = train.global_batch x train.steps_per_rollout`).
 - `--set section.key=value` (`check`, `plan`, `train`, `rollout`) overrides a key before those checks.
   The value is read as TOML (`--set rollout.steps=20`, `--set train.betas=[0.9,0.99]`); one that is not
-  valid TOML is taken as a string (`--set run.device=cpu`).
+  valid TOML is taken as a string (`--set run.device=cpu`). `[[reward]]` entries are reached by name or
+  0-based index: `--set reward.pickscore.weight=0.5`, `--set reward.0.timeout_s=30`.
 - Ranges: `[a, b]` includes both ends, `(a, b]` leaves out a, `> a` is any finite value above a up
   to fp32's largest (3.4e38). An array's range applies to each element. A number key also takes an
   integer; an integer key refuses a number with a fraction.

@@ -149,9 +149,26 @@ Config read_config(const toml::table& root, const std::string& source_name) {
   return config;
 }
 
+// The entry of an array of tables (`[[reward]]`) that a --set component
+// selects: the one whose `name` it is, or the one at its 0-based index.
+toml::table* array_entry(toml::array& entries, const std::string& section, const std::string& selector,
+                         const std::string& assignment) {
+  for (toml::node& entry : entries) {
+    toml::table* t = entry.as_table();
+    if (t && t->get("name") && t->get("name")->value<std::string>() == selector) return t;
+  }
+  if (!selector.empty() && selector.size() <= 9 && selector.find_first_not_of("0123456789") == std::string::npos) {
+    const size_t index = std::stoul(selector);
+    if (index < entries.size() && entries[index].as_table()) return entries[index].as_table();
+  }
+  fail("--set {}: no [[{}]] entry is named '{}' and it is not an index below {}", assignment, section, selector,
+       entries.size());
+}
+
 // Applies one `section.key=value` assignment to a TOML tree. The value is
 // parsed as TOML (numbers, booleans, arrays, quoted strings); anything that is
-// not valid TOML is taken as a bare string.
+// not valid TOML is taken as a bare string. `[[reward]]` entries are reached by
+// name or index: `reward.pickscore.weight=0.5`, `reward.0.timeout_s=30`.
 void apply_override(toml::table& root, const std::string& assignment) {
   const size_t eq = assignment.find('=');
   if (eq == std::string::npos || eq == 0)
@@ -173,6 +190,14 @@ void apply_override(toml::table& root, const std::string& assignment) {
   toml::table* table = &root;
   for (size_t i = 0; i + 1 < path.size(); ++i) {
     toml::node* child = table->get(path[i]);
+    if (child && child->is_array()) {
+      if (i + 2 >= path.size())
+        fail("--set {}: '{}' holds several entries: name one, as {}.NAME.key or {}.INDEX.key", assignment, path[i],
+             path[i], path[i]);
+      table = array_entry(*child->as_array(), path[i], path[i + 1], assignment);
+      ++i;
+      continue;
+    }
     if (!child) {
       // Made by parsing, so that the section's source is this --set argument
       // (an unknown section is then reported as coming from it).

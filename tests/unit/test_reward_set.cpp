@@ -116,6 +116,23 @@ TEST_CASE("reward deck: [[reward]] entries read with names weights kinds and the
             .train.reward_combine == RewardCombine::NormalizedSum);
 }
 
+TEST_CASE("reward deck: --set reaches [[reward]] entries by name or index", "[config][reward]") {
+  const std::string deck = std::string(kModel) + kThree;
+  const config::Config c = config::parse_deck(deck, "deck.toml", {"reward.bright.weight=3", "reward.2.timeout_s=15"});
+  CHECK(c.rewards[1].weight == 3.0);
+  CHECK(c.rewards[2].timeout_s == 15.0);
+  CHECK(c.rewards[0].weight == 0.5);  // the other entries unchanged
+  CHECK(c.rewards[2].weight == -1.0);
+  // An assignment goes through the entry's checks, named by its place.
+  CHECK_THAT(deck_error(deck, {"reward.judge.batch_size=-1"}), Contains("'reward[2].batch_size'"));
+  CHECK_THAT(deck_error(deck, {"reward.nobody.weight=1"}),
+             Contains("--set reward.nobody.weight=1: no [[reward]] entry is named 'nobody' and it is not an index "
+                      "below 3"));
+  CHECK_THAT(deck_error(deck, {"reward.3.weight=1"}), Contains("not an index below 3"));
+  CHECK_THAT(deck_error(deck, {"reward.99999999999999999999.weight=1"}), Contains("not an index below 3"));
+  CHECK_THAT(deck_error(deck, {"reward.weight=1"}), Contains("'reward' holds several entries: name one"));
+}
+
 TEST_CASE("reward deck: what [[reward]] entries refuse is named", "[config][reward]") {
   CHECK_THAT(deck_error(std::string(kModel) + "[reward]\nkind = \"analytic\"\n" + kThree),
              Contains("deck.toml: the deck has both a [reward] table and [[reward]] entries"));
