@@ -152,6 +152,10 @@ class Family : public torch::nn::Module {
   virtual precision::InputPolicy default_input_policy(c10::ScalarType forward) const;
 
   virtual bool supports_cfg() const { return true; }
+  // A guidance-distilled model (FLUX.1-dev) embeds the guidance scale: it
+  // reads GuidanceOptions::scale as the conditioning tensor `guidance` (B,),
+  // which guided_velocity adds, and runs CFG only as true CFG.
+  virtual bool embeds_guidance() const { return false; }
   // The guided velocity from the positive and negative predictions.
   virtual at::Tensor cfg_combine(const at::Tensor& pos, const at::Tensor& neg, const GuidanceOptions& g,
                                  double timestep) const;
