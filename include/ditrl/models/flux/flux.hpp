@@ -24,6 +24,7 @@
 #include <ditrl/models/family_traits.hpp>
 #include <ditrl/models/feed_forward.hpp>
 #include <ditrl/models/flux/flux_rope.hpp>
+#include <ditrl/models/latent_preview.hpp>
 #include <ditrl/models/norms.hpp>
 
 #include <cstdint>
@@ -124,6 +125,9 @@ class Flux : public Family {
   bool embeds_guidance() const override { return config_.guidance_embeds; }
   std::vector<int64_t> latent_shape(int64_t batch, const LatentGrid& grid) const override;
   std::vector<CondSpec> cond_spec() const override;
+
+  // ComfyUI's factors for FLUX.1's 16-channel VAE (models/latent_preview.hpp); another width: empty.
+  LatentRgbFactors latent_rgb_factors() const;
 
   const FluxConfig& config() const { return config_; }
 
