@@ -141,7 +141,7 @@ inline json::object flux_config(int64_t layers, int64_t single_layers, int64_t h
           {"axes_dims_rope", std::move(axes)}};
 }
 
-// The flux `tiny-schnell` preset, and ~100M parameters: FLUX.1's structure
+// The flux `tiny-schnell` preset, and ~75M parameters: FLUX.1's structure
 // (double then single blocks, RoPE axes 16/56/56, the real text widths) at
 // width 768 with 2 + 3 blocks, a 32 x 32 latent (256 packed tokens). Without
 // the guidance embedder (FLUX.1-schnell's), so that both sides take the
@@ -151,7 +151,7 @@ inline std::vector<Case> flux_cases(int tiny_rounds, int big_rounds) {
   return {{"flux", "tiny", tiny, 1, {1, 8, 8}, 16, 8, 10, tiny_rounds, 10},
           {"flux", "tiny", tiny, 2, {1, 16, 16}, 64, 8, 10, tiny_rounds, 10},
           {"flux",
-           "flux-100m",
+           "flux-75m",
            flux_config(2, 3, 6, 128, 4096, 768, {16, 56, 56}),
            2,
            {1, 32, 32},
