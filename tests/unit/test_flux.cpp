@@ -138,6 +138,9 @@ TEST_CASE("flux: noise_pred packs the latents with the pipeline's ids and embeds
   const at::Tensor guided = guided_velocity(*family, {latents, sigma * 1000, sigma, &plain, nullptr, 0}, g, {});
   CHECK(at::equal(guided[0], v[0]));
   CHECK_FALSE(at::equal(guided[1], v[1]));
+  // DiffusionNFT and SFT forwards (no CFG) embed the same scale.
+  const at::Tensor unguided = unguided_velocity(*family, {latents, sigma * 1000, sigma, &plain, nullptr, 0}, g, {});
+  CHECK(at::equal(unguided, guided));
   // CFG stays off with the distilled guidance; true_cfg_scale > 1 turns real CFG on.
   CHECK_FALSE(uses_cfg(*family, g, 500));
   g.true_cfg_scale = 4.0;
