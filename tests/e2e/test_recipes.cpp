@@ -117,6 +117,10 @@ TEST_CASE("recipes: FLUX.1 DiffusionNFT proxy reproduces its standard / another 
   CHECK_THAT(check.output, Contains("does not meet the standard"));
 }
 
+TEST_CASE("recipes: FLUX.1 LoRA SFT proxy reproduces its standard", "[e2e][standard][recipe]") {
+  check_standard("proxy_flux1_sft");
+}
+
 TEST_CASE("recipes: Wan2.2 two-expert Flow-GRPO proxy reproduces its standard", "[e2e][standard][recipe]") {
   check_standard("proxy_wan22_grpo");
 }
