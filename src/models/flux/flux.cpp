@@ -57,7 +57,8 @@ FluxConfig FluxConfig::preset(const std::string& name) {
   if (name == "flux.1-dev") return FluxConfig{};
   if (name == "flux.1-schnell") {
     // black-forest-labs/FLUX.1-schnell: the dev architecture without the
-    // guidance embedder; its pipeline caps T5 at 256 tokens.
+    // guidance embedder; its model card runs FluxPipeline with
+    // max_sequence_length = 256 T5 tokens.
     FluxConfig c;
     c.guidance_embeds = false;
     c.text_tokens = 256;
