@@ -2,11 +2,11 @@
 """Export a family's VAE decoder as a TorchScript module: fp32 latents -> uint8 RGB.
 
 The module's forward(latents) takes the final fp32 latents in the family's layout
-    sd3 [B, 16, H, W]      qwen_image [B, 16, H, W]      wan [B, 16, F, H, W]
+    sd3 [B, 16, H, W]      qwen_image [B, 16, H, W]      wan [B, 16, F, H, W]      flux [B, 16, H, W]
 (the layout tools/export_reward.py documents), undoes the latent normalisation (export_reward's
 DiffusersDecode: SD3 x / scaling_factor + shift_factor; Qwen-Image and Wan x * std + mean per
 channel), decodes, and returns what diffusers' image / video post-processing gives as uint8:
-    round(255 * clamp(x / 2 + 0.5, 0, 1))  as  [B, H, W, 3] (sd3, qwen_image) or [B, F, H, W, 3] (wan).
+    round(255 * clamp(x / 2 + 0.5, 0, 1))  as  [B, H, W, 3] (sd3, qwen_image, flux) or [B, F, H, W, 3] (wan).
 It is what ditrl's `http` reward runs on the rollout's device to send decoded images to a reward
 server (docs/reward-server.md), and what `[log] decoder` decodes the preview samples with.
 
@@ -54,7 +54,7 @@ class Uint8Decoder(torch.nn.Module):
     def forward(self, latents: torch.Tensor) -> torch.Tensor:
         want = 5 if self.video else 4
         if latents.dim() != want or latents.shape[1] != 16:
-            raise ValueError("latents must be fp32 [B, 16, H, W] (sd3, qwen_image) or [B, 16, F, H, W] (wan)")
+            raise ValueError("latents must be fp32 [B, 16, H, W] (sd3, qwen_image, flux) or [B, 16, F, H, W] (wan)")
         if self.video and latents.shape[2] != self.latent_frames:
             raise ValueError("latents have another number of frames than the decoder was exported for "
                              "(export_decoder.py --latent-frames)")
@@ -67,12 +67,16 @@ def tiny_vae(family: str):
     """A seeded tiny VAE of the family's diffusers class (no download)."""
     import diffusers
     torch.manual_seed(0)
-    if family == "sd3":
+    if family in ("sd3", "flux"):
+        # The released VAE configs' factors: SD3 1.5305 / 0.0609, FLUX.1 0.3611 / 0.1159 (no quant convs).
+        flux = family == "flux"
         vae = diffusers.AutoencoderKL(in_channels=3, out_channels=3, latent_channels=LATENT_CHANNELS,
                                       down_block_types=("DownEncoderBlock2D",) * 2,
                                       up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(8, 16),
-                                      layers_per_block=1, norm_num_groups=8, scaling_factor=1.5305,
-                                      shift_factor=0.0609)
+                                      layers_per_block=1, norm_num_groups=8,
+                                      scaling_factor=0.3611 if flux else 1.5305,
+                                      shift_factor=0.1159 if flux else 0.0609, use_quant_conv=not flux,
+                                      use_post_quant_conv=not flux)
     else:
         cls = diffusers.AutoencoderKLWan if family == "wan" else diffusers.AutoencoderKLQwenImage
         vae = cls(base_dim=8, z_dim=LATENT_CHANNELS, dim_mult=[1, 2], num_res_blocks=1, temperal_downsample=[False],
@@ -84,7 +88,7 @@ def tiny_vae(family: str):
 def load_vae(family: str, path: str):
     import diffusers
     cls = {"sd3": diffusers.AutoencoderKL, "qwen_image": diffusers.AutoencoderKLQwenImage,
-           "wan": diffusers.AutoencoderKLWan}[family]
+           "wan": diffusers.AutoencoderKLWan, "flux": diffusers.AutoencoderKL}[family]
     return cls.from_pretrained(path, torch_dtype=torch.float32).eval()
 
 

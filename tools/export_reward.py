@@ -5,11 +5,13 @@ ditrl's `[reward] kind = "torchscript"` loads MODULE.pt and calls
     forward(latents: Tensor, prompt_index: Tensor) -> Tensor          # [N] fp32 rewards
 with `latents` the final fp32 latents of the rollout in the family's layout
     sd3         [N, 16, H, W]          qwen_image  [N, 16, H, W]      wan  [N, 16, F, H, W]
+    flux        [N, 16, H, W]
 and `prompt_index` [N] int64 the row of each sample's prompt in the deck's prompt dataset
 (`[data] prompts`, written by `ditrl encode-prompts` from the same prompt list).
 
 The exported module holds, as buffers:
   * the family's VAE decoder with its latent de-normalisation (SD3: x / 1.5305 + 0.0609;
+    FLUX.1: x / 0.3611 + 0.1159 (its VAE config's scaling and shift factors);
     Qwen-Image and Wan: x * std + mean per channel; video: the frames are decoded and
     `--frames` of them scored, the mean taken),
   * the scorer's image preprocessing (resize to its size, centre crop, CLIP mean/std) written in
@@ -55,7 +57,7 @@ import scorers
 from torchscript_compat import math_attention
 
 VERSION = "ditrl-export-reward 3"
-FAMILIES = ("sd3", "qwen_image", "wan")
+FAMILIES = ("sd3", "qwen_image", "wan", "flux")
 PICKSCORE_PROCESSOR = "laion/CLIP-ViT-H-14-laion2B-s32B-b79K"
 
 
@@ -108,7 +110,7 @@ class DiffusersDecode(torch.nn.Module):
         self.vae = vae
         self.family = family
         cfg = vae.config
-        if family == "sd3":
+        if family in ("sd3", "flux"):
             self.register_buffer("scale", torch.tensor(1.0 / cfg.scaling_factor))
             self.register_buffer("shift", torch.tensor(cfg.shift_factor))
         else:
@@ -130,7 +132,7 @@ def real_parts(args: argparse.Namespace, prompts: List[str]):
     except ImportError:
         fail("the real export needs `transformers` and `diffusers` (and the checkpoints)")
     vae_class = {"sd3": diffusers.AutoencoderKL, "qwen_image": diffusers.AutoencoderKLQwenImage,
-                 "wan": diffusers.AutoencoderKLWan}[args.family]
+                 "wan": diffusers.AutoencoderKLWan, "flux": diffusers.AutoencoderKL}[args.family]
     decode = DiffusersDecode(vae_class.from_pretrained(args.vae, torch_dtype=torch.float32).eval(), args.family)
     model = args.model or (args.pickscore if args.scorer == "pickscore" else None)
     processor = args.processor or (PICKSCORE_PROCESSOR if args.scorer == "pickscore" else None)

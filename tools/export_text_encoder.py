@@ -10,12 +10,14 @@ on a machine that has the models (Hugging Face `transformers`, the checkpoint fo
        sd3         clip_l [77], clip_g [77], t5 [256]      (CLIP-L, CLIP-G, T5-XXL tokenizers)
        qwen_image  qwen [34 + 512]                          (Qwen2.5-VL tokenizer, chat template)
        wan         umt5 [512]                               (UMT5-XXL tokenizer)
+       flux        clip_l [77], t5 [512]                    (CLIP-L, T5-XXL tokenizers; FLUX.1-schnell: --t5-length 256)
   2. export: torch.jit.trace the family's text path into one TorchScript module
        forward(tokens: Dict[str, Tensor]) -> Dict[str, Tensor]
      whose outputs carry the family's conditioning names and shapes (ditrl checks them):
        sd3         encoder_hidden_states [B, 333, 4096], pooled_projections [B, 2048]
        qwen_image  encoder_hidden_states [B, 512, 3584], encoder_hidden_states_mask [B, 512] int64
        wan         encoder_hidden_states [B, 512, 4096]  (zero-padded past each prompt, no mask)
+       flux        encoder_hidden_states [B, 512, 4096] (T5, no mask), pooled_projections [B, 768] (CLIP-L pooler)
      and a string attribute `identity` (model ids + this script's version) that
      `ditrl encode-prompts` writes into the dataset's attributes.
 
@@ -49,7 +51,7 @@ import torch
 from torchscript_compat import math_attention
 
 VERSION = "ditrl-export-text-encoder 2"
-FAMILIES = ("sd3", "qwen_image", "wan")
+FAMILIES = ("sd3", "qwen_image", "wan", "flux")
 
 # Qwen-Image pipeline prompt template; its first 34 tokens (the system part) are dropped
 # from the hidden states (diffusers pipeline_qwenimage.py).
@@ -60,6 +62,7 @@ QWEN_DROP = 34
 QWEN_MAX = 512
 SD3_T5_MAX = 256
 WAN_MAX = 512
+FLUX_T5_MAX = 512  # FluxPipeline's max_sequence_length default (FLUX.1-dev)
 
 
 def fail(message: str) -> None:
@@ -68,7 +71,7 @@ def fail(message: str) -> None:
 
 # --------------------------------------------------------------------------- tokenize
 
-def tokenizers_for(family: str, model: str):
+def tokenizers_for(family: str, model: str, t5_length: int = FLUX_T5_MAX):
     """(name, tokenizer, length) per tokenizer the family's encoder reads."""
     try:
         from transformers import AutoTokenizer
@@ -80,6 +83,8 @@ def tokenizers_for(family: str, model: str):
                 ("t5", load("tokenizer_3"), SD3_T5_MAX)]
     if family == "qwen_image":
         return [("qwen", load("tokenizer"), QWEN_DROP + QWEN_MAX)]
+    if family == "flux":
+        return [("clip_l", load("tokenizer"), 77), ("t5", load("tokenizer_2"), t5_length)]
     return [("umt5", load("tokenizer"), WAN_MAX)]
 
 
@@ -97,7 +102,7 @@ def tokenize(args: argparse.Namespace) -> None:
         prompts = [line.rstrip("\n") for line in f if line.strip()]
     if not prompts:
         fail(f"{args.prompts}: no prompts (one per line)")
-    toks = tokenizers_for(args.family, args.model)
+    toks = tokenizers_for(args.family, args.model, args.t5_length)
     lines = [(p, False) for p in prompts] + ([(args.negative, True)] if args.negative is not None else [])
     with open(args.out, "w", encoding="utf-8") as out:
         for text, negative in lines:
@@ -160,6 +165,20 @@ class WanText(torch.nn.Module):
         return {"encoder_hidden_states": (states * mask[:, :, None].to(states.dtype)).float()}
 
 
+class FluxText(torch.nn.Module):
+    """FLUX.1 pipeline text path: T5 encoder states (no attention mask, padding included, as
+    FluxPipeline runs it) and CLIP-L's pooler output."""
+
+    def __init__(self, clip_l, t5):
+        super().__init__()
+        self.clip_l, self.t5 = clip_l, t5
+
+    def forward(self, tokens: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        pooled = self.clip_l(tokens["clip_l"], output_hidden_states=False).pooler_output
+        states = self.t5(tokens["t5"], output_hidden_states=False).last_hidden_state
+        return {"encoder_hidden_states": states.float(), "pooled_projections": pooled.float()}
+
+
 def real_encoder(family: str, model: str, dtype: torch.dtype):
     try:
         import transformers as tf
@@ -172,6 +191,11 @@ def real_encoder(family: str, model: str, dtype: torch.dtype):
         return SD3Text(tf.CLIPTextModelWithProjection.from_pretrained(f"{model}/text_encoder", **kw),
                        tf.CLIPTextModelWithProjection.from_pretrained(f"{model}/text_encoder_2", **kw),
                        t5, t5.config.d_model), f"{model} (CLIP-L, CLIP-G, T5-XXL)", pad
+    if family == "flux":
+        pad = tf.AutoTokenizer.from_pretrained(f"{model}/tokenizer_2").pad_token_id
+        return FluxText(tf.CLIPTextModel.from_pretrained(f"{model}/text_encoder", **kw),
+                        tf.T5EncoderModel.from_pretrained(f"{model}/text_encoder_2", **kw)), \
+            f"{model} (CLIP-L pooled, T5-XXL)", pad
     pad = tf.AutoTokenizer.from_pretrained(f"{model}/tokenizer").pad_token_id
     if family == "qwen_image":
         lm = tf.Qwen2_5_VLForConditionalGeneration.from_pretrained(f"{model}/text_encoder", **kw)
@@ -194,28 +218,29 @@ class TinyText(torch.nn.Module):
         spec = TINY[self.family]
         states = torch.cat([self.embed[n](tokens[n] % 1000) for n in spec["embed"]], dim=1)
         out = {"encoder_hidden_states": states[:, :spec["text_tokens"]]}
-        if self.family == "sd3":
+        if self.family in ("sd3", "flux"):
             out["pooled_projections"] = states.mean(dim=1)[:, :spec["pooled"]]
         if self.family == "qwen_image":
             out["encoder_hidden_states_mask"] = torch.ones_like(tokens["qwen"][:, :spec["text_tokens"]])
         return out
 
 
-# Conditioning shapes of the tiny presets (src/models/{sd3,qwen_image,wan}.cpp).
+# Conditioning shapes of the tiny presets (src/models/{sd3,qwen_image,wan,flux}.cpp).
 TINY = {
     "sd3": {"embed": {"clip_l": 48, "t5": 48}, "lengths": {"clip_l": 4, "t5": 4}, "text_tokens": 8, "pooled": 32},
     "qwen_image": {"embed": {"qwen": 32}, "lengths": {"qwen": 8}, "text_tokens": 8},
     "wan": {"embed": {"umt5": 32}, "lengths": {"umt5": 8}, "text_tokens": 8},
+    "flux": {"embed": {"clip_l": 32, "t5": 32}, "lengths": {"clip_l": 4, "t5": 8}, "text_tokens": 8, "pooled": 24},
 }
 
 
-def example_tokens(family: str, tiny: bool, pad_id: int = 0) -> Dict[str, torch.Tensor]:
+def example_tokens(family: str, tiny: bool, pad_id: int = 0, t5_length: int = FLUX_T5_MAX) -> Dict[str, torch.Tensor]:
     """Tracing inputs. The second row is half padding: a trace of unpadded rows only would record
     the attention path without a mask (transformers drops an all-true mask) and ignore padding."""
     if tiny:
         return {n: torch.arange(L, dtype=torch.long).repeat(2, 1) for n, L in TINY[family]["lengths"].items()}
     lengths = {"sd3": {"clip_l": 77, "clip_g": 77, "t5": SD3_T5_MAX}, "qwen_image": {"qwen": QWEN_DROP + QWEN_MAX},
-               "wan": {"umt5": WAN_MAX}}[family]
+               "wan": {"umt5": WAN_MAX}, "flux": {"clip_l": 77, "t5": t5_length}}[family]
     out = {}
     for n, L in lengths.items():
         ids = torch.full((2, L), pad_id + 1, dtype=torch.long)
@@ -246,7 +271,7 @@ def export(args: argparse.Namespace) -> None:
     else:
         encoder, identity, pad = real_encoder(args.family, args.model, dtype)
     encoder.eval()
-    example = example_tokens(args.family, args.tiny, pad)
+    example = example_tokens(args.family, args.tiny, pad, args.t5_length)
     with torch.no_grad(), math_attention():
         traced = torch.jit.trace(encoder, (example,), strict=False)
     module = torch.jit.script(Exported(traced, f"{identity}; {args.dtype}; {VERSION}"))
@@ -264,6 +289,8 @@ def main(argv: List[str]) -> None:
     t.add_argument("--family", required=True, choices=FAMILIES)
     t.add_argument("--model", required=True, help="diffusers pipeline folder (tokenizer*/ subfolders)")
     t.add_argument("--negative", default=None, help="negative prompt for CFG runs (\"\" = empty prompt)")
+    t.add_argument("--t5-length", type=int, default=FLUX_T5_MAX,
+                   help="flux: T5 tokens per prompt (max_sequence_length: 512 dev, 256 schnell)")
     t.add_argument("prompts", help="text file, one prompt per line")
     t.add_argument("out", help="JSONL output for ditrl encode-prompts")
     e = sub.add_parser("export", help="trace the family's text encoder into TorchScript")
@@ -272,6 +299,7 @@ def main(argv: List[str]) -> None:
     e.add_argument("--tiny", action="store_true", help="seeded tiny encoder for the tiny presets (tests)")
     e.add_argument("--dtype", default="bf16", choices=("fp32", "bf16", "fp16"),
                    help="encoder weights dtype (outputs are written as fp32)")
+    e.add_argument("--t5-length", type=int, default=FLUX_T5_MAX, help="flux: T5 tokens the trace takes")
     e.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     (tokenize if args.command == "tokenize" else export)(args)

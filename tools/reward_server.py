@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import scorers  # noqa: E402
 
 PROTOCOL = 1
-FAMILIES = ("sd3", "wan", "qwen_image", "ltx")
+FAMILIES = ("sd3", "wan", "qwen_image", "ltx", "flux")
 
 
 class BadRequest(Exception):

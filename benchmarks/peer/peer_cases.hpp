@@ -126,6 +126,42 @@ inline std::vector<Case> qwen_image_cases(int tiny_rounds, int big_rounds) {
            1}};
 }
 
+inline json::object flux_config(int64_t layers, int64_t single_layers, int64_t heads, int64_t head_dim,
+                                int64_t joint_dim, int64_t pooled_dim, json::array axes) {
+  return {{"_class_name", "FluxTransformer2DModel"},
+          {"patch_size", 1},
+          {"in_channels", 64},
+          {"num_layers", layers},
+          {"num_single_layers", single_layers},
+          {"attention_head_dim", head_dim},
+          {"num_attention_heads", heads},
+          {"joint_attention_dim", joint_dim},
+          {"pooled_projection_dim", pooled_dim},
+          {"guidance_embeds", false},
+          {"axes_dims_rope", std::move(axes)}};
+}
+
+// The flux `tiny-schnell` preset, and ~75M parameters: FLUX.1's structure
+// (double then single blocks, RoPE axes 16/56/56, the real text widths) at
+// width 768 with 2 + 3 blocks, a 32 x 32 latent (256 packed tokens). Without
+// the guidance embedder (FLUX.1-schnell's), so that both sides take the
+// conditioning tensors alone.
+inline std::vector<Case> flux_cases(int tiny_rounds, int big_rounds) {
+  const json::object tiny = flux_config(2, 2, 4, 16, 32, 24, {4, 6, 6});
+  return {{"flux", "tiny", tiny, 1, {1, 8, 8}, 16, 8, 10, tiny_rounds, 10},
+          {"flux", "tiny", tiny, 2, {1, 16, 16}, 64, 8, 10, tiny_rounds, 10},
+          {"flux",
+           "flux-75m",
+           flux_config(2, 3, 6, 128, 4096, 768, {16, 56, 56}),
+           2,
+           {1, 32, 32},
+           256,
+           128,
+           3,
+           big_rounds,
+           1}};
+}
+
 struct FamilyBench {
   std::vector<Case> (*cases)(int tiny_rounds, int big_rounds);
   // Conditioning tensors whose first per-prompt dimension is the text length.
@@ -136,6 +172,7 @@ inline const std::map<std::string, FamilyBench> kFamilies = {
     {"sd3", {sd3_cases, {"encoder_hidden_states"}}},
     {"wan", {wan_cases, {"encoder_hidden_states"}}},
     {"qwen_image", {qwen_image_cases, {"encoder_hidden_states", "encoder_hidden_states_mask"}}},
+    {"flux", {flux_cases, {"encoder_hidden_states"}}},
 };
 
 inline std::shared_ptr<models::Family> make_family(

@@ -1,7 +1,8 @@
 """diffusers peer of benchmarks/peer/peer_forward.cpp: the family's real diffusers class.
 
 The model is diffusers' own transformer class for the family
-(SD3Transformer2DModel, WanTransformer3DModel, QwenImageTransformer2DModel),
+(SD3Transformer2DModel, WanTransformer3DModel, QwenImageTransformer2DModel,
+FluxTransformer2DModel),
 built with `from_config` from the same config.json ditrl reads and loaded
 with load_state_dict(strict=True) from the same safetensors file (ditrl's
 parameter names are diffusers' checkpoint names). It runs in PyTorch eager with
@@ -33,7 +34,8 @@ from safetensors.torch import load_file
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from peer_common import serve  # noqa: E402
 
-CLASSES = {"sd3": "SD3Transformer2DModel", "wan": "WanTransformer3DModel", "qwen_image": "QwenImageTransformer2DModel"}
+CLASSES = {"sd3": "SD3Transformer2DModel", "wan": "WanTransformer3DModel", "qwen_image": "QwenImageTransformer2DModel",
+           "flux": "FluxTransformer2DModel"}
 
 
 def sd3_velocity(model, inputs):
@@ -60,7 +62,24 @@ def qwen_image_velocity(model, inputs):
     return out.view(b, h, w, -1, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, -1, height, width)
 
 
-VELOCITY = {"sd3": sd3_velocity, "wan": wan_velocity, "qwen_image": qwen_image_velocity}
+def flux_velocity(model, inputs):
+    """ditrl's flux noise_pred: unpacked latents (B, C, H, W), the sigmas; packs 2x2 with FluxPipeline's
+    img_ids (0, row, col) and zero txt_ids in the latents' dtype (no guidance embedder in these cases)."""
+    latents = inputs["latents"]
+    b, ch, height, width = latents.shape
+    h, w = height // 2, width // 2
+    packed = latents.view(b, ch, h, 2, w, 2).permute(0, 2, 4, 1, 3, 5).reshape(b, h * w, ch * 4)
+    img_ids = torch.zeros(h, w, 3)
+    img_ids[..., 1] = torch.arange(h)[:, None]
+    img_ids[..., 2] = torch.arange(w)[None, :]
+    text = inputs["cond.encoder_hidden_states"]
+    out = model(hidden_states=packed, encoder_hidden_states=text, pooled_projections=inputs["cond.pooled_projections"],
+                timestep=inputs["sigmas"], img_ids=img_ids.reshape(h * w, 3).to(latents.dtype),
+                txt_ids=torch.zeros(text.shape[1], 3, dtype=latents.dtype)).sample
+    return out.view(b, h, w, -1, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, -1, height, width)
+
+
+VELOCITY = {"sd3": sd3_velocity, "wan": wan_velocity, "qwen_image": qwen_image_velocity, "flux": flux_velocity}
 
 
 def build(family, config_path, weights_path):

@@ -342,7 +342,12 @@ void write_configs(std::ostream& md) {
      << "- qwen_image (QwenImageTransformer2DModel): `tiny` = the qwen_image `tiny` preset (2 blocks, 4 heads x 16,\n"
      << "  RoPE axes 4/6/6, text 32); `qwen-111m` = D = 768 (6 heads x 128, axes 16/56/56), 5 blocks, text width\n"
      << "  3584, latent 16 x 32 x 32 packed 2x2 (the peer packs/unpacks around the forward like ditrl's noise_pred);\n"
-     << "  the all-ones text mask is dropped on both sides.\n";
+     << "  the all-ones text mask is dropped on both sides.\n"
+     << "- flux (FluxTransformer2DModel, without the guidance embedder): `tiny` = the flux `tiny-schnell` preset (2\n"
+     << "  double + 2 single blocks, 4 heads x 16, RoPE axes 4/6/6, text 32, pooled 24); `flux-75m` = D = 768 (6 "
+        "heads\n"
+     << "  x 128, axes 16/56/56), 2 double + 3 single blocks, T5 width 4096, pooled 768, latent 16 x 32 x 32 packed\n"
+     << "  2x2 with the pipeline's img_ids / txt_ids on both sides.\n";
 }
 
 }  // namespace

@@ -72,8 +72,10 @@ Attention::Attention(const AttentionConfig& config, const at::TensorOptions& opt
       norm_added_k = norm("norm_added_k");
     }
   }
-  auto out = register_module("to_out", std::make_shared<Container>());
-  to_out = out->register_module("0", std::make_shared<Linear>(inner, out_dim, config.bias, options));
+  if (!config.pre_only) {
+    auto out = register_module("to_out", std::make_shared<Container>());
+    to_out = out->register_module("0", std::make_shared<Linear>(inner, out_dim, config.bias, options));
+  }
   if (config.joint && config.context_out)
     to_add_out = register_module("to_add_out", std::make_shared<Linear>(inner, out_dim, config.bias, options));
 }
@@ -119,7 +121,8 @@ at::Tensor Attention::attend(const QKV& qkv, const at::Tensor& mask, const Ulyss
 at::Tensor Attention::self_attention(const at::Tensor& x, const at::Tensor& mask, const QKRotary& rotary,
                                      const Ulysses* ulysses) {
   const QKV qkv = project(*to_q, *to_k, *to_v, norm_q.get(), norm_k.get(), x, x, rotary);
-  return to_out->forward(attend(qkv, mask, ulysses));
+  const at::Tensor out = attend(qkv, mask, ulysses);
+  return to_out ? to_out->forward(out) : out;
 }
 
 at::Tensor Attention::cross_attention(const at::Tensor& x, const at::Tensor& context, const at::Tensor& mask) {

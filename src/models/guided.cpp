@@ -9,8 +9,18 @@ bool uses_cfg(const Family& family, const GuidanceOptions& guidance, double time
   return family.supports_cfg() && family.guidance_scale(guidance, timestep) > 1.0;
 }
 
-at::Tensor guided_velocity(Family& family, const GuidedInputs& in, const GuidanceOptions& guidance,
-                           const ForwardContext& ctx) {
+namespace {
+
+// `cond` plus the distilled guidance scale as the (B,) fp32 input `guidance`
+// the reference pipeline passes (torch.full([1], scale).expand(B)).
+Cond with_guidance_scale(const Cond& cond, double scale, const at::Tensor& latents) {
+  Cond out = cond;
+  out.tensors["guidance"] = at::full({latents.size(0)}, scale, latents.options().dtype(at::kFloat));
+  return out;
+}
+
+at::Tensor guided_prediction(Family& family, const GuidedInputs& in, const GuidanceOptions& guidance,
+                             const ForwardContext& ctx) {
   const double t = in.step_timestep;
   if (!uses_cfg(family, guidance, t)) return family.noise_pred(in.latents, in.timesteps, in.sigmas, *in.cond, ctx);
   if (!in.negative)
@@ -23,6 +33,26 @@ at::Tensor guided_velocity(Family& family, const GuidedInputs& in, const Guidanc
                         at::cat({in.sigmas, in.sigmas}, 0), Cond::cat(*in.cond, *in.negative), joint_ctx);
   const int64_t b = in.latents.size(0);
   return family.cfg_combine(v.narrow(0, 0, b), v.narrow(0, b, b).detach(), guidance, t);
+}
+
+}  // namespace
+
+at::Tensor unguided_velocity(Family& family, const GuidedInputs& in, const GuidanceOptions& guidance,
+                             const ForwardContext& ctx) {
+  if (!family.embeds_guidance()) return family.noise_pred(in.latents, in.timesteps, in.sigmas, *in.cond, ctx);
+  return family.noise_pred(in.latents, in.timesteps, in.sigmas,
+                           with_guidance_scale(*in.cond, guidance.scale, in.latents), ctx);
+}
+
+at::Tensor guided_velocity(Family& family, const GuidedInputs& in, const GuidanceOptions& guidance,
+                           const ForwardContext& ctx) {
+  if (!family.embeds_guidance()) return guided_prediction(family, in, guidance, ctx);
+  const Cond cond = with_guidance_scale(*in.cond, guidance.scale, in.latents);
+  const Cond negative = in.negative ? with_guidance_scale(*in.negative, guidance.scale, in.latents) : Cond{};
+  GuidedInputs scaled = in;
+  scaled.cond = &cond;
+  scaled.negative = in.negative ? &negative : nullptr;
+  return guided_prediction(family, scaled, guidance, ctx);
 }
 
 }  // namespace ditrl::models

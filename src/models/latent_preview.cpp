@@ -1,4 +1,5 @@
 #include <ditrl/error.hpp>
+#include <ditrl/models/flux/flux.hpp>
 #include <ditrl/models/latent_preview.hpp>
 #include <ditrl/models/ltx/ltx.hpp>
 #include <ditrl/models/qwen_image/qwen_image.hpp>
@@ -37,6 +38,7 @@ LatentRgbFactors latent_rgb_factors(const Family& family) {
   if (const auto* f = dynamic_cast<const Wan*>(&family)) return f->latent_rgb_factors();
   if (const auto* f = dynamic_cast<const QwenImage*>(&family)) return f->latent_rgb_factors();
   if (const auto* f = dynamic_cast<const LTX*>(&family)) return f->latent_rgb_factors();
+  if (const auto* f = dynamic_cast<const Flux*>(&family)) return f->latent_rgb_factors();
   return {};
 }
 

@@ -345,10 +345,11 @@ void write_lora_file(const std::string& path, LoraFormat format, const LoraAdapt
 void write_comfyui_lora(const std::string& path, const std::string& family, const LoraAdapter& adapter,
                         const LoraFileOptions& options) {
   adapter.validate("LoRA adapter for " + path);
-  if (family != "sd3" && family != "wan" && family != "qwen_image")
-    fail("{}: no ComfyUI LoRA layout for family '{}' (sd3, wan, qwen_image; LTX-2's is ltx_lora.safetensors)", path,
-         family);
-  const std::string prefix = family == "sd3" ? kDiffusersPrefix : kLtxPrefix;
+  if (family != "sd3" && family != "wan" && family != "qwen_image" && family != "flux")
+    fail("{}: no ComfyUI LoRA layout for family '{}' (sd3, wan, qwen_image, flux; LTX-2's is ltx_lora.safetensors)",
+         path, family);
+  const bool diffusers_names = family == "sd3" || family == "flux";
+  const std::string prefix = diffusers_names ? kDiffusersPrefix : kLtxPrefix;
   // ComfyUI takes alpha with .item(): stored in fp32 whatever the factors'
   // dtype, so a bf16 export keeps a deck's alpha (64, 12, 0.5) exact.
   const at::Tensor alpha = at::scalar_tensor(adapter.alpha, at::kFloat);

@@ -21,7 +21,9 @@ at::Tensor Policy::velocity(const TrainingRollout& rollout, const PreparedBatch&
   const models::Cond cond = rollout.cond.index_select(b.prompt_indices);
   models::ForwardContext batch_ctx = ctx;
   batch_ctx.host_timesteps = b.host_timesteps;
-  if (!guided) return family->noise_pred(latents, b.timesteps, b.sigmas, cond, batch_ctx);
+  if (!guided)
+    return models::unguided_velocity(*family, {latents, b.timesteps, b.sigmas, &cond, nullptr, b.step_timestep},
+                                     guidance, batch_ctx);
   const models::Cond negative = needs_negative ? rollout.negative.index_select(b.prompt_indices) : models::Cond{};
   return models::guided_velocity(
       *family, {latents, b.timesteps, b.sigmas, &cond, needs_negative ? &negative : nullptr, b.step_timestep}, guidance,

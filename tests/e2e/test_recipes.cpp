@@ -97,6 +97,30 @@ TEST_CASE("recipes: Qwen-Image Flow-GRPO proxy reproduces its standard", "[e2e][
   check_standard("proxy_qwen_image_grpo");
 }
 
+TEST_CASE("recipes: FLUX.1-dev Flow-GRPO proxy reproduces its standard", "[e2e][standard][recipe]") {
+  check_standard("proxy_flux1_grpo");
+}
+
+// The NFT forwards embed the deck's distilled guidance too: the same run at
+// another guidance_scale must fail the standard (from its first row on).
+TEST_CASE("recipes: FLUX.1 DiffusionNFT proxy reproduces its standard / another distilled guidance fails it",
+          "[e2e][standard][recipe]") {
+  check_standard("proxy_flux1_nft");
+  const std::string dir = kSource + "/tests/standards/";
+  const std::string out = test::fresh_output_dir("standard_flux1_nft_guidance");
+  const auto run = test::train(dir + "proxy_flux1_nft.toml", out, 2, "--set rollout.guidance_scale=2.0");
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  const auto check = test::ditrl("standard check " + out + " " + dir + "proxy_flux1_nft.json");
+  INFO(check.output);
+  CHECK(check.exit_code != 0);
+  CHECK_THAT(check.output, Contains("does not meet the standard"));
+}
+
+TEST_CASE("recipes: FLUX.1 LoRA SFT proxy reproduces its standard", "[e2e][standard][recipe]") {
+  check_standard("proxy_flux1_sft");
+}
+
 TEST_CASE("recipes: Wan2.2 two-expert Flow-GRPO proxy reproduces its standard", "[e2e][standard][recipe]") {
   check_standard("proxy_wan22_grpo");
 }

@@ -29,7 +29,7 @@ warnings.filterwarnings("ignore")
 torch.set_num_threads(1)
 
 DITRL, MPIEXEC, OUT, SOURCE = sys.argv[1:5]
-FAMILIES = sys.argv[5:] or ["sd3", "wan", "qwen_image"]
+FAMILIES = sys.argv[5:] or ["sd3", "wan", "qwen_image", "flux"]
 sys.path.insert(0, os.path.join(SOURCE, "tools"))
 sys.path.insert(0, os.path.join(SOURCE, "tests", "interop"))
 import export_reward  # noqa: E402
@@ -76,6 +76,11 @@ def pipeline(family, folder):
     if family == "wan":
         return diffusers.WanPipeline(tokenizer=tok("tokenizer"), text_encoder=load(tf.UMT5EncoderModel, "text_encoder"),
                                      transformer=None, vae=None, scheduler=sched)
+    if family == "flux":
+        return diffusers.FluxPipeline(scheduler=sched, vae=None, transformer=None,
+                                      text_encoder=load(tf.CLIPTextModel, "text_encoder"), tokenizer=tok("tokenizer"),
+                                      text_encoder_2=load(tf.T5EncoderModel, "text_encoder_2"),
+                                      tokenizer_2=tok("tokenizer_2"))
     return diffusers.QwenImagePipeline(scheduler=sched, vae=None, tokenizer=tok("tokenizer"), transformer=None,
                                        text_encoder=load(tf.Qwen2_5_VLForConditionalGeneration, "text_encoder"))
 
@@ -91,6 +96,10 @@ def pipeline_embeddings(family, pipe):
             embeds, _ = pipe.encode_prompt(PROMPTS, do_classifier_free_guidance=False,
                                            max_sequence_length=export_text_encoder.WAN_MAX)
             return {"encoder_hidden_states": embeds}
+        if family == "flux":
+            embeds, pooled, _ = pipe.encode_prompt(PROMPTS, PROMPTS,
+                                                   max_sequence_length=export_text_encoder.FLUX_T5_MAX)
+            return {"encoder_hidden_states": embeds, "pooled_projections": pooled}
         embeds, mask = pipe.encode_prompt(PROMPTS, max_sequence_length=export_text_encoder.QWEN_MAX)
         # The pipeline pads to the batch's longest prompt; ditrl's datasets to the fixed 512.
         pad = export_text_encoder.QWEN_MAX - embeds.shape[1]
@@ -112,7 +121,7 @@ def read_dataset(path):
 
 def deck(family, folder, prompts_h5, reward, out_dir):
     body = {"sd3": "height = 8\nwidth = 8\n", "qwen_image": "height = 8\nwidth = 8\n",
-            "wan": "frames = 2\nheight = 8\nwidth = 8\n"}[family]
+            "wan": "frames = 2\nheight = 8\nwidth = 8\n", "flux": "height = 8\nwidth = 8\n"}[family]
     text = f"""[run]
 out_dir = "{out_dir}"
 seed = 5
@@ -163,7 +172,7 @@ def eager_reward(family, folder, pickscore, processor, latents, prompt_index, si
     import diffusers
     from transformers import AutoModel, AutoProcessor
     vae_class = {"sd3": diffusers.AutoencoderKL, "qwen_image": diffusers.AutoencoderKLQwenImage,
-                 "wan": diffusers.AutoencoderKLWan}[family]
+                 "wan": diffusers.AutoencoderKLWan, "flux": diffusers.AutoencoderKL}[family]
     vae = vae_class.from_pretrained(os.path.join(folder, "vae")).eval()
     decode = export_reward.DiffusersDecode(vae, family)
     model = AutoModel.from_pretrained(pickscore).eval()

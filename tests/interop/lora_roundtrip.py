@@ -40,7 +40,7 @@ torch.manual_seed(0)
 torch.set_num_threads(1)
 
 DITRL, MPIEXEC, OUT, SOURCE = sys.argv[1:5]
-FAMILIES = sys.argv[5:] or ["sd3", "wan", "qwen_image", "ltx"]
+FAMILIES = sys.argv[5:] or ["sd3", "wan", "qwen_image", "ltx", "flux"]
 FIXTURES = os.path.join(SOURCE, "tests", "fixtures")
 failures = []
 
@@ -74,14 +74,15 @@ def ditrl_mpi(ranks, args):
 def lora_targets(family):
     # What the PEFT/diffusers-made adapter of step 3 adapts (suffix names, as PEFT matches them).
     return {"sd3": ["to_q", "to_k", "to_v", "add_q_proj"], "wan": ["to_q", "to_v", "ffn.net.0.proj"],
-            "qwen_image": ["to_q", "to_k", "add_v_proj"], "ltx": ["to_q", "to_k", "to_v"]}[family]
+            "qwen_image": ["to_q", "to_k", "add_v_proj"], "ltx": ["to_q", "to_k", "to_v"],
+            "flux": ["to_q", "add_v_proj", "proj_mlp"]}[family]
 
 
 def diffusers_model(family, state_dict):
     import diffusers
     config = json.load(open(os.path.join(FIXTURES, family, "config.json")))
     cls = {"sd3": diffusers.SD3Transformer2DModel, "wan": diffusers.WanTransformer3DModel,
-           "qwen_image": diffusers.QwenImageTransformer2DModel}[family]
+           "qwen_image": diffusers.QwenImageTransformer2DModel, "flux": diffusers.FluxTransformer2DModel}[family]
     model = cls.from_config(config)
     model.load_state_dict(state_dict, strict=True)
     return model.eval()
@@ -97,6 +98,9 @@ def pipeline(family, transformer):
     if family == "wan":
         return diffusers.WanPipeline(tokenizer=None, text_encoder=None, transformer=transformer, vae=None,
                                      scheduler=sched)
+    if family == "flux":
+        return diffusers.FluxPipeline(scheduler=sched, vae=None, text_encoder=None, tokenizer=None, text_encoder_2=None,
+                                      tokenizer_2=None, transformer=transformer)
     return diffusers.QwenImagePipeline(scheduler=sched, vae=None, text_encoder=None, tokenizer=None,
                                        transformer=transformer)
 
@@ -114,6 +118,9 @@ def reference_forward(family, model, inputs):
         if family == "wan":
             return model(hidden_states=inputs["hidden_states"], timestep=inputs["timestep"],
                          encoder_hidden_states=inputs["encoder_hidden_states"], return_dict=False)[0]
+        if family == "flux":
+            return model(**{k: inputs[k] for k in ("hidden_states", "encoder_hidden_states", "pooled_projections",
+                                                   "timestep", "img_ids", "txt_ids", "guidance")}, return_dict=False)[0]
         shapes = inputs["img_shapes"]
         return model(hidden_states=inputs["hidden_states"], encoder_hidden_states=inputs["encoder_hidden_states"],
                      encoder_hidden_states_mask=inputs["encoder_hidden_states_mask"], timestep=inputs["timestep"],
@@ -136,6 +143,7 @@ DECK_BODY = {
            "guidance_scale = 1.0\n",
     "qwen_image": "[rollout]\nsteps = 4\nsde_steps = 2\nwindow = [0, 4]\nheight = 8\nwidth = 8\n"
                   "guidance_scale = 1.0\n",
+    "flux": "[rollout]\nsteps = 4\nsde_steps = 2\nwindow = [0, 4]\nheight = 8\nwidth = 8\nguidance_scale = 3.5\n",
     "ltx": "[rollout]\nsteps = 4\nsde = \"cps\"\nsde_steps = 2\nwindow = [0, 4]\nframes = 2\nheight = 4\nwidth = 4\n"
            "guidance_scale = 1.0\n",
 }
@@ -330,12 +338,12 @@ def comfyui_file(family, export, state, inputs, ours, base_out, work):
     # ComfyUI's LoraLoader (comfy/lora.py; checked by hand against its repository in
     # benchmarks/results/comfyui_lora.md) takes `<key>.lora_A.weight`, `.lora_B.weight` and
     # `.alpha` at the key its key map gives a model weight, and patches W += (alpha/r) (B @ A) in
-    # fp32 at strength 1 -- scale 1 where a module has no .alpha. Its key map: SD3 the diffusers
-    # names under `transformer.`, Qwen-Image its own (= diffusers') names under
+    # fp32 at strength 1 -- scale 1 where a module has no .alpha. Its key map: SD3 and FLUX the
+    # diffusers names under `transformer.`, Qwen-Image its own (= diffusers') names under
     # `diffusion_model.`, Wan the Wan checkpoint names under `diffusion_model.`.
     path = os.path.join(export, "comfyui_lora.safetensors")
     lora = load_file(path)
-    prefix = "transformer." if family == "sd3" else "diffusion_model."
+    prefix = "transformer." if family in ("sd3", "flux") else "diffusion_model."
     linears = {n for n, m in diffusers_model(family, state).named_modules() if isinstance(m, torch.nn.Linear)}
     modules, stray = {}, []
     for key, value in lora.items():

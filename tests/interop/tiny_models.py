@@ -4,6 +4,7 @@
   <out>/sd3/        text_encoder (CLIP-L), text_encoder_2 (CLIP-G), text_encoder_3 (T5), tokenizer{,_2,_3}, vae
   <out>/wan/        text_encoder (UMT5), tokenizer, vae (AutoencoderKLWan)
   <out>/qwen_image/ text_encoder (Qwen2.5-VL), tokenizer, vae (AutoencoderKLQwenImage)
+  <out>/flux/       text_encoder (CLIP-L, CLIPTextModel), text_encoder_2 (T5), tokenizer{,_2}, vae (AutoencoderKL)
   <out>/pickscore/  CLIPModel (the PickScore architecture);  <out>/processor/  its CLIPProcessor
   <out>/<family>/ditrl_config.json   the DiT config ditrl builds (text widths matching the encoders)
 
@@ -119,6 +120,32 @@ def qwen_image(out):
             "joint_attention_dim": 48, "axes_dims_rope": [8, 12, 12], "guidance_embeds": False}
 
 
+def flux(out):
+    from diffusers import AutoencoderKL
+    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
+    clip_l = seeded(CLIPTextModel(CLIPTextConfig(vocab_size=100, hidden_size=16, intermediate_size=32,
+                                                 num_hidden_layers=2, num_attention_heads=2,
+                                                 max_position_embeddings=77, pad_token_id=0, bos_token_id=2,
+                                                 eos_token_id=3)), 10)
+    t5 = seeded(T5EncoderModel(T5Config(vocab_size=100, d_model=48, d_kv=24, d_ff=64, num_layers=2, num_heads=2,
+                                        pad_token_id=0, eos_token_id=3)), 11)
+    clip_l.save_pretrained(os.path.join(out, "text_encoder"))
+    t5.save_pretrained(os.path.join(out, "text_encoder_2"))
+    tokenizer(77).save_pretrained(os.path.join(out, "tokenizer"))
+    tokenizer(512, bos=False).save_pretrained(os.path.join(out, "tokenizer_2"))
+    # FLUX.1's VAE config: 16 channels, scaling 0.3611, shift 0.1159.
+    vae = AutoencoderKL(in_channels=3, out_channels=3, latent_channels=LATENT_CHANNELS,
+                        down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+                        block_out_channels=(8, 16), layers_per_block=1, norm_num_groups=8, scaling_factor=0.3611,
+                        shift_factor=0.1159, use_quant_conv=False, use_post_quant_conv=False)
+    seeded(vae, 12).save_pretrained(os.path.join(out, "vae"))
+    # The DiT: text width = T5's d_model, pooled = CLIP-L's hidden size; 2x2-packed latents.
+    return {"_class_name": "FluxTransformer2DModel", "patch_size": 1, "in_channels": 4 * LATENT_CHANNELS,
+            "num_layers": 1, "num_single_layers": 1, "attention_head_dim": 16, "num_attention_heads": 2,
+            "joint_attention_dim": 48, "pooled_projection_dim": 16, "guidance_embeds": True,
+            "axes_dims_rope": [4, 6, 6]}
+
+
 def pickscore(out):
     from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor
     config = CLIPConfig(text_config={"vocab_size": 100, "hidden_size": 16, "intermediate_size": 32,
@@ -134,7 +161,7 @@ def pickscore(out):
 
 def main(out, families):
     torch.manual_seed(0)
-    builders = {"sd3": sd3, "wan": wan, "qwen_image": qwen_image}
+    builders = {"sd3": sd3, "wan": wan, "qwen_image": qwen_image, "flux": flux}
     for family in families:
         folder = os.path.join(out, family)
         os.makedirs(folder, exist_ok=True)

@@ -1,6 +1,6 @@
 """tools/export_decoder.py against diffusers' own decode and post-processing.
 
-For each family (sd3, qwen_image, wan) a seeded tiny VAE of the family's diffusers class is saved as a
+For each family (sd3, qwen_image, wan, flux) a seeded tiny VAE of the family's diffusers class is saved as a
 checkpoint folder, exported with `export_decoder.py --vae FOLDER`, reloaded with torch.jit.load and
 run on latents of another batch size and spatial size than the tracing example. The reference is
 what a diffusers pipeline does with the same latents: the pipeline's de-normalisation (SD3: x /
@@ -37,7 +37,7 @@ def diffusers_uint8(family, vae, latents, denormalise=True):
     from diffusers.video_processor import VideoProcessor
     cfg = vae.config
     with torch.no_grad():
-        if family == "sd3":
+        if family in ("sd3", "flux"):
             z = latents / cfg.scaling_factor + cfg.shift_factor if denormalise else latents
             images = VaeImageProcessor().postprocess(vae.decode(z).sample, output_type="np")
         else:
@@ -56,7 +56,7 @@ def diffusers_uint8(family, vae, latents, denormalise=True):
 def main():
     os.makedirs(WORK, exist_ok=True)
     torch.manual_seed(1)
-    for family in ("sd3", "qwen_image", "wan"):
+    for family in ("sd3", "qwen_image", "wan", "flux"):
         start = time.time()
         folder = os.path.join(WORK, f"vae_{family}")
         vae = export_decoder.tiny_vae(family)

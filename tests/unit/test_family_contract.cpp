@@ -117,6 +117,28 @@ struct qwen_image {
   static LoraCase lora() { return {0, 2 * 12, "transformer_blocks.0.txt_mlp.net.2.lora_B.weight"}; }
 };
 
+struct flux {
+  static constexpr const char* name = "flux";
+  static constexpr bool dump_points = true;
+  // case_0: two samples, two guidance scales; case_1: odd grid, nonzero txt_ids.
+  static std::vector<std::string> fp32_cases() { return {"case_0", "case_1"}; }
+  static BadCheckpoint bad_checkpoint() {
+    return {{"time_text_embed.guidance_embedder.linear_2.bias"},
+            {{"single_transformer_blocks.1.proj_out.weight", "single_transformer_blocks.1.proj_out.kernel"}},
+            {{"single_transformer_blocks.0.attn.norm_k.weight", {32}}},
+            {{"single_transformer_blocks.0.attn.to_out.0.weight", {32, 32}}},
+            {"missing (2): time_text_embed.guidance_embedder.linear_2.bias, "
+             "single_transformer_blocks.1.proj_out.weight",
+             "unexpected (2): single_transformer_blocks.0.attn.to_out.0.weight, "
+             "single_transformer_blocks.1.proj_out.kernel",
+             "wrong shape (1): single_transformer_blocks.0.attn.norm_k.weight (checkpoint [32], model [16])"},
+            {"time_text_embed.guidance_embedder.linear_2.bias", "single_transformer_blocks.1.proj_out.kernel",
+             "single_transformer_blocks.0.attn.norm_k.weight (checkpoint [32]"}};
+  }
+  // 8 targets per double block, to_q/k/v per single block.
+  static LoraCase lora() { return {0, 2 * 8 + 2 * 3, "single_transformer_blocks.1.attn.to_k.lora_B.weight"}; }
+};
+
 // The fixture's architecture, seeded init (on `device`).
 std::shared_ptr<Family> fixture_architecture(const std::string& family, c10::Device device = c10::kCPU) {
   FamilyOptions o;
@@ -145,7 +167,7 @@ std::string write_bad_checkpoint(const std::string& family, const BadCheckpoint&
 }  // namespace
 
 TEMPLATE_TEST_CASE("family contract: fp32 fixture cases and every intermediate match the reference", "[models][family]",
-                   sd3, wan, qwen_image) {
+                   sd3, wan, qwen_image, flux) {
   const std::string family = TestType::name;
   auto model = test::fixture_family(family);
   for (const std::string& name : TestType::fp32_cases()) {
@@ -161,7 +183,7 @@ TEMPLATE_TEST_CASE("family contract: fp32 fixture cases and every intermediate m
 }
 
 TEMPLATE_TEST_CASE("family contract: bf16 fixture case with the fp32-kept parameters", "[models][family]", sd3, wan,
-                   qwen_image) {
+                   qwen_image, flux) {
   // Every op runs at the reference's rounding points (docs/families.md, per
   // family), so the bf16 output is the reference's bit for bit (fixtures made
   // on the LibTorch ditrl links).
@@ -170,7 +192,7 @@ TEMPLATE_TEST_CASE("family contract: bf16 fixture case with the fp32-kept parame
 }
 
 TEMPLATE_TEST_CASE("family contract: a checkpoint that does not fit is one error listing every problem",
-                   "[models][family]", sd3, wan, qwen_image) {
+                   "[models][family]", sd3, wan, qwen_image, flux) {
   const std::string family = TestType::name;
   const BadCheckpoint bad = TestType::bad_checkpoint();
   const std::string path = write_bad_checkpoint(family, bad);
@@ -201,7 +223,7 @@ TEMPLATE_TEST_CASE("family contract: a checkpoint that does not fit is one error
 }
 
 TEMPLATE_TEST_CASE("family contract: LoRA on the default targets starts at the base output", "[models][family][lora]",
-                   wan, qwen_image) {
+                   wan, qwen_image, flux) {
   const LoraCase lora = TestType::lora();
   FamilyOptions o;
   o.lora.enabled = true;
@@ -346,7 +368,7 @@ void check_slices(ParameterSource& source, Family& sliced, Family& full) {
 // The two checks below run every family in one test process each (a
 // DYNAMIC_SECTION per family): each family's part takes 0.01-0.2 s, less than
 // a test process's start.
-const std::vector<std::string> kFamilies = {"sd3", "wan", "qwen_image", "ltx"};
+const std::vector<std::string> kFamilies = {"sd3", "wan", "qwen_image", "ltx", "flux"};
 
 }  // namespace
 

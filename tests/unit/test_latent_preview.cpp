@@ -93,7 +93,7 @@ TEST_CASE("latent preview: latents without one factor row per channel are refuse
 TEST_CASE("latent preview: every family's published factors match its latent channels and frame layout",
           "[latent_preview]") {
   const std::vector<std::tuple<std::string, std::string, size_t, int64_t>> cases{
-      {"sd3", "tiny", 16, 8}, {"wan", "tiny", 16, 8}, {"qwen_image", "tiny", 16, 8}};
+      {"sd3", "tiny", 16, 8}, {"wan", "tiny", 16, 8}, {"qwen_image", "tiny", 16, 8}, {"flux", "tiny", 16, 8}};
   for (const auto& [name, preset, channels, spatial] : cases) {
     INFO(name);
     const models::LatentRgbFactors f = models::latent_rgb_factors(*meta_family(name));

@@ -83,8 +83,8 @@ TEST_CASE("cli: ditrl inspect lists tensors and validates them against a family"
   CHECK(wrong.exit_code != 0);
   CHECK_THAT(wrong.output, Contains("does not match the model") && Contains("missing (") && Contains("wrong shape (") &&
                                Contains(weights));
-  const auto unknown = run_process(fmt::format("{} inspect {} --family flux", DITRL_BINARY, weights));
-  CHECK_THAT(unknown.output, Contains("unknown model family 'flux'"));
+  const auto unknown = run_process(fmt::format("{} inspect {} --family sdxl", DITRL_BINARY, weights));
+  CHECK_THAT(unknown.output, Contains("unknown model family 'sdxl'"));
   const std::string bad = test::fresh_output_dir("cli_inspect") + "/bad.safetensors";
   std::ofstream(bad) << "not a safetensors file at all";
   const auto hostile = run_process(fmt::format("{} inspect {}", DITRL_BINARY, bad));

@@ -145,7 +145,7 @@ TEST_CASE("schedule: family presets and the deck's shift override", "[diffusion]
   p.shift = 1.0;
   for (const char* family : {"sd3", "wan", "ltx", "qwen_image"})
     CHECK(bit_list(family_schedule(family, p).sigmas) == refs[1].sigmas);
-  CHECK_THROWS_WITH(family_schedule("flux", p), Catch::Contains("unknown family 'flux'"));
+  CHECK_THROWS_WITH(family_schedule("sdxl", p), Catch::Contains("unknown family 'sdxl'"));
   p.shift.reset();
   p.height = 15;
   CHECK_THROWS_WITH(family_schedule("qwen_image", p), Catch::Contains("must be even"));

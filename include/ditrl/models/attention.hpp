@@ -51,6 +51,9 @@ struct AttentionConfig {
   double eps = 1e-6;
   bool joint = false;       // add_q/k/v_proj (+ norm_added_q/k) for a second (text) stream
   bool context_out = true;  // to_add_out; false in a context_pre_only block
+  // No to_out: self_attention returns the heads' output unprojected (FLUX.1's
+  // single-stream blocks project it together with their MLP).
+  bool pre_only = false;
   JointOrder order = JointOrder::ImageFirst;
   AttentionBackend backend = AttentionBackend::Math;
 };
@@ -76,7 +79,7 @@ class Attention : public torch::nn::Module {
                                                     const at::Tensor& mask = {}, const QKRotary& rotary_x = {},
                                                     const QKRotary& rotary_c = {});
 
-  std::shared_ptr<Linear> to_q, to_k, to_v, to_out;  // to_out is `to_out.0`
+  std::shared_ptr<Linear> to_q, to_k, to_v, to_out;  // to_out is `to_out.0` (none when pre_only)
   std::shared_ptr<Linear> add_q_proj, add_k_proj, add_v_proj, to_add_out;
   std::shared_ptr<RMSNorm> norm_q, norm_k, norm_added_q, norm_added_k;
 

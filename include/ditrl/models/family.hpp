@@ -1,6 +1,6 @@
 #pragma once
 
-// A model family (SD3/SD3.5, Wan2.2, LTX-2.3, Qwen-Image) is a torch module
+// A model family (SD3/SD3.5, Wan2.2, LTX-2.3, Qwen-Image, FLUX.1) is a torch module
 // whose named_parameters() are the checkpoint names, plus what the trainer
 // and the sampler need to drive it: the velocity forward in the timestep
 // domain its DiT consumes, wrap units, LoRA targets, dtype overrides, CFG.
@@ -23,7 +23,7 @@
 namespace ditrl::models {
 
 // Which rollout array the DiT reads: trajectory timesteps t in [0, 1000]
-// (SD3, Wan) or the sigma snapshot in [0, 1] (LTX, Qwen-Image). Both arrays
+// (SD3, Wan) or the sigma snapshot in [0, 1] (LTX, Qwen-Image, FLUX.1). Both arrays
 // are always passed; a family never derives one from the other.
 enum class TimestepDomain { Timestep, Sigma };
 
@@ -93,7 +93,7 @@ struct LoraOptions {
 };
 
 struct FamilyOptions {
-  std::string family;  // "sd3" | "wan" | "ltx" | "qwen_image"
+  std::string family;  // "sd3" | "wan" | "ltx" | "qwen_image" | "flux"
   std::string preset = "tiny";
   std::string config_json;         // path of an optional config.json (reference format) replacing the preset
   c10::Device device = c10::kCPU;  // where parameters live; c10::kMeta: shapes only, nothing allocated
@@ -152,6 +152,10 @@ class Family : public torch::nn::Module {
   virtual precision::InputPolicy default_input_policy(c10::ScalarType forward) const;
 
   virtual bool supports_cfg() const { return true; }
+  // A guidance-distilled model (FLUX.1-dev) embeds the guidance scale: it
+  // reads GuidanceOptions::scale as the conditioning tensor `guidance` (B,),
+  // which models/guided.hpp adds to every forward, and runs CFG only as true CFG.
+  virtual bool embeds_guidance() const { return false; }
   // The guided velocity from the positive and negative predictions.
   virtual at::Tensor cfg_combine(const at::Tensor& pos, const at::Tensor& neg, const GuidanceOptions& g,
                                  double timestep) const;

@@ -32,4 +32,10 @@ bool uses_cfg(const Family& family, const GuidanceOptions& guidance, double time
 at::Tensor guided_velocity(Family& family, const GuidedInputs& inputs, const GuidanceOptions& guidance,
                            const ForwardContext& ctx);
 
+// The family's prediction without CFG (DiffusionNFT, SFT; `negative` is
+// not read). A guidance-distilled family still embeds guidance.scale, as
+// flow_grpo's FLUX NFT trains at the sampling guidance.
+at::Tensor unguided_velocity(Family& family, const GuidedInputs& inputs, const GuidanceOptions& guidance,
+                             const ForwardContext& ctx);
+
 }  // namespace ditrl::models

@@ -23,6 +23,9 @@
 //      sd3         `transformer.<module>`: ComfyUI maps the diffusers names
 //                  onto its MMDiT (to_q/to_k/to_v onto slices of its fused
 //                  qkv, which a rank-r factor pair cannot name directly);
+//      flux        `transformer.<module>`, as sd3: ComfyUI's Flux key map
+//                  (comfy/utils.py flux_to_diffusers) takes the diffusers
+//                  names onto its fused qkv / linear1 slices;
 //      qwen_image  `diffusion_model.<module>`: ComfyUI's Qwen-Image keeps
 //                  the diffusers names;
 //      wan         `diffusion_model.<Wan checkpoint name>`
@@ -60,7 +63,7 @@ void write_peft_adapter(const std::string& dir, const LoraAdapter& adapter, cons
 // Writes one safetensors file in the diffusers or the LTX-2 layout.
 void write_lora_file(const std::string& path, LoraFormat format, const LoraAdapter& adapter,
                      const LoraFileOptions& options);
-// Writes the ComfyUI file of `family` (sd3, wan, qwen_image; LTX-2's is
+// Writes the ComfyUI file of `family` (sd3, wan, qwen_image, flux; LTX-2's is
 // LoraFormat::Ltx). A module without a name in that layout is an error
 // naming it.
 void write_comfyui_lora(const std::string& path, const std::string& family, const LoraAdapter& adapter,
