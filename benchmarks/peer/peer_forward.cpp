@@ -342,7 +342,13 @@ void write_configs(std::ostream& md) {
      << "- qwen_image (QwenImageTransformer2DModel): `tiny` = the qwen_image `tiny` preset (2 blocks, 4 heads x 16,\n"
      << "  RoPE axes 4/6/6, text 32); `qwen-111m` = D = 768 (6 heads x 128, axes 16/56/56), 5 blocks, text width\n"
      << "  3584, latent 16 x 32 x 32 packed 2x2 (the peer packs/unpacks around the forward like ditrl's noise_pred);\n"
-     << "  the all-ones text mask is dropped on both sides.\n";
+     << "  the all-ones text mask is dropped on both sides.\n"
+     << "- flux2 (Flux2Transformer2DModel): `tiny` = the flux2 `tiny` preset (2 double + 2 single blocks, 4 heads x "
+        "16,\n"
+     << "  RoPE axes 4 x 4, text 32); `flux2-104m` = FLUX.2 [klein] structure at D = 768 (6 heads x 128, axes 4 x "
+        "32),\n"
+     << "  2 double + 4 single blocks, text width 7680, latent 16 x 16 x 16 patchified (256 tokens), no guidance\n"
+     << "  embedding; both sides pack row-major and pass the pipeline's int64 ids.\n";
 }
 
 }  // namespace

@@ -55,6 +55,7 @@ models::FamilyOptions family_options(const config::Config& c, c10::Device device
   o.inputs = precision::InputPolicy::resolve(c.precision.inputs.latents, c.precision.inputs.cond,
                                              c.precision.inputs.timestep, c.precision.forward);
   o.latent_grid = latent_grid(c);
+  o.distilled_guidance = c.rollout.guidance_scale;
   return o;
 }
 

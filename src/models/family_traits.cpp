@@ -1,6 +1,7 @@
 #include <ditrl/diffusion/schedule_preset.hpp>
 #include <ditrl/error.hpp>
 #include <ditrl/models/family_traits.hpp>
+#include <ditrl/models/flux2/flux2.hpp>
 #include <ditrl/models/ltx/ltx.hpp>
 #include <ditrl/models/qwen_image/qwen_image.hpp>
 #include <ditrl/models/sd3/sd3.hpp>
@@ -13,7 +14,8 @@
 namespace ditrl::models {
 
 const std::vector<const FamilyTraits*>& family_registry() {
-  static const std::vector<const FamilyTraits*> families = {&kSd3Traits, &kWanTraits, &kLtxTraits, &kQwenImageTraits};
+  static const std::vector<const FamilyTraits*> families = {&kSd3Traits, &kWanTraits, &kLtxTraits, &kQwenImageTraits,
+                                                            &kFlux2Traits};
   return families;
 }
 

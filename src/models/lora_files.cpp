@@ -342,10 +342,14 @@ void write_lora_file(const std::string& path, LoraFormat format, const LoraAdapt
   }
 }
 
+bool has_comfyui_lora_layout(const std::string& family) {
+  return family == "sd3" || family == "wan" || family == "qwen_image";
+}
+
 void write_comfyui_lora(const std::string& path, const std::string& family, const LoraAdapter& adapter,
                         const LoraFileOptions& options) {
   adapter.validate("LoRA adapter for " + path);
-  if (family != "sd3" && family != "wan" && family != "qwen_image")
+  if (!has_comfyui_lora_layout(family))
     fail("{}: no ComfyUI LoRA layout for family '{}' (sd3, wan, qwen_image; LTX-2's is ltx_lora.safetensors)", path,
          family);
   const std::string prefix = family == "sd3" ? kDiffusersPrefix : kLtxPrefix;

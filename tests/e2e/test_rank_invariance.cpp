@@ -104,6 +104,10 @@ TEST_CASE("ranks: proxy_qwen_image_grpo at 1 2 4 ranks is bitwise equal", "[e2e]
   check_rollout_train_parity(check_rank_counts("qwen_image_grpo", "tests/standards/proxy_qwen_image_grpo.toml", 2));
 }
 
+TEST_CASE("ranks: proxy_flux2_klein_grpo at 1 2 4 ranks is bitwise equal", "[e2e][ranks]") {
+  check_rollout_train_parity(check_rank_counts("flux2_klein_grpo", "tests/standards/proxy_flux2_klein_grpo.toml", 2));
+}
+
 TEST_CASE("ranks: proxy_wan22_grpo at 1 2 4 ranks is bitwise equal", "[e2e][ranks]") {
   check_rollout_train_parity(check_rank_counts("wan22_grpo", "tests/standards/proxy_wan22_grpo.toml", 2));
 }

@@ -97,6 +97,10 @@ TEST_CASE("recipes: Qwen-Image Flow-GRPO proxy reproduces its standard", "[e2e][
   check_standard("proxy_qwen_image_grpo");
 }
 
+TEST_CASE("recipes: FLUX.2 [klein] Flow-GRPO proxy reproduces its standard", "[e2e][standard][recipe]") {
+  check_standard("proxy_flux2_klein_grpo");
+}
+
 TEST_CASE("recipes: Wan2.2 two-expert Flow-GRPO proxy reproduces its standard", "[e2e][standard][recipe]") {
   check_standard("proxy_wan22_grpo");
 }

@@ -54,6 +54,7 @@ TEST_CASE("gpu: every family reproduces its rollout forward bit for bit with eac
       {"wan", test::e2e_deck("../../standards/proxy_wan22_grpo.toml")},
       {"ltx", test::e2e_deck("../../standards/proxy_ltx23_grpo.toml")},
       {"qwen_image", test::e2e_deck("../../standards/proxy_qwen_image_grpo.toml")},
+      {"flux2", test::e2e_deck("../../standards/proxy_flux2_klein_grpo.toml")},
   };
   for (const FamilyDeck& f : families) {
     for (const std::string backend : {"math", "flash", "efficient", "cudnn"}) {

@@ -110,6 +110,10 @@ struct FamilyOptions {
   bool crop_to_grid = false;
   int64_t experts = 0;    // expert DiTs (Wan2.2 A14B: 2); 0 = what the preset or config.json says
   int64_t init_seed = 0;  // seeded init when no weights are loaded
+  // The scale a guidance-distilled model embeds in its forward (FLUX.2-dev:
+  // rollout.guidance_scale; its pipeline's default 4.0); models without a
+  // guidance embedding ignore it.
+  double distilled_guidance = 4.0;
   AttentionBackend attention = AttentionBackend::Math;
   LoraOptions lora;
   precision::InputPolicy inputs;  // boundary casts applied inside noise_pred
