@@ -145,7 +145,7 @@ inline json::object flux2_config(int64_t layers, int64_t single_layers, int64_t 
           {"guidance_embeds", false}};
 }
 
-// The flux2 `tiny` preset, and ~104M parameters: FLUX.2 [klein]'s structure
+// The flux2 `tiny` preset, and ~78M parameters: FLUX.2 [klein]'s structure
 // (double then single-stream blocks, shared modulation, SwiGLU) at width 768
 // (6 heads x 128, RoPE axes 32 x 4) with 2 double and 4 single blocks, text
 // width 7680 (klein 4B's), a 32 x 32 VAE grid (256 packed tokens).
@@ -154,7 +154,7 @@ inline std::vector<Case> flux2_cases(int tiny_rounds, int big_rounds) {
   return {{"flux2", "tiny", tiny, 1, {1, 8, 8}, 16, 8, 10, tiny_rounds, 10},
           {"flux2", "tiny", tiny, 2, {1, 16, 16}, 64, 8, 10, tiny_rounds, 10},
           {"flux2",
-           "flux2-104m",
+           "flux2-78m",
            flux2_config(2, 4, 6, 128, 7680, {32, 32, 32, 32}),
            2,
            {1, 32, 32},

@@ -25,7 +25,7 @@ struct FamilyOutput {
 };
 
 const FamilyOutput kFamilies[] = {
-    {"sd3", "output"}, {"wan", "output"}, {"qwen_image", "output"}, {"ltx", "output.video"}};
+    {"sd3", "output"}, {"wan", "output"}, {"qwen_image", "output"}, {"ltx", "output.video"}, {"flux2", "output"}};
 
 // The first element of the output projection `proj_out.weight` (it feeds
 // the first output channel of every token) scaled by 1 + `relative`.
@@ -57,7 +57,7 @@ TEST_CASE(
 // LTX's bf16 case runs ltx_core's eager output tail (test_ltx.cpp), not the
 // default fp32 one, and is checked by the same check_bf16_output there.
 TEST_CASE("fixture bounds: one weight element one bf16 ulp up breaks bf16 bit equality", "[models][fixtures]") {
-  for (const FamilyOutput& b : {kFamilies[0], kFamilies[1], kFamilies[2]}) {
+  for (const FamilyOutput& b : {kFamilies[0], kFamilies[1], kFamilies[2], kFamilies[4]}) {
     INFO(b.family);
     auto family = test::fixture_family(b.family);
     cast_parameters(*family, at::kBFloat16, family->default_overrides());
