@@ -125,7 +125,7 @@ struct qwen_image {
 
 struct flux2 {
   static constexpr const char* name = "flux2";
-  static constexpr bool dump_points = false;  // the fixture stores the attention outputs the tap records
+  static constexpr bool dump_points = true;
   // case_0: guidance embedded; case_1: B = 2, odd grid, no guidance (the [klein] call).
   static std::vector<std::string> fp32_cases() { return {"case_0", "case_1"}; }
   static BadCheckpoint bad_checkpoint() {

@@ -172,6 +172,7 @@ at::Tensor Flux2::forward(const at::Tensor& hidden_states, const at::Tensor& enc
   // sigma -> 1000 sigma in the hidden dtype, as the reference scales it.
   const at::Tensor t = timestep.to(dtype) * 1000;
   const at::Tensor g = guidance.defined() ? guidance.to(dtype) * 1000 : at::Tensor();
+  ctx.record("time_guidance_embed", "in0", t);
   const at::Tensor temb = time_guidance_embed->forward(t, g);
   ctx.record("time_guidance_embed", "out0", temb);
   const at::Tensor mod_img = double_stream_modulation_img->forward(temb);

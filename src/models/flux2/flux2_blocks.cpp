@@ -82,13 +82,17 @@ Tensors Flux2DoubleBlock::forward(const Tensors& inputs, Tap* tap, const std::st
   };
   const at::Tensor img_modulated = modulate(layer_norm(x, eps_), im[0], im[1]);
   const at::Tensor txt_modulated = modulate(layer_norm(c, eps_), tm[0], tm[1]);
+  const auto record = [tap, &module](const char* sub, const at::Tensor& image, const at::Tensor& text) {
+    if (!tap) return;
+    const ForwardContext ctx{nullptr, tap};
+    ctx.record(module + sub, "out0", image);
+    ctx.record(module + sub, "out1", text);
+  };
+  // Parity dump points: the modulated attention inputs, then the attention outputs.
+  record(".norm1", img_modulated, txt_modulated);
   const auto [img_attn, txt_attn] = attn->joint_attention(
       img_modulated, txt_modulated, {}, rotary(inputs.at(4), inputs.at(5)), rotary(inputs.at(6), inputs.at(7)));
-  if (tap) {
-    const ForwardContext ctx{nullptr, tap};
-    ctx.record(module + ".attn", "out0", img_attn);
-    ctx.record(module + ".attn", "out1", txt_attn);
-  }
+  record(".attn", img_attn, txt_attn);
   at::Tensor h = x + im[2].unsqueeze(1) * img_attn;
   h = h + im[5].unsqueeze(1) * ff->forward(modulate(layer_norm(h, eps_), im[3], im[4]));
   at::Tensor e = c + tm[2].unsqueeze(1) * txt_attn;
