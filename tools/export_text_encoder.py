@@ -11,6 +11,7 @@ on a machine that has the models (Hugging Face `transformers`, the checkpoint fo
        qwen_image  qwen [34 + 512]                          (Qwen2.5-VL tokenizer, chat template)
        wan         umt5 [512]                               (UMT5-XXL tokenizer)
        flux        clip_l [77], t5 [512]                    (CLIP-L, T5-XXL tokenizers; FLUX.1-schnell: --t5-length 256)
+       flux2       qwen3 [512]                              (FLUX.2 [klein]'s Qwen3 tokenizer, chat template)
   2. export: torch.jit.trace the family's text path into one TorchScript module
        forward(tokens: Dict[str, Tensor]) -> Dict[str, Tensor]
      whose outputs carry the family's conditioning names and shapes (ditrl checks them):
@@ -18,6 +19,7 @@ on a machine that has the models (Hugging Face `transformers`, the checkpoint fo
        qwen_image  encoder_hidden_states [B, 512, 3584], encoder_hidden_states_mask [B, 512] int64
        wan         encoder_hidden_states [B, 512, 4096]  (zero-padded past each prompt, no mask)
        flux        encoder_hidden_states [B, 512, 4096] (T5, no mask), pooled_projections [B, 768] (CLIP-L pooler)
+       flux2       encoder_hidden_states [B, 512, 3 x hidden]  (Qwen3 layers 9, 18, 27, padding kept, no mask)
      and a string attribute `identity` (model ids + this script's version) that
      `ditrl encode-prompts` writes into the dataset's attributes.
 
@@ -51,7 +53,7 @@ import torch
 from torchscript_compat import math_attention
 
 VERSION = "ditrl-export-text-encoder 2"
-FAMILIES = ("sd3", "qwen_image", "wan", "flux")
+FAMILIES = ("sd3", "qwen_image", "wan", "flux", "flux2")
 
 # Qwen-Image pipeline prompt template; its first 34 tokens (the system part) are dropped
 # from the hidden states (diffusers pipeline_qwenimage.py).
@@ -63,6 +65,10 @@ QWEN_MAX = 512
 SD3_T5_MAX = 256
 WAN_MAX = 512
 FLUX_T5_MAX = 512  # FluxPipeline's max_sequence_length default (FLUX.1-dev)
+# FLUX.2 [klein] (diffusers pipeline_flux2_klein.py): 512 tokens of the chat-templated prompt,
+# the hidden states after these Qwen3 layers stacked along the features.
+FLUX2_MAX = 512
+FLUX2_LAYERS = (9, 18, 27)
 
 
 def fail(message: str) -> None:
@@ -85,12 +91,17 @@ def tokenizers_for(family: str, model: str, t5_length: int = FLUX_T5_MAX):
         return [("qwen", load("tokenizer"), QWEN_DROP + QWEN_MAX)]
     if family == "flux":
         return [("clip_l", load("tokenizer"), 77), ("t5", load("tokenizer_2"), t5_length)]
+    if family == "flux2":
+        return [("qwen3", load("tokenizer"), FLUX2_MAX)]
     return [("umt5", load("tokenizer"), WAN_MAX)]
 
 
 def token_ids(family: str, tokenizer, length: int, text: str) -> List[int]:
     if family == "qwen_image":
         text = QWEN_TEMPLATE.format(text)
+    if family == "flux2":
+        text = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                             add_generation_prompt=True, enable_thinking=False)
     ids = tokenizer(text, padding="max_length", max_length=length, truncation=True)["input_ids"]
     if len(ids) != length:
         fail(f"tokenizer returned {len(ids)} ids, expected {length}")
@@ -179,6 +190,23 @@ class FluxText(torch.nn.Module):
         return {"encoder_hidden_states": states.float(), "pooled_projections": pooled.float()}
 
 
+class Flux2Text(torch.nn.Module):
+    """FLUX.2 [klein] text path: Qwen3's hidden states after layers 9, 18 and 27 on the templated,
+    padded prompt (attention masked, padding positions kept), concatenated per token."""
+
+    def __init__(self, lm, pad_id: int):
+        super().__init__()
+        self.lm, self.pad_id = lm, pad_id
+
+    def forward(self, tokens: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        ids = tokens["qwen3"]
+        mask = (ids != self.pad_id).long()
+        hidden = self.lm(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False).hidden_states
+        states = torch.stack([hidden[k] for k in FLUX2_LAYERS], dim=1)  # [B, 3, L, H]
+        b, n, length, width = states.shape
+        return {"encoder_hidden_states": states.permute(0, 2, 1, 3).reshape(b, length, n * width).float()}
+
+
 def real_encoder(family: str, model: str, dtype: torch.dtype):
     try:
         import transformers as tf
@@ -200,6 +228,9 @@ def real_encoder(family: str, model: str, dtype: torch.dtype):
     if family == "qwen_image":
         lm = tf.Qwen2_5_VLForConditionalGeneration.from_pretrained(f"{model}/text_encoder", **kw)
         return QwenText(lm, pad), f"{model} (Qwen2.5-VL text path)", pad
+    if family == "flux2":
+        lm = tf.Qwen3ForCausalLM.from_pretrained(f"{model}/text_encoder", **kw)
+        return Flux2Text(lm, pad), f"{model} (Qwen3 layers {FLUX2_LAYERS})", pad
     umt5 = tf.UMT5EncoderModel.from_pretrained(f"{model}/text_encoder", **kw)
     return WanText(umt5, pad), f"{model} (UMT5-XXL)", pad
 
@@ -225,12 +256,13 @@ class TinyText(torch.nn.Module):
         return out
 
 
-# Conditioning shapes of the tiny presets (src/models/{sd3,qwen_image,wan,flux}.cpp).
+# Conditioning shapes of the tiny presets (src/models/{sd3,qwen_image,wan,flux,flux2}/).
 TINY = {
     "sd3": {"embed": {"clip_l": 48, "t5": 48}, "lengths": {"clip_l": 4, "t5": 4}, "text_tokens": 8, "pooled": 32},
     "qwen_image": {"embed": {"qwen": 32}, "lengths": {"qwen": 8}, "text_tokens": 8},
     "wan": {"embed": {"umt5": 32}, "lengths": {"umt5": 8}, "text_tokens": 8},
     "flux": {"embed": {"clip_l": 32, "t5": 32}, "lengths": {"clip_l": 4, "t5": 8}, "text_tokens": 8, "pooled": 24},
+    "flux2": {"embed": {"qwen3": 32}, "lengths": {"qwen3": 8}, "text_tokens": 8},
 }
 
 
@@ -240,7 +272,8 @@ def example_tokens(family: str, tiny: bool, pad_id: int = 0, t5_length: int = FL
     if tiny:
         return {n: torch.arange(L, dtype=torch.long).repeat(2, 1) for n, L in TINY[family]["lengths"].items()}
     lengths = {"sd3": {"clip_l": 77, "clip_g": 77, "t5": SD3_T5_MAX}, "qwen_image": {"qwen": QWEN_DROP + QWEN_MAX},
-               "wan": {"umt5": WAN_MAX}, "flux": {"clip_l": 77, "t5": t5_length}}[family]
+               "wan": {"umt5": WAN_MAX}, "flux": {"clip_l": 77, "t5": t5_length},
+               "flux2": {"qwen3": FLUX2_MAX}}[family]
     out = {}
     for n, L in lengths.items():
         ids = torch.full((2, L), pad_id + 1, dtype=torch.long)

@@ -162,6 +162,45 @@ inline std::vector<Case> flux_cases(int tiny_rounds, int big_rounds) {
            1}};
 }
 
+inline json::object flux2_config(int64_t layers, int64_t single_layers, int64_t heads, int64_t head_dim,
+                                 int64_t joint_dim, json::array axes) {
+  return {{"_class_name", "Flux2Transformer2DModel"},
+          {"patch_size", 1},
+          {"in_channels", 16},
+          {"out_channels", 16},
+          {"num_layers", layers},
+          {"num_single_layers", single_layers},
+          {"attention_head_dim", head_dim},
+          {"num_attention_heads", heads},
+          {"joint_attention_dim", joint_dim},
+          {"timestep_guidance_channels", 256},
+          {"mlp_ratio", 3.0},
+          {"axes_dims_rope", std::move(axes)},
+          {"rope_theta", 2000},
+          {"eps", 1e-6},
+          {"guidance_embeds", false}};
+}
+
+// The flux2 `tiny` preset, and ~78M parameters: FLUX.2 [klein]'s structure
+// (double then single-stream blocks, shared modulation, SwiGLU) at width 768
+// (6 heads x 128, RoPE axes 32 x 4) with 2 double and 4 single blocks, text
+// width 7680 (klein 4B's), a 32 x 32 VAE grid (256 packed tokens).
+inline std::vector<Case> flux2_cases(int tiny_rounds, int big_rounds) {
+  const json::object tiny = flux2_config(2, 2, 4, 16, 32, {4, 4, 4, 4});
+  return {{"flux2", "tiny", tiny, 1, {1, 8, 8}, 16, 8, 10, tiny_rounds, 10},
+          {"flux2", "tiny", tiny, 2, {1, 16, 16}, 64, 8, 10, tiny_rounds, 10},
+          {"flux2",
+           "flux2-78m",
+           flux2_config(2, 4, 6, 128, 7680, {32, 32, 32, 32}),
+           2,
+           {1, 32, 32},
+           256,
+           128,
+           3,
+           big_rounds,
+           1}};
+}
+
 struct FamilyBench {
   std::vector<Case> (*cases)(int tiny_rounds, int big_rounds);
   // Conditioning tensors whose first per-prompt dimension is the text length.
@@ -173,6 +212,7 @@ inline const std::map<std::string, FamilyBench> kFamilies = {
     {"wan", {wan_cases, {"encoder_hidden_states"}}},
     {"qwen_image", {qwen_image_cases, {"encoder_hidden_states", "encoder_hidden_states_mask"}}},
     {"flux", {flux_cases, {"encoder_hidden_states"}}},
+    {"flux2", {flux2_cases, {"encoder_hidden_states"}}},
 };
 
 inline std::shared_ptr<models::Family> make_family(

@@ -2,7 +2,7 @@
 
 The model is diffusers' own transformer class for the family
 (SD3Transformer2DModel, WanTransformer3DModel, QwenImageTransformer2DModel,
-FluxTransformer2DModel),
+FluxTransformer2DModel, Flux2Transformer2DModel),
 built with `from_config` from the same config.json ditrl reads and loaded
 with load_state_dict(strict=True) from the same safetensors file (ditrl's
 parameter names are diffusers' checkpoint names). It runs in PyTorch eager with
@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from peer_common import serve  # noqa: E402
 
 CLASSES = {"sd3": "SD3Transformer2DModel", "wan": "WanTransformer3DModel", "qwen_image": "QwenImageTransformer2DModel",
-           "flux": "FluxTransformer2DModel"}
+           "flux": "FluxTransformer2DModel", "flux2": "Flux2Transformer2DModel"}
 
 
 def sd3_velocity(model, inputs):
@@ -79,7 +79,23 @@ def flux_velocity(model, inputs):
     return out.view(b, h, w, -1, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, -1, height, width)
 
 
-VELOCITY = {"sd3": sd3_velocity, "wan": wan_velocity, "qwen_image": qwen_image_velocity, "flux": flux_velocity}
+def flux2_velocity(model, inputs):
+    """ditrl's flux2 noise_pred: the patchified latents (B, C, h, w), the sigmas; packs them row-major and
+    passes the int64 ids as Flux2KleinPipeline does (no guidance embedding in these configs)."""
+    latents = inputs["latents"]
+    b, ch, h, w = latents.shape
+    text_len = inputs["cond.encoder_hidden_states"].shape[1]
+    zero = torch.arange(1)
+    img_ids = torch.cartesian_prod(zero, torch.arange(h), torch.arange(w), zero).unsqueeze(0).expand(b, -1, -1)
+    txt_ids = torch.cartesian_prod(zero, zero, zero, torch.arange(text_len)).unsqueeze(0).expand(b, -1, -1)
+    out = model(hidden_states=latents.reshape(b, ch, h * w).permute(0, 2, 1),
+                encoder_hidden_states=inputs["cond.encoder_hidden_states"], timestep=inputs["sigmas"],
+                img_ids=img_ids, txt_ids=txt_ids).sample
+    return out.permute(0, 2, 1).reshape(b, ch, h, w)
+
+
+VELOCITY = {"sd3": sd3_velocity, "wan": wan_velocity, "qwen_image": qwen_image_velocity, "flux": flux_velocity,
+            "flux2": flux2_velocity}
 
 
 def build(family, config_path, weights_path):

@@ -347,7 +347,13 @@ void write_configs(std::ostream& md) {
      << "  double + 2 single blocks, 4 heads x 16, RoPE axes 4/6/6, text 32, pooled 24); `flux-75m` = D = 768 (6 "
         "heads\n"
      << "  x 128, axes 16/56/56), 2 double + 3 single blocks, T5 width 4096, pooled 768, latent 16 x 32 x 32 packed\n"
-     << "  2x2 with the pipeline's img_ids / txt_ids on both sides.\n";
+     << "  2x2 with the pipeline's img_ids / txt_ids on both sides.\n"
+     << "- flux2 (Flux2Transformer2DModel): `tiny` = the flux2 `tiny` preset (2 double + 2 single blocks, 4 heads x "
+        "16,\n"
+     << "  RoPE axes 4 x 4, text 32); `flux2-78m` = FLUX.2 [klein] structure at D = 768 (6 heads x 128, axes 4 x "
+        "32),\n"
+     << "  2 double + 4 single blocks, text width 7680, latent 16 x 16 x 16 patchified (256 tokens), no guidance\n"
+     << "  embedding; both sides pack row-major and pass the pipeline's int64 ids.\n";
 }
 
 }  // namespace

@@ -159,8 +159,10 @@ std::vector<std::string> write_lora(const std::string& dir, const models::Family
   } else {
     written.push_back((fs::path(dir) / "pytorch_lora_weights.safetensors").string());
     models::write_lora_file(written.back(), models::LoraFormat::Diffusers, adapter, options);
-    written.push_back((fs::path(dir) / "comfyui_lora.safetensors").string());
-    models::write_comfyui_lora(written.back(), family.family_name(), adapter, options);
+    if (models::has_comfyui_lora_layout(family.family_name())) {
+      written.push_back((fs::path(dir) / "comfyui_lora.safetensors").string());
+      models::write_comfyui_lora(written.back(), family.family_name(), adapter, options);
+    }
   }
   return written;
 }

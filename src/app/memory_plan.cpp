@@ -30,7 +30,8 @@ int64_t numel(const std::vector<int64_t>& shape) {
 bool deck_uses_cfg(const config::Config& c, const models::Family& family) {
   const models::LatentGrid grid = latent_grid(c);
   const diffusion::Schedule schedule =
-      models::family_schedule(c.model.family, {c.rollout.steps, c.rollout.shift, grid.frames, grid.height, grid.width});
+      models::family_schedule(c.model.family, {c.rollout.steps, c.rollout.shift, grid.frames, grid.height,
+                                                grid.width, c.model.preset, c.model.config});
   const rollout::SamplerOptions sampler = sampler_options(c);
   for (int64_t i = 0; i < schedule.steps(); ++i)
     if (models::uses_cfg(family, sampler.guidance, schedule.timestep(i))) return true;

@@ -267,7 +267,8 @@ Run open_run(const config::Config& config, dist::Runtime& runtime, const std::st
 
   const models::LatentGrid grid = latent_grid(c);
   diffusion::Schedule schedule =
-      models::family_schedule(c.model.family, {c.rollout.steps, c.rollout.shift, grid.frames, grid.height, grid.width});
+      models::family_schedule(c.model.family, {c.rollout.steps, c.rollout.shift, grid.frames, grid.height,
+                                                grid.width, c.model.preset, c.model.config});
   const std::vector<int64_t> shape = run.family->latent_shape(1, grid);
   const std::vector<int64_t> latent_shape(shape.begin() + 1, shape.end());
 

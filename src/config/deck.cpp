@@ -71,8 +71,13 @@ void validate_deck(const Config& c, Diagnostics& diag, const SourceMap& sources)
     rollout.error("guidance_scale", "must be 1 with no negative prompt: LTX trains unguided");
   if (c.rollout.guidance_scale_2 && !(family && family->second_expert))
     rollout.error("guidance_scale_2", "is only used by Wan2.2's low-noise expert (family = \"wan\")");
-  if (c.rollout.true_cfg_scale && !(family && family->true_cfg))
-    rollout.error("true_cfg_scale", "is only used by Qwen-Image and FLUX (family = \"qwen_image\" or \"flux\")");
+  if (c.rollout.true_cfg_scale && !(family && family->true_cfg)) {
+    std::vector<std::string> true_cfg;
+    for (const models::FamilyTraits* f : models::family_registry())
+      if (f->true_cfg) true_cfg.emplace_back(f->name);
+    rollout.error("true_cfg_scale",
+                  fmt::format("is only used by the families with true CFG ({})", fmt::join(true_cfg, ", ")));
+  }
   if (!rl::algorithm_traits(c.train.loss).kl_term && c.train.kl_beta > 0)
     train.error("kl_beta", "applies to the Flow-GRPO loss only (loss = \"grpo\")");
   // Deterministic mode turns on LibTorch's deterministic algorithms, and LibTorch's SDPA dispatcher

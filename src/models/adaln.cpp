@@ -18,9 +18,9 @@ std::vector<at::Tensor> AdaLayerNormZero::forward(const at::Tensor& emb) const {
 }
 
 AdaLayerNormContinuous::AdaLayerNormContinuous(int64_t dim, int64_t cond_dim, double eps,
-                                               const at::TensorOptions& options)
+                                               const at::TensorOptions& options, bool bias)
     : eps_(eps) {
-  linear = register_module("linear", std::make_shared<Linear>(cond_dim, 2 * dim, true, options));
+  linear = register_module("linear", std::make_shared<Linear>(cond_dim, 2 * dim, bias, options));
 }
 
 at::Tensor AdaLayerNormContinuous::forward(const at::Tensor& x, const at::Tensor& cond) const {

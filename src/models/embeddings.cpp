@@ -25,10 +25,11 @@ at::Tensor activate(const at::Tensor& x, Activation act) {
   return act == Activation::SiLU ? at::silu(x) : at::gelu(x, "tanh");
 }
 
-MLPEmbedding::MLPEmbedding(int64_t in, int64_t dim, int64_t out, Activation act, const at::TensorOptions& options)
+MLPEmbedding::MLPEmbedding(int64_t in, int64_t dim, int64_t out, Activation act, const at::TensorOptions& options,
+                           bool bias)
     : act_(act) {
-  linear_1 = register_module("linear_1", std::make_shared<Linear>(in, dim, true, options));
-  linear_2 = register_module("linear_2", std::make_shared<Linear>(dim, out, true, options));
+  linear_1 = register_module("linear_1", std::make_shared<Linear>(in, dim, bias, options));
+  linear_2 = register_module("linear_2", std::make_shared<Linear>(dim, out, bias, options));
 }
 
 PatchProjection::PatchProjection(int64_t in_channels, int64_t dim, const std::vector<int64_t>& patch,

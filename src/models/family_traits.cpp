@@ -2,6 +2,7 @@
 #include <ditrl/error.hpp>
 #include <ditrl/models/family_traits.hpp>
 #include <ditrl/models/flux/flux.hpp>
+#include <ditrl/models/flux2/flux2.hpp>
 #include <ditrl/models/ltx/ltx.hpp>
 #include <ditrl/models/qwen_image/qwen_image.hpp>
 #include <ditrl/models/sd3/sd3.hpp>
@@ -15,7 +16,7 @@ namespace ditrl::models {
 
 const std::vector<const FamilyTraits*>& family_registry() {
   static const std::vector<const FamilyTraits*> families = {&kSd3Traits, &kWanTraits, &kLtxTraits, &kQwenImageTraits,
-                                                            &kFluxTraits};
+                                                            &kFluxTraits, &kFlux2Traits};
   return families;
 }
 

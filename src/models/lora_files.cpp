@@ -342,10 +342,14 @@ void write_lora_file(const std::string& path, LoraFormat format, const LoraAdapt
   }
 }
 
+bool has_comfyui_lora_layout(const std::string& family) {
+  return family == "sd3" || family == "wan" || family == "qwen_image" || family == "flux";
+}
+
 void write_comfyui_lora(const std::string& path, const std::string& family, const LoraAdapter& adapter,
                         const LoraFileOptions& options) {
   adapter.validate("LoRA adapter for " + path);
-  if (family != "sd3" && family != "wan" && family != "qwen_image" && family != "flux")
+  if (!has_comfyui_lora_layout(family))
     fail("{}: no ComfyUI LoRA layout for family '{}' (sd3, wan, qwen_image, flux; LTX-2's is ltx_lora.safetensors)",
          path, family);
   const bool diffusers_names = family == "sd3" || family == "flux";

@@ -172,6 +172,9 @@ DITRL_PARITY_FAMILY("ltx", "../../standards/proxy_ltx23_grpo.toml", "patchify_pr
 DITRL_PARITY_FAMILY("qwen_image", "../../standards/proxy_qwen_image_grpo.toml", "img_in/out0", 44, 2, ".attn/out0",
                     false)
 DITRL_PARITY_FAMILY("flux", "../../standards/proxy_flux1_grpo.toml", "x_embedder/out0", 50, 2, ".attn/out0", false)
+// FLUX.2 records 1000 sigma in the hidden dtype first: a bf16 run departs there.
+DITRL_PARITY_FAMILY("flux2", "../../standards/proxy_flux2_klein_grpo.toml", "time_guidance_embed/in0", 30, 1,
+                    ".attn/out0", false)
 
 TEST_CASE("align: bad arguments and files are named", "[e2e][parity]") {
   const std::string dir = test::fresh_output_dir("parity_align_errors");

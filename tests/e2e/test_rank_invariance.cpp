@@ -108,6 +108,10 @@ TEST_CASE("ranks: proxy_flux1_grpo at 1 2 4 ranks is bitwise equal", "[e2e][rank
   check_rollout_train_parity(check_rank_counts("flux1_grpo", "tests/standards/proxy_flux1_grpo.toml", 2));
 }
 
+TEST_CASE("ranks: proxy_flux2_klein_grpo at 1 2 4 ranks is bitwise equal", "[e2e][ranks]") {
+  check_rollout_train_parity(check_rank_counts("flux2_klein_grpo", "tests/standards/proxy_flux2_klein_grpo.toml", 2));
+}
+
 TEST_CASE("ranks: proxy_wan22_grpo at 1 2 4 ranks is bitwise equal", "[e2e][ranks]") {
   check_rollout_train_parity(check_rank_counts("wan22_grpo", "tests/standards/proxy_wan22_grpo.toml", 2));
 }

@@ -121,6 +121,10 @@ TEST_CASE("recipes: FLUX.1 LoRA SFT proxy reproduces its standard", "[e2e][stand
   check_standard("proxy_flux1_sft");
 }
 
+TEST_CASE("recipes: FLUX.2 [klein] Flow-GRPO proxy reproduces its standard", "[e2e][standard][recipe]") {
+  check_standard("proxy_flux2_klein_grpo");
+}
+
 TEST_CASE("recipes: Wan2.2 two-expert Flow-GRPO proxy reproduces its standard", "[e2e][standard][recipe]") {
   check_standard("proxy_wan22_grpo");
 }

@@ -55,6 +55,7 @@ TEST_CASE("gpu: every family reproduces its rollout forward bit for bit with eac
       {"ltx", test::e2e_deck("../../standards/proxy_ltx23_grpo.toml")},
       {"qwen_image", test::e2e_deck("../../standards/proxy_qwen_image_grpo.toml")},
       {"flux", test::e2e_deck("../../standards/proxy_flux1_grpo.toml")},
+      {"flux2", test::e2e_deck("../../standards/proxy_flux2_klein_grpo.toml")},
   };
   for (const FamilyDeck& f : families) {
     for (const std::string backend : {"math", "flash", "efficient", "cudnn"}) {

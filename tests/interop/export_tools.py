@@ -9,6 +9,7 @@ downloaded) stand in for the pipeline folders. Per family:
      score (the diffusers VAE decode, the tool's preprocessing, CLIPModel's features) on the
      rollout's final latents;
   3. `ditrl train` runs on the encoded prompts with that reward.
+flux2 (FLUX.2 [klein]'s Qwen3 text path) runs step 1 only: export_reward.py has no FLUX.2 VAE yet.
 Prints one line per check with the measured max abs difference; exits non-zero on any failure.
 
 Usage: export_tools.py DITRL MPIEXEC OUT_DIR SOURCE_DIR [family ...]
@@ -29,7 +30,7 @@ warnings.filterwarnings("ignore")
 torch.set_num_threads(1)
 
 DITRL, MPIEXEC, OUT, SOURCE = sys.argv[1:5]
-FAMILIES = sys.argv[5:] or ["sd3", "wan", "qwen_image", "flux"]
+FAMILIES = sys.argv[5:] or ["sd3", "wan", "qwen_image", "flux", "flux2"]
 sys.path.insert(0, os.path.join(SOURCE, "tools"))
 sys.path.insert(0, os.path.join(SOURCE, "tests", "interop"))
 import export_reward  # noqa: E402
@@ -81,6 +82,9 @@ def pipeline(family, folder):
                                       text_encoder=load(tf.CLIPTextModel, "text_encoder"), tokenizer=tok("tokenizer"),
                                       text_encoder_2=load(tf.T5EncoderModel, "text_encoder_2"),
                                       tokenizer_2=tok("tokenizer_2"))
+    if family == "flux2":
+        return diffusers.Flux2KleinPipeline(scheduler=sched, vae=None, tokenizer=tok("tokenizer"), transformer=None,
+                                            text_encoder=load(tf.Qwen3ForCausalLM, "text_encoder"))
     return diffusers.QwenImagePipeline(scheduler=sched, vae=None, tokenizer=tok("tokenizer"), transformer=None,
                                        text_encoder=load(tf.Qwen2_5_VLForConditionalGeneration, "text_encoder"))
 
@@ -100,6 +104,10 @@ def pipeline_embeddings(family, pipe):
             embeds, pooled, _ = pipe.encode_prompt(PROMPTS, PROMPTS,
                                                    max_sequence_length=export_text_encoder.FLUX_T5_MAX)
             return {"encoder_hidden_states": embeds, "pooled_projections": pooled}
+        if family == "flux2":
+            embeds, _ = pipe.encode_prompt(PROMPTS, max_sequence_length=export_text_encoder.FLUX2_MAX,
+                                           text_encoder_out_layers=export_text_encoder.FLUX2_LAYERS)
+            return {"encoder_hidden_states": embeds}
         embeds, mask = pipe.encode_prompt(PROMPTS, max_sequence_length=export_text_encoder.QWEN_MAX)
         # The pipeline pads to the batch's longest prompt; ditrl's datasets to the fixed 512.
         pad = export_text_encoder.QWEN_MAX - embeds.shape[1]
@@ -218,6 +226,8 @@ def main():
             check(f"{family}: encode-prompts {name} vs the diffusers pipeline's encode_prompt",
                   ok and diff <= 1e-5 * scale,
                   f"shape {None if got is None else list(got.shape)}, max |value| {scale:.3g}, max diff {diff:.3e}")
+        if family == "flux2":
+            continue
 
         reward = os.path.join(work, "reward.pt")
         size, frames = 32, 2

@@ -40,7 +40,7 @@ torch.manual_seed(0)
 torch.set_num_threads(1)
 
 DITRL, MPIEXEC, OUT, SOURCE = sys.argv[1:5]
-FAMILIES = sys.argv[5:] or ["sd3", "wan", "qwen_image", "ltx", "flux"]
+FAMILIES = sys.argv[5:] or ["sd3", "wan", "qwen_image", "ltx", "flux", "flux2"]
 FIXTURES = os.path.join(SOURCE, "tests", "fixtures")
 failures = []
 
@@ -75,14 +75,16 @@ def lora_targets(family):
     # What the PEFT/diffusers-made adapter of step 3 adapts (suffix names, as PEFT matches them).
     return {"sd3": ["to_q", "to_k", "to_v", "add_q_proj"], "wan": ["to_q", "to_v", "ffn.net.0.proj"],
             "qwen_image": ["to_q", "to_k", "add_v_proj"], "ltx": ["to_q", "to_k", "to_v"],
-            "flux": ["to_q", "add_v_proj", "proj_mlp"]}[family]
+            "flux": ["to_q", "add_v_proj", "proj_mlp"],
+            "flux2": ["to_q", "add_k_proj", "ff.linear_in", "to_qkv_mlp_proj"]}[family]
 
 
 def diffusers_model(family, state_dict):
     import diffusers
     config = json.load(open(os.path.join(FIXTURES, family, "config.json")))
     cls = {"sd3": diffusers.SD3Transformer2DModel, "wan": diffusers.WanTransformer3DModel,
-           "qwen_image": diffusers.QwenImageTransformer2DModel, "flux": diffusers.FluxTransformer2DModel}[family]
+           "qwen_image": diffusers.QwenImageTransformer2DModel, "flux": diffusers.FluxTransformer2DModel,
+           "flux2": diffusers.Flux2Transformer2DModel}[family]
     model = cls.from_config(config)
     model.load_state_dict(state_dict, strict=True)
     return model.eval()
@@ -101,6 +103,9 @@ def pipeline(family, transformer):
     if family == "flux":
         return diffusers.FluxPipeline(scheduler=sched, vae=None, text_encoder=None, tokenizer=None, text_encoder_2=None,
                                       tokenizer_2=None, transformer=transformer)
+    if family == "flux2":
+        return diffusers.Flux2Pipeline(scheduler=sched, vae=None, text_encoder=None, tokenizer=None,
+                                       transformer=transformer)
     return diffusers.QwenImagePipeline(scheduler=sched, vae=None, text_encoder=None, tokenizer=None,
                                        transformer=transformer)
 
@@ -121,6 +126,10 @@ def reference_forward(family, model, inputs):
         if family == "flux":
             return model(**{k: inputs[k] for k in ("hidden_states", "encoder_hidden_states", "pooled_projections",
                                                    "timestep", "img_ids", "txt_ids", "guidance")}, return_dict=False)[0]
+        if family == "flux2":
+            return model(hidden_states=inputs["hidden_states"], encoder_hidden_states=inputs["encoder_hidden_states"],
+                         timestep=inputs["timestep"], img_ids=inputs["img_ids"], txt_ids=inputs["txt_ids"],
+                         guidance=inputs.get("guidance"), return_dict=False)[0]
         shapes = inputs["img_shapes"]
         return model(hidden_states=inputs["hidden_states"], encoder_hidden_states=inputs["encoder_hidden_states"],
                      encoder_hidden_states_mask=inputs["encoder_hidden_states_mask"], timestep=inputs["timestep"],
@@ -144,6 +153,8 @@ DECK_BODY = {
     "qwen_image": "[rollout]\nsteps = 4\nsde_steps = 2\nwindow = [0, 4]\nheight = 8\nwidth = 8\n"
                   "guidance_scale = 1.0\n",
     "flux": "[rollout]\nsteps = 4\nsde_steps = 2\nwindow = [0, 4]\nheight = 8\nwidth = 8\nguidance_scale = 3.5\n",
+    "flux2": "[rollout]\nsteps = 4\nsde_steps = 2\nwindow = [0, 4]\nheight = 8\nwidth = 8\n"
+             "guidance_scale = 1.0\n",
     "ltx": "[rollout]\nsteps = 4\nsde = \"cps\"\nsde_steps = 2\nwindow = [0, 4]\nframes = 2\nheight = 4\nwidth = 4\n"
            "guidance_scale = 1.0\n",
 }
@@ -274,7 +285,12 @@ def diffusers_family(family, work):
     merged_model = type(transformer).from_pretrained(os.path.join(export, "merged")).eval()
     compare(f"{family}: from_pretrained(export/merged) forward", ours, reference_forward(family, merged_model, inputs))
 
-    comfyui_file(family, export, state, inputs, ours, base_out, work)
+    if family == "flux2":
+        # No ComfyUI layout for FLUX.2 yet (models::has_comfyui_lora_layout): the export holds none.
+        check(f"{family}: export writes no comfyui_lora.safetensors",
+              not os.path.exists(os.path.join(export, "comfyui_lora.safetensors")), "PEFT and diffusers files only")
+    else:
+        comfyui_file(family, export, state, inputs, ours, base_out, work)
 
     # 3: a LoRA made by PEFT on the reference model, saved by diffusers and by PEFT.
     made = diffusers_model(family, state)

@@ -5,6 +5,8 @@
   <out>/wan/        text_encoder (UMT5), tokenizer, vae (AutoencoderKLWan)
   <out>/qwen_image/ text_encoder (Qwen2.5-VL), tokenizer, vae (AutoencoderKLQwenImage)
   <out>/flux/       text_encoder (CLIP-L, CLIPTextModel), text_encoder_2 (T5), tokenizer{,_2}, vae (AutoencoderKL)
+  <out>/flux2/      text_encoder (Qwen3, 28 layers: FLUX.2 [klein] reads layers 9, 18, 27), tokenizer
+                    with a Qwen3-style chat template (no VAE: the FLUX.2 reward is not exported yet)
   <out>/pickscore/  CLIPModel (the PickScore architecture);  <out>/processor/  its CLIPProcessor
   <out>/<family>/ditrl_config.json   the DiT config ditrl builds (text widths matching the encoders)
 
@@ -144,6 +146,28 @@ def flux(out):
             "num_layers": 1, "num_single_layers": 1, "attention_head_dim": 16, "num_attention_heads": 2,
             "joint_attention_dim": 48, "pooled_projection_dim": 16, "guidance_embeds": True,
             "axes_dims_rope": [4, 6, 6]}
+# Qwen3's chat template as the FLUX.2 [klein] pipeline calls it (enable_thinking=False adds an empty
+# think block to the generation prompt).
+QWEN3_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% endif %}")
+
+
+def flux2(out):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    config = Qwen3Config(vocab_size=100, hidden_size=16, intermediate_size=32, num_hidden_layers=28,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=8, max_position_embeddings=1024,
+                         pad_token_id=0, bos_token_id=2, eos_token_id=3)
+    seeded(Qwen3ForCausalLM(config), 10).save_pretrained(os.path.join(out, "text_encoder"))
+    tok = tokenizer(1024, bos=False)
+    tok.chat_template = QWEN3_CHAT_TEMPLATE
+    tok.save_pretrained(os.path.join(out, "tokenizer"))
+    # The DiT: text width = 3 stacked Qwen3 layers x 16.
+    return {"_class_name": "Flux2Transformer2DModel", "patch_size": 1, "in_channels": 4 * LATENT_CHANNELS,
+            "out_channels": None, "num_layers": 1, "num_single_layers": 1, "attention_head_dim": 16,
+            "num_attention_heads": 2, "joint_attention_dim": 48, "timestep_guidance_channels": 32, "mlp_ratio": 3.0,
+            "axes_dims_rope": [4, 4, 4, 4], "rope_theta": 2000, "eps": 1e-6, "guidance_embeds": False}
 
 
 def pickscore(out):
@@ -161,7 +185,7 @@ def pickscore(out):
 
 def main(out, families):
     torch.manual_seed(0)
-    builders = {"sd3": sd3, "wan": wan, "qwen_image": qwen_image, "flux": flux}
+    builders = {"sd3": sd3, "wan": wan, "qwen_image": qwen_image, "flux": flux, "flux2": flux2}
     for family in families:
         folder = os.path.join(out, family)
         os.makedirs(folder, exist_ok=True)

@@ -33,7 +33,7 @@ import sys, torch
 sys.path.insert(0, sys.argv[1])
 import export_text_encoder, export_reward
 d = sys.argv[2]
-for f in ("sd3", "qwen_image", "wan", "flux"):
+for f in ("sd3", "qwen_image", "wan", "flux", "flux2"):
     export_text_encoder.main(["export", "--family", f, "--tiny", "--out", f"{d}/enc_{f}.pt"])
 with open(f"{d}/prompts.txt", "w") as p:
     p.write("a red cube\na cat\nsunset\n")
@@ -51,7 +51,8 @@ void write_prompts(const std::string& path, const std::string& family) {
       {"sd3", R"({"clip_l": [1, 2, 3, 4], "t5": [5, 6, 7, 8]})"},
       {"qwen_image", R"({"qwen": [1, 2, 3, 4, 5, 6, 7, 8]})"},
       {"wan", R"({"umt5": [9, 8, 7, 6, 5, 4, 3, 2]})"},
-      {"flux", R"({"clip_l": [1, 2, 3, 4], "t5": [8, 7, 6, 5, 4, 3, 2, 1]})"}};
+      {"flux", R"({"clip_l": [1, 2, 3, 4], "t5": [8, 7, 6, 5, 4, 3, 2, 1]})"},
+      {"flux2", R"({"qwen3": [3, 1, 4, 1, 5, 9, 2, 6]})"}};
   std::ofstream out(path);
   out << R"({"prompt": "a red cube", "tokens": )" << tokens.at(family) << "}\n"
       << R"({"prompt": "a cat", "tokens": )" << tokens.at(family) << "}\n";
@@ -87,7 +88,7 @@ TEST_CASE("export tools: tiny exported encoders and rewards load in ditrl with t
   INFO(made.output);
   REQUIRE(made.exit_code == 0);
 
-  for (const std::string family : {"sd3", "qwen_image", "wan", "flux"}) {
+  for (const std::string family : {"sd3", "qwen_image", "wan", "flux", "flux2"}) {
     INFO(family);
     const std::string jsonl = dir + "/" + family + ".jsonl", h5 = dir + "/" + family + ".h5";
     write_prompts(jsonl, family);

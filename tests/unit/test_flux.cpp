@@ -99,7 +99,7 @@ TEST_CASE("flux: ditrl forward takes diffusers' inputs and writes the reference'
   CHECK(fwd.exit_code == 0);
   CHECK(test::fp32_ulps_off(io::SafetensorsFile(dir + "/out.safetensors").get("output"),
                             load_reference_case(fixture_path("flux/case_0.safetensors")).stored.at("output")) <=
-        test::kFixtureFp32Ulps);
+        test::fixture_fp32_ulps("flux"));
   // Without `guidance` the guidance-distilled model refuses, naming the input.
   io::NamedTensors inputs;
   const ReferenceCase c = load_reference_case(fixture_path("flux/case_0.safetensors"));
@@ -177,4 +177,32 @@ TEST_CASE("flux: the schedule is FluxPipeline's linspace sigmas with calculate_s
   CHECK(diffusion::resolution_mu(1024, diffusion::ResolutionShift{256, 4096, 0.5, 1.15}) == Approx(0.63));
   p.height = 15;
   CHECK_THROWS_WITH(family_schedule("flux", p), Contains("must be even"));
+}
+
+TEST_CASE("flux: FLUX.1-schnell samples on the pipeline's linspace without the dynamic shift", "[models][flux]") {
+  // diffusers 0.42.1 FlowMatchEulerDiscreteScheduler with FLUX.1-schnell's
+  // config (use_dynamic_shifting = false, shift = 1.0),
+  // set_timesteps(sigmas=np.linspace(1, 1/4, 4), mu=0.7): the mu is ignored.
+  diffusion::SchedulePresetOptions p;
+  p.steps = 4;
+  p.height = 64;
+  p.width = 64;
+  const std::vector<float> sigmas = {1.0f, 0.75f, 0.5f, 0.25f, 0.0f};
+  for (const std::string preset : {"flux.1-schnell", "tiny-schnell"}) {
+    p.preset = preset;
+    const diffusion::Schedule s = family_schedule("flux", p);
+    for (size_t i = 0; i < sigmas.size(); ++i) CHECK(s.sigma(static_cast<int64_t>(i)) == sigmas[i]);
+    CHECK(s.timestep(1) == 750.0f);
+  }
+  // A config.json without the guidance embedder is schnell too; dev's is shifted (the negative control).
+  const std::string dir = test::fresh_output_dir("flux_schnell_schedule");
+  const auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir + "/" + name) << text;
+    return dir + "/" + name;
+  };
+  p.preset = "tiny";
+  p.config_json = write("schnell.json", FluxConfig::preset("tiny-schnell").to_json());
+  CHECK(family_schedule("flux", p).sigma(1) == 0.75f);
+  p.config_json = write("dev.json", FluxConfig::preset("tiny").to_json());
+  CHECK(family_schedule("flux", p).sigma(1) == 0.8492348194122314f);
 }

@@ -83,7 +83,7 @@ class ListTap : public Tap {
 };
 
 // fp32 parity of every case of a fixture family: every output and stored
-// intermediate within kFixtureFp32Ulps, nothing recorded but the stored
+// intermediate within fixture_fp32_ulps, nothing recorded but the stored
 // intermediates and parity dump points.
 void check_fp32_cases(const std::string& family, const std::vector<std::string>& cases) {
   auto model = fixture_model(family, fixture_config(family));
@@ -97,7 +97,7 @@ void check_fp32_cases(const std::string& family, const std::vector<std::string>&
       INFO(key);
       CHECK((expected.count(key) == 1 || is_dump_point(key)));
     }
-    test::check_fp32_tensors(family + "/" + name, out, c.stored, test::kFixtureFp32Ulps);
+    test::check_fp32_tensors(family + "/" + name, out, c.stored, test::fixture_fp32_ulps(family));
   }
 }
 
@@ -451,7 +451,7 @@ TEST_CASE("ltx: noise_pred reads sigma / builds positions from the grid / round-
   // shape and so its blocking: measured 6 fp32 ulps of the output's max with
   // MKL's Intel code paths (bound 12), 15 on an AMD EPYC (2026-12-02), where
   // the fixture bound for that CPU comes on top.
-  CHECK(test::fp32_ulps_off(v, c.stored.at("output.video")) <= 12 + test::kFixtureFp32Ulps);
+  CHECK(test::fp32_ulps_off(v, c.stored.at("output.video")) <= 12 + test::fixture_fp32_ulps("ltx"));
   // The timesteps array is never read; a different sigma is a different velocity.
   CHECK(at::equal(v, family->noise_pred(x, at::full({1}, NAN), sigma, cond, {})));
   CHECK_FALSE(at::equal(v, family->noise_pred(x, sigma * 1000, sigma * 0.999f, cond, {})));

@@ -88,7 +88,7 @@ TEST_CASE("qwen_image: ditrl forward on the fixture case writes the reference's 
   CHECK(fwd.exit_code == 0);
   CHECK(test::fp32_ulps_off(io::SafetensorsFile(out).get("output"),
                             load_reference_case(fixture_path("qwen_image/case_1.safetensors")).stored.at("output")) <=
-        test::kFixtureFp32Ulps);
+        test::fixture_fp32_ulps("qwen_image"));
 }
 
 TEST_CASE("qwen_image: noise_pred on unpacked latents equals the packed reference forward", "[models][qwen_image]") {

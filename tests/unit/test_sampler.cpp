@@ -24,7 +24,7 @@ Setup make_setup(int64_t samples) {
   options.family = "sd3";
   options.init_seed = 3;
   s.family = models::create_family(options);
-  s.schedule = models::family_schedule("sd3", {6, std::nullopt, 1, 8, 8});
+  s.schedule = models::family_schedule("sd3", {6, std::nullopt, 1, 8, 8, "tiny", ""});
   s.steps = rl::sde_window(6, 2, 0, 6, 11);
   auto prompts = rollout::synthetic_prompts(s.family->cond_spec(), 5, 0);
   std::vector<int64_t> ids;

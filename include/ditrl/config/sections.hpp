@@ -271,10 +271,14 @@ struct RolloutSection {
     v("noise_level", noise_level,
       "the SDE's noise scale (eta); for \"cps\" the noise angle in units of pi/2, in (0, 1]", Between{0, 10});
     v("guidance_scale", guidance_scale,
-      "classifier-free guidance scale (1 = unguided); Wan2.2 A14B: the high-noise expert's", Between{0, 100});
+      "classifier-free guidance scale (1 = unguided); Wan2.2 A14B: the high-noise expert's; FLUX.2-dev: the scale its "
+      "guidance embedding takes (no CFG)",
+      Between{0, 100});
     v("guidance_scale_2", guidance_scale_2, "Wan2.2 A14B: the low-noise expert's guidance scale", Between{0, 100});
     v("true_cfg_scale", true_cfg_scale,
-      "Qwen-Image's true CFG scale (> 1: guided, rescaled to the positive prediction's norm)", Between{0, 100});
+      "true CFG scale (> 1: guided); Qwen-Image: rescaled to the positive prediction's norm; FLUX.2-dev: plain CFG "
+      "beside the embedded guidance_scale",
+      Between{0, 100});
     v("negative_prompt", negative_prompt,
       "declares a negative prompt (guided runs take the prompt data's negative embedding either way); LTX refuses "
       "it");

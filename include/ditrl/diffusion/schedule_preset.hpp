@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 
 namespace ditrl::diffusion {
 
@@ -21,6 +22,11 @@ struct SchedulePresetOptions {
   int64_t frames = 1;
   int64_t height = 16;
   int64_t width = 16;
+  // The model as the deck names it (model.preset, or model.config's path when
+  // set), for a family whose released models sample differently: FLUX.1-schnell's
+  // pipeline has no dynamic shift.
+  std::string preset = "tiny";
+  std::string config_json;
 };
 
 }  // namespace ditrl::diffusion

@@ -34,7 +34,7 @@ class AdaLayerNormZero : public torch::nn::Module {
 // (scale, shift) = chunk2(linear(SiLU(cond).to(x.dtype))); LN(x)*(1+scale)+shift.
 class AdaLayerNormContinuous : public torch::nn::Module {
  public:
-  AdaLayerNormContinuous(int64_t dim, int64_t cond_dim, double eps, const at::TensorOptions& options);
+  AdaLayerNormContinuous(int64_t dim, int64_t cond_dim, double eps, const at::TensorOptions& options, bool bias = true);
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cond) const;
 
   std::shared_ptr<Linear> linear;

@@ -34,10 +34,12 @@ enum class Activation { SiLU, GeluTanh };
 at::Tensor activate(const at::Tensor& x, Activation act);
 
 // linear_1 (in -> dim), activation, linear_2 (dim -> out). diffusers'
-// TimestepEmbedding (SiLU) and PixArtAlphaTextProjection (SiLU or GELU-tanh).
+// TimestepEmbedding (SiLU) and PixArtAlphaTextProjection (SiLU or GELU-tanh);
+// FLUX.2's linears have no bias.
 class MLPEmbedding : public torch::nn::Module {
  public:
-  MLPEmbedding(int64_t in, int64_t dim, int64_t out, Activation act, const at::TensorOptions& options);
+  MLPEmbedding(int64_t in, int64_t dim, int64_t out, Activation act, const at::TensorOptions& options,
+               bool bias = true);
   at::Tensor forward(const at::Tensor& x) const { return linear_2->forward(activate(linear_1->forward(x), act_)); }
 
   std::shared_ptr<Linear> linear_1, linear_2;

@@ -68,6 +68,9 @@ void write_lora_file(const std::string& path, LoraFormat format, const LoraAdapt
 // naming it.
 void write_comfyui_lora(const std::string& path, const std::string& family, const LoraAdapter& adapter,
                         const LoraFileOptions& options);
+// Whether write_comfyui_lora has a layout for `family`. FLUX.2 has none yet
+// (ComfyUI's key map for it is unchecked), so its exports carry no ComfyUI file.
+bool has_comfyui_lora_layout(const std::string& family);
 
 // What adapter_config.json may say of base weights at `path`: the Hugging
 // Face repo id when the path lies in a hub cache

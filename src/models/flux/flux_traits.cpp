@@ -12,17 +12,23 @@ namespace {
 // base_image_seq_len 256, max_image_seq_len 4096, base_shift 0.5, max_shift
 // 1.15, exponential time shift, no terminal stretch): sigmas =
 // linspace(1, 1/n, n), shifted with mu = calculate_shift of the packed image
-// sequence length (H/2 * W/2 latent tokens). FLUX.1-schnell's config turns the
-// dynamic shift off (shift 1.0): a schnell deck sets [rollout] shift = 1.0.
+// sequence length (H/2 * W/2 latent tokens). FLUX.1-schnell's scheduler
+// config turns the dynamic shift off (shift 1.0), so its sigmas are the
+// linspace itself; schnell is the timestep-distilled model without a guidance
+// embedder, which is how a config.json shows it.
 diffusion::Schedule flux_schedule(const diffusion::SchedulePresetOptions& p) {
   if (p.height % 2 != 0 || p.width % 2 != 0)
     fail("flux schedule: the latent grid {}x{} must be even (2x2 packing)", p.height, p.width);
+  const FluxConfig model = p.config_json.empty()
+                               ? FluxConfig::preset(p.preset)
+                               : FluxConfig::from_json(json_config::read_file(p.config_json), p.config_json);
   diffusion::FlowMatchOptions o;
   o.steps = p.steps;
   const int64_t seq_len = (p.height / 2) * (p.width / 2);
-  o.dynamic =
-      diffusion::DynamicShift{diffusion::resolution_mu(seq_len, diffusion::ResolutionShift{256, 4096, 0.5, 1.15}),
-                              diffusion::TimeShiftType::Exponential};
+  if (model.guidance_embeds)
+    o.dynamic =
+        diffusion::DynamicShift{diffusion::resolution_mu(seq_len, diffusion::ResolutionShift{256, 4096, 0.5, 1.15}),
+                                diffusion::TimeShiftType::Exponential};
   o.sigmas = diffusion::numpy_linspace(1.0, 1.0 / static_cast<double>(p.steps), p.steps);
   return diffusion::flow_match_schedule(o);
 }
