@@ -270,15 +270,15 @@ else
 fi
 # The whole RL loop at real size (issue #52, benchmarks/gpu/loop.sh), one step per case so a cut budget loses one:
 # SD3.5-medium LoRA r32 (PickScore-architecture reward) beside flow_grpo's own loop on the same GPU, Qwen-Image and
-# Wan2.1-1.3B LoRA, FLUX.1-dev LoRA; samples per GPU-second, the split, peak against `ditrl plan`. Sized to fit
+# Wan2.1-1.3B LoRA, FLUX.1-dev LoRA, FLUX.2 [klein] 4B LoRA; samples per GPU-second, the split, peak against `ditrl plan`. Sized to fit
 # (sd3 2 prompts x 8, Qwen and FLUX 8 samples, 1 round of 3 rollouts; the 8 x 8 of the issue is PROMPTS=8 by hand). Last and long: a first
 # call's --budget leaves them NOT RUN and the summary names the --only call that runs them on the warm machine.
 # flow_grpo's side needs FLOW_GRPO = a checkout carried into the tree (the device machine reaches no network);
 # without it the report says SKIPPED. Without a GPU, CTest's bench.loop_tiny runs the tiny CPU size.
-for case in sd3 qwen_image wan flux; do
+for case in sd3 qwen_image wan flux flux2; do
   if ((GPUS > 0)); then
     step "loop_$case" 300 env PYTHON="$PY" PROMPTS="${PROMPTS:-2}" GROUP="${GROUP:-8}" QWEN_SAMPLES="${QWEN_SAMPLES:-8}" \
-      FLUX_SAMPLES="${FLUX_SAMPLES:-8}" \
+      FLUX_SAMPLES="${FLUX_SAMPLES:-8}" FLUX2_SAMPLES="${FLUX2_SAMPLES:-8}" \
       bash benchmarks/gpu/loop.sh --ditrl "$BUILD/ditrl" --out "$BUILD/loop/$case" --size real --device cuda \
       --cases "$case" --rounds "${LOOP_ROUNDS:-1}" --rollouts "${LOOP_ROLLOUTS:-3}" ${FLOW_GRPO:+--flow-grpo "$FLOW_GRPO"}
     cp "$BUILD/loop/$case/report.md" "$RESULTS/loop_$case.md" 2>/dev/null && sed 's/^/    /' "$RESULTS/loop_$case.md" >>"$SUMMARY"

@@ -6,7 +6,7 @@
 # the peak memory against `ditrl plan`; for sd3 the flow_grpo / ditrl ratio per round.
 #
 #   benchmarks/gpu/loop.sh --ditrl build/ditrl --out OUT [--size tiny|real] [--device cpu|cuda]
-#       [--cases sd3,qwen_image,wan,flux] [--rounds 2] [--rollouts 4] [--flow-grpo DIR]
+#       [--cases sd3,qwen_image,wan,flux,flux2] [--rounds 2] [--rollouts 4] [--flow-grpo DIR]
 #
 # --size tiny: the families' tiny presets with the loop's shape (CPU CI: bench.loop_tiny); real:
 #   sd3         SD3.5-medium (diffusers' SD3Transformer2DModel, seeded init, shared by both sides), LoRA r32
@@ -24,9 +24,12 @@
 #   flux        FLUX.1-dev (12B) LoRA r32 alpha 64 (ditrl's FLUX defaults), flow_grpo's pickscore_flux sampling:
 #               512 px, 6 steps, distilled guidance 3.5 (no CFG), noise 0.9, group FLUX_SAMPLES (24); an SDE
 #               window of 2 steps in [0, 5) (flow_grpo trains 5 of 6 steps); analytic reward; ditrl's seeded init
+#   flux2       FLUX.2 [klein] 4B LoRA r64 alpha 128 at inputs/flux2_klein_grpo.toml's sampling (Flow-Factory's):
+#               384 px, 8 steps, CFG 4 (klein has no guidance embedding), noise 0.7, SDE window of 2 steps in
+#               [1, 4), group FLUX2_SAMPLES (16); analytic reward; ditrl's seeded init
 # --flow-grpo: a flow_grpo checkout (github.com/yifan123/flow_grpo, never committed); without it the sd3
 #   flow_grpo side is reported SKIPPED with the reason. Environment: PYTHON (default the ditrl venv's),
-#   PROMPTS / GROUP (sd3's prompts per iteration and group size), QWEN_SAMPLES, WAN_SAMPLES, FLUX_SAMPLES, DITRL_SET: extra deck
+#   PROMPTS / GROUP (sd3's prompts per iteration and group size), QWEN_SAMPLES, WAN_SAMPLES, FLUX_SAMPLES, FLUX2_SAMPLES, DITRL_SET: extra deck
 #   settings for every ditrl run, blank-separated (e.g. "parallel.recompute=false precision.attention=flash").
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -224,6 +227,12 @@ case_family() {  # CASE
     else
       family_deck flux tiny 32 8 8 1 6 'guidance_scale = 3.5' 0.9 "[0, 5]" 8 fp32
     fi
+  elif [[ $case == flux2 ]]; then
+    if [[ $SIZE == real ]]; then
+      family_deck flux2 flux.2-klein-4b 64 48 48 1 8 'guidance_scale = 4.0' 0.7 "[1, 4]" "${FLUX2_SAMPLES:-16}" bf16
+    else
+      family_deck flux2 tiny 64 8 8 1 8 'guidance_scale = 4.0' 0.7 "[1, 4]" 8 fp32
+    fi
   elif [[ $case == qwen_image ]]; then
     if [[ $SIZE == real ]]; then
       family_deck qwen_image qwen-image 64 64 64 1 10 $'guidance_scale = 4.0\ntrue_cfg_scale = 4.0' 1.2 "[0, 5]" "${QWEN_SAMPLES:-16}" bf16
@@ -245,8 +254,8 @@ IFS=, read -ra cases <<<"$CASES"
 for c in "${cases[@]}"; do
   case $c in
     sd3) case_sd3 ;;
-    qwen_image | wan | flux) case_family "$c" ;;
-    *) echo "loop.sh: unknown case '$c' (sd3, qwen_image, wan, flux)"; exit 2 ;;
+    qwen_image | wan | flux | flux2) case_family "$c" ;;
+    *) echo "loop.sh: unknown case '$c' (sd3, qwen_image, wan, flux, flux2)"; exit 2 ;;
   esac
 done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$OUT/machine.txt"

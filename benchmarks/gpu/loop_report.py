@@ -184,7 +184,7 @@ def main():
     out = os.path.abspath(args.out)
     machine = open(os.path.join(out, "machine.txt")).read()
     device = "cuda" if "device: cuda" in machine else "cpu"
-    cases = [c for c in ("sd3", "qwen_image", "wan", "flux") if os.path.isdir(os.path.join(out, c))]
+    cases = [c for c in ("sd3", "qwen_image", "wan", "flux", "flux2") if os.path.isdir(os.path.join(out, c))]
     results = [report_case(out, c, device) for c in cases]
     print("# RL loop benchmark (benchmarks/gpu/loop.sh)\n\n```\n" + machine.strip() + "\n```\n")
     for res in results:
