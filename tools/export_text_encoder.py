@@ -11,7 +11,9 @@ on a machine that has the models (Hugging Face `transformers`, the checkpoint fo
        qwen_image  qwen [34 + 512]                          (Qwen2.5-VL tokenizer, chat template)
        wan         umt5 [512]                               (UMT5-XXL tokenizer)
        flux        clip_l [77], t5 [512]                    (CLIP-L, T5-XXL tokenizers; FLUX.1-schnell: --t5-length 256)
-       flux2       qwen3 [512]                              (FLUX.2 [klein]'s Qwen3 tokenizer, chat template)
+       flux2       qwen3 [512]     FLUX.2 [klein] (Qwen3 tokenizer, chat template)
+                   mistral3 [512]  FLUX.2-dev (Mistral-Small-3 processor, chat template with BFL's system message)
+                   chosen by the folder: text_encoder/config.json's model_type, "qwen3" or "mistral3"
   2. export: torch.jit.trace the family's text path into one TorchScript module
        forward(tokens: Dict[str, Tensor]) -> Dict[str, Tensor]
      whose outputs carry the family's conditioning names and shapes (ditrl checks them):
@@ -19,7 +21,8 @@ on a machine that has the models (Hugging Face `transformers`, the checkpoint fo
        qwen_image  encoder_hidden_states [B, 512, 3584], encoder_hidden_states_mask [B, 512] int64
        wan         encoder_hidden_states [B, 512, 4096]  (zero-padded past each prompt, no mask)
        flux        encoder_hidden_states [B, 512, 4096] (T5, no mask), pooled_projections [B, 768] (CLIP-L pooler)
-       flux2       encoder_hidden_states [B, 512, 3 x hidden]  (Qwen3 layers 9, 18, 27, padding kept, no mask)
+       flux2       encoder_hidden_states [B, 512, 3 x hidden]  (padding kept, no mask; [klein]: Qwen3 layers
+                   9, 18, 27; dev: Mistral layers 10, 20, 30)
      and a string attribute `identity` (model ids + this script's version) that
      `ditrl encode-prompts` writes into the dataset's attributes.
 
@@ -27,9 +30,10 @@ Then:  ditrl encode-prompts --encoder encoder.pt --prompts prompts.jsonl --out p
            --family sd3 --preset sd3.5-medium
 
 Status: tokenize and export run in ditrl's tests on the real transformers classes (CLIP-L/G
-with projection, T5, UMT5, Qwen2.5-VL) built from tiny configs with random weights and saved as
-pipeline folders (tests/interop/export_tools.py):
-the `ditrl encode-prompts` datasets equal the diffusers pipelines' own encode_prompt within 1e-7.
+with projection, T5, UMT5, Qwen2.5-VL, Qwen3, Mistral3) built from tiny configs with random
+weights and saved as pipeline folders (tests/interop/export_tools.py):
+the `ditrl encode-prompts` datasets equal the diffusers pipelines' own encode_prompt within 1e-7
+(FLUX.2's stacked decoder layers: within 3e-6 at values up to 3.7).
 The released checkpoints have NOT been run (the development machine has none). The trace uses a
 math attention (tools/torchscript_compat.py), so the module runs in ditrl's LibTorch 1.13 build.
 `export --tiny` builds a seeded stand-in with the tiny presets' shapes (tests/unit/test_export_tools.cpp).
@@ -40,7 +44,7 @@ Usage:
   export_text_encoder.py export --family sd3 --model MODEL_DIR --out encoder.pt [--dtype bf16]
   export_text_encoder.py export --family sd3 --tiny --out tiny_encoder.pt
 MODEL_DIR is the diffusers pipeline folder (e.g. stable-diffusion-3.5-medium/, Qwen-Image/,
-Wan2.2-T2V-A14B-Diffusers/) with its tokenizer*/ and text_encoder*/ subfolders.
+Wan2.2-T2V-A14B-Diffusers/, FLUX.2-dev/) with its tokenizer*/ and text_encoder*/ subfolders.
 """
 
 import argparse
@@ -69,10 +73,31 @@ FLUX_T5_MAX = 512  # FluxPipeline's max_sequence_length default (FLUX.1-dev)
 # the hidden states after these Qwen3 layers stacked along the features.
 FLUX2_MAX = 512
 FLUX2_LAYERS = (9, 18, 27)
+# FLUX.2-dev (diffusers pipeline_flux2.py): Mistral-Small-3's chat template over Black Forest Labs'
+# system message and the prompt (no generation prompt), padded to 512, and the hidden states after
+# these layers of Mistral3's language model.
+FLUX2_DEV_SYSTEM = ("You are an AI that reasons about image descriptions. You give structured responses focusing "
+                    "on object relationships, object\nattribution and actions without speculation.")
+FLUX2_DEV_LAYERS = (10, 20, 30)
+FLUX2_TEXT_LAYERS = {"qwen3": FLUX2_LAYERS, "mistral3": FLUX2_DEV_LAYERS}
 
 
 def fail(message: str) -> None:
     sys.exit(f"export_text_encoder.py: {message}")
+
+
+def flux2_text_encoder(model: str) -> str:
+    """"qwen3" (FLUX.2 [klein]) or "mistral3" (FLUX.2-dev): read from the pipeline folder, so that
+    tokenize and export of one folder always agree and no option can pick the wrong text path."""
+    path = f"{model}/text_encoder/config.json"
+    try:
+        with open(path, encoding="utf-8") as f:
+            model_type = json.load(f).get("model_type")
+    except (OSError, ValueError) as e:
+        fail(f"{path}: cannot read the FLUX.2 text encoder's config ({e})")
+    if model_type not in FLUX2_TEXT_LAYERS:
+        fail(f"{path}: model_type {model_type!r}, expected \"qwen3\" (FLUX.2 [klein]) or \"mistral3\" (FLUX.2-dev)")
+    return model_type
 
 
 # --------------------------------------------------------------------------- tokenize
@@ -91,15 +116,29 @@ def tokenizers_for(family: str, model: str, t5_length: int = FLUX_T5_MAX):
         return [("qwen", load("tokenizer"), QWEN_DROP + QWEN_MAX)]
     if family == "flux":
         return [("clip_l", load("tokenizer"), 77), ("t5", load("tokenizer_2"), t5_length)]
+    if family == "flux2" and flux2_text_encoder(model) == "mistral3":
+        # The pipeline tokenizes through the processor: its chat template renders typed content blocks.
+        from transformers import AutoProcessor
+        return [("mistral3", AutoProcessor.from_pretrained(f"{model}/tokenizer"), FLUX2_MAX)]
     if family == "flux2":
         return [("qwen3", load("tokenizer"), FLUX2_MAX)]
     return [("umt5", load("tokenizer"), WAN_MAX)]
 
 
-def token_ids(family: str, tokenizer, length: int, text: str) -> List[int]:
-    if family == "qwen_image":
+def token_ids(name: str, tokenizer, length: int, text: str) -> List[int]:
+    if name == "mistral3":
+        # Images are not passed, so an "[IMG]" in the prompt is dropped as the pipeline does.
+        chat = [{"role": "system", "content": [{"type": "text", "text": FLUX2_DEV_SYSTEM}]},
+                {"role": "user", "content": [{"type": "text", "text": text.replace("[IMG]", "")}]}]
+        ids = tokenizer.apply_chat_template([chat], add_generation_prompt=False, tokenize=True, return_dict=True,
+                                            padding="max_length", truncation=True, max_length=length)["input_ids"][0]
+        ids = [int(i) for i in ids]
+        if len(ids) != length:
+            fail(f"chat template gave {len(ids)} ids, expected {length}")
+        return ids
+    if name == "qwen":
         text = QWEN_TEMPLATE.format(text)
-    if family == "flux2":
+    if name == "qwen3":
         text = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
                                              add_generation_prompt=True, enable_thinking=False)
     ids = tokenizer(text, padding="max_length", max_length=length, truncation=True)["input_ids"]
@@ -117,7 +156,7 @@ def tokenize(args: argparse.Namespace) -> None:
     lines = [(p, False) for p in prompts] + ([(args.negative, True)] if args.negative is not None else [])
     with open(args.out, "w", encoding="utf-8") as out:
         for text, negative in lines:
-            row = {"prompt": text, "tokens": {n: token_ids(args.family, t, L, text) for n, t, L in toks}}
+            row = {"prompt": text, "tokens": {n: token_ids(n, t, L, text) for n, t, L in toks}}
             if negative:
                 row["negative"] = True
             out.write(json.dumps(row) + "\n")
@@ -191,18 +230,19 @@ class FluxText(torch.nn.Module):
 
 
 class Flux2Text(torch.nn.Module):
-    """FLUX.2 [klein] text path: Qwen3's hidden states after layers 9, 18 and 27 on the templated,
-    padded prompt (attention masked, padding positions kept), concatenated per token."""
+    """FLUX.2 text path: the hidden states after three layers of the decoder ([klein]: Qwen3 9, 18,
+    27; dev: Mistral 10, 20, 30) on the templated, padded prompt (attention masked, padding positions
+    kept), concatenated per token."""
 
-    def __init__(self, lm, pad_id: int):
+    def __init__(self, lm, name: str, pad_id: int):
         super().__init__()
-        self.lm, self.pad_id = lm, pad_id
+        self.lm, self.name, self.layers, self.pad_id = lm, name, FLUX2_TEXT_LAYERS[name], pad_id
 
     def forward(self, tokens: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-        ids = tokens["qwen3"]
+        ids = tokens[self.name]
         mask = (ids != self.pad_id).long()
         hidden = self.lm(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False).hidden_states
-        states = torch.stack([hidden[k] for k in FLUX2_LAYERS], dim=1)  # [B, 3, L, H]
+        states = torch.stack([hidden[k] for k in self.layers], dim=1)  # [B, 3, L, H]
         b, n, length, width = states.shape
         return {"encoder_hidden_states": states.permute(0, 2, 1, 3).reshape(b, length, n * width).float()}
 
@@ -224,13 +264,19 @@ def real_encoder(family: str, model: str, dtype: torch.dtype):
         return FluxText(tf.CLIPTextModel.from_pretrained(f"{model}/text_encoder", **kw),
                         tf.T5EncoderModel.from_pretrained(f"{model}/text_encoder_2", **kw)), \
             f"{model} (CLIP-L pooled, T5-XXL)", pad
+    name = flux2_text_encoder(model) if family == "flux2" else ""
     pad = tf.AutoTokenizer.from_pretrained(f"{model}/tokenizer").pad_token_id
     if family == "qwen_image":
         lm = tf.Qwen2_5_VLForConditionalGeneration.from_pretrained(f"{model}/text_encoder", **kw)
         return QwenText(lm, pad), f"{model} (Qwen2.5-VL text path)", pad
-    if family == "flux2":
+    if name == "mistral3":
+        # Only the language model runs: with no image the vision tower is unused, and the hidden
+        # states are those of the full model without its 131k-word LM head.
+        lm = tf.Mistral3ForConditionalGeneration.from_pretrained(f"{model}/text_encoder", **kw).model.language_model
+        return Flux2Text(lm, name, pad), f"{model} (Mistral3 layers {FLUX2_DEV_LAYERS})", pad
+    if name == "qwen3":
         lm = tf.Qwen3ForCausalLM.from_pretrained(f"{model}/text_encoder", **kw)
-        return Flux2Text(lm, pad), f"{model} (Qwen3 layers {FLUX2_LAYERS})", pad
+        return Flux2Text(lm, name, pad), f"{model} (Qwen3 layers {FLUX2_LAYERS})", pad
     umt5 = tf.UMT5EncoderModel.from_pretrained(f"{model}/text_encoder", **kw)
     return WanText(umt5, pad), f"{model} (UMT5-XXL)", pad
 
@@ -266,14 +312,17 @@ TINY = {
 }
 
 
-def example_tokens(family: str, tiny: bool, pad_id: int = 0, t5_length: int = FLUX_T5_MAX) -> Dict[str, torch.Tensor]:
+def example_tokens(family: str, tiny: bool, pad_id: int = 0, t5_length: int = FLUX_T5_MAX,
+                   model: str = "") -> Dict[str, torch.Tensor]:
     """Tracing inputs. The second row is half padding: a trace of unpadded rows only would record
     the attention path without a mask (transformers drops an all-true mask) and ignore padding."""
     if tiny:
         return {n: torch.arange(L, dtype=torch.long).repeat(2, 1) for n, L in TINY[family]["lengths"].items()}
-    lengths = {"sd3": {"clip_l": 77, "clip_g": 77, "t5": SD3_T5_MAX}, "qwen_image": {"qwen": QWEN_DROP + QWEN_MAX},
-               "wan": {"umt5": WAN_MAX}, "flux": {"clip_l": 77, "t5": t5_length},
-               "flux2": {"qwen3": FLUX2_MAX}}[family]
+    if family == "flux2":
+        lengths = {flux2_text_encoder(model): FLUX2_MAX}
+    else:
+        lengths = {"sd3": {"clip_l": 77, "clip_g": 77, "t5": SD3_T5_MAX}, "qwen_image": {"qwen": QWEN_DROP + QWEN_MAX},
+                   "wan": {"umt5": WAN_MAX}, "flux": {"clip_l": 77, "t5": t5_length}}[family]
     out = {}
     for n, L in lengths.items():
         ids = torch.full((2, L), pad_id + 1, dtype=torch.long)
@@ -304,7 +353,7 @@ def export(args: argparse.Namespace) -> None:
     else:
         encoder, identity, pad = real_encoder(args.family, args.model, dtype)
     encoder.eval()
-    example = example_tokens(args.family, args.tiny, pad, args.t5_length)
+    example = example_tokens(args.family, args.tiny, pad, args.t5_length, args.model)
     with torch.no_grad(), math_attention():
         traced = torch.jit.trace(encoder, (example,), strict=False)
     module = torch.jit.script(Exported(traced, f"{identity}; {args.dtype}; {VERSION}"))

@@ -9,10 +9,12 @@ downloaded) stand in for the pipeline folders. Per family:
      score (the diffusers VAE decode, the tool's preprocessing, CLIPModel's features) on the
      rollout's final latents;
   3. `ditrl train` runs on the encoded prompts with that reward.
-flux2 (FLUX.2 [klein]'s Qwen3 text path) runs step 1 only: export_reward.py has no FLUX.2 VAE yet.
+flux2 (FLUX.2 [klein]'s Qwen3 text path, against Flux2KleinPipeline) and flux2_dev (FLUX.2-dev's
+Mistral3 text path, against Flux2Pipeline; the same `--family flux2`, told apart by the folder) run
+step 1 only: export_reward.py has no FLUX.2 VAE yet.
 Prints one line per check with the measured max abs difference; exits non-zero on any failure.
 
-Usage: export_tools.py DITRL MPIEXEC OUT_DIR SOURCE_DIR [family ...]
+Usage: export_tools.py DITRL MPIEXEC OUT_DIR SOURCE_DIR [case ...]   (a family, or flux2_dev)
 """
 
 import json
@@ -30,7 +32,8 @@ warnings.filterwarnings("ignore")
 torch.set_num_threads(1)
 
 DITRL, MPIEXEC, OUT, SOURCE = sys.argv[1:5]
-FAMILIES = sys.argv[5:] or ["sd3", "wan", "qwen_image", "flux", "flux2"]
+CASES = sys.argv[5:] or ["sd3", "wan", "qwen_image", "flux", "flux2", "flux2_dev"]
+FAMILY_OF = {"flux2_dev": "flux2"}  # cases that are another ditrl family's model folder
 sys.path.insert(0, os.path.join(SOURCE, "tools"))
 sys.path.insert(0, os.path.join(SOURCE, "tests", "interop"))
 import export_reward  # noqa: E402
@@ -58,6 +61,13 @@ def run(cmd):
     return r.stdout
 
 
+def run_refused(cmd, expected):
+    """Negative control: cmd must exit non-zero with `expected` in its output."""
+    r = subprocess.run(cmd, shell=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    named = expected in r.stdout
+    return r.returncode != 0 and named, f"exit {r.returncode}, {expected!r} in the output: {named}"
+
+
 def max_diff(a, b):
     return (a.double() - b.double()).abs().max().item()
 
@@ -82,6 +92,10 @@ def pipeline(family, folder):
                                       text_encoder=load(tf.CLIPTextModel, "text_encoder"), tokenizer=tok("tokenizer"),
                                       text_encoder_2=load(tf.T5EncoderModel, "text_encoder_2"),
                                       tokenizer_2=tok("tokenizer_2"))
+    if family == "flux2_dev":
+        return diffusers.Flux2Pipeline(scheduler=sched, vae=None, transformer=None,
+                                       tokenizer=tf.AutoProcessor.from_pretrained(os.path.join(folder, "tokenizer")),
+                                       text_encoder=load(tf.Mistral3ForConditionalGeneration, "text_encoder"))
     if family == "flux2":
         return diffusers.Flux2KleinPipeline(scheduler=sched, vae=None, tokenizer=tok("tokenizer"), transformer=None,
                                             text_encoder=load(tf.Qwen3ForCausalLM, "text_encoder"))
@@ -104,9 +118,9 @@ def pipeline_embeddings(family, pipe):
             embeds, pooled, _ = pipe.encode_prompt(PROMPTS, PROMPTS,
                                                    max_sequence_length=export_text_encoder.FLUX_T5_MAX)
             return {"encoder_hidden_states": embeds, "pooled_projections": pooled}
-        if family == "flux2":
-            embeds, _ = pipe.encode_prompt(PROMPTS, max_sequence_length=export_text_encoder.FLUX2_MAX,
-                                           text_encoder_out_layers=export_text_encoder.FLUX2_LAYERS)
+        if family in ("flux2", "flux2_dev"):
+            # The pipelines' own defaults (512 tokens, their layers), so the tool's constants are checked too.
+            embeds, _ = pipe.encode_prompt(PROMPTS)
             return {"encoder_hidden_states": embeds}
         embeds, mask = pipe.encode_prompt(PROMPTS, max_sequence_length=export_text_encoder.QWEN_MAX)
         # The pipeline pads to the batch's longest prompt; ditrl's datasets to the fixed 512.
@@ -198,12 +212,13 @@ def eager_reward(family, folder, pickscore, processor, latents, prompt_index, si
 
 def main():
     models_dir = os.path.join(OUT, "models")
-    tiny_models.main(models_dir, FAMILIES)
+    tiny_models.main(models_dir, CASES)
     pickscore, processor = os.path.join(models_dir, "pickscore"), os.path.join(models_dir, "processor")
-    for family in FAMILIES:
-        print(f"== {family}", flush=True)
-        folder = os.path.join(models_dir, family)
-        work = os.path.join(OUT, family)
+    for case in CASES:
+        family = FAMILY_OF.get(case, case)
+        print(f"== {case}", flush=True)
+        folder = os.path.join(models_dir, case)
+        work = os.path.join(OUT, case)
         shutil.rmtree(work, ignore_errors=True)  # no run of an earlier invocation is resumed or mixed in
         os.makedirs(work, exist_ok=True)
         prompts_txt = os.path.join(work, "prompts.txt")
@@ -216,16 +231,26 @@ def main():
         run(f"{shlex.quote(DITRL)} encode-prompts --encoder {encoder} --prompts {jsonl} --out {h5} --family {family} "
             f"--config {os.path.join(folder, 'ditrl_config.json')}")
         stored = read_dataset(h5)
-        expected = pipeline_embeddings(family, pipeline(family, folder))
+        expected = pipeline_embeddings(case, pipeline(case, folder))
         for name, want in expected.items():
             key = next((k for k in stored if k.endswith(name)), None)
             got = stored.get(key)
             ok = got is not None and tuple(got.shape) == tuple(want.shape)
             diff = max_diff(got, want) if ok else float("inf")
             scale = max(1.0, want.abs().max().item())
-            check(f"{family}: encode-prompts {name} vs the diffusers pipeline's encode_prompt",
+            # Bound 1e-5 x max |value|: flux2 measures 1.9e-6 at 2.6 and flux2_dev 2.9e-6 at 3.7 (13x).
+            check(f"{case}: encode-prompts {name} vs the diffusers pipeline's encode_prompt",
                   ok and diff <= 1e-5 * scale,
                   f"shape {None if got is None else list(got.shape)}, max |value| {scale:.3g}, max diff {diff:.3e}")
+        if case == "flux2_dev":
+            # A [klein] tokens file (key "qwen3") given to the dev encoder is refused, naming the key it reads.
+            wrong = os.path.join(work, "qwen3_tokens.jsonl")
+            with open(jsonl) as f, open(wrong, "w") as out:
+                out.writelines(line.replace('"mistral3"', '"qwen3"') for line in f)
+            ok, detail = run_refused(f"{shlex.quote(DITRL)} encode-prompts --encoder {encoder} --prompts {wrong} "
+                                     f"--out {os.path.join(work, 'wrong.h5')} --family flux2 "
+                                     f"--config {os.path.join(folder, 'ditrl_config.json')}", "mistral3")
+            check(f"{case}: encode-prompts refuses tokens under another tokenizer's key", ok, detail)
         if family == "flux2":
             continue
 

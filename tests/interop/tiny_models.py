@@ -7,6 +7,8 @@
   <out>/flux/       text_encoder (CLIP-L, CLIPTextModel), text_encoder_2 (T5), tokenizer{,_2}, vae (AutoencoderKL)
   <out>/flux2/      text_encoder (Qwen3, 28 layers: FLUX.2 [klein] reads layers 9, 18, 27), tokenizer
                     with a Qwen3-style chat template (no VAE: the FLUX.2 reward is not exported yet)
+  <out>/flux2_dev/  text_encoder (Mistral3ForConditionalGeneration, 32 text layers: FLUX.2-dev reads 10, 20,
+                    30), tokenizer (PixtralProcessor with a Mistral-Small-3-style chat template)
   <out>/pickscore/  CLIPModel (the PickScore architecture);  <out>/processor/  its CLIPProcessor
   <out>/<family>/ditrl_config.json   the DiT config ditrl builds (text widths matching the encoders)
 
@@ -164,10 +166,48 @@ def flux2(out):
     tok.chat_template = QWEN3_CHAT_TEMPLATE
     tok.save_pretrained(os.path.join(out, "tokenizer"))
     # The DiT: text width = 3 stacked Qwen3 layers x 16.
+    return flux2_dit()
+
+
+def flux2_dit():
     return {"_class_name": "Flux2Transformer2DModel", "patch_size": 1, "in_channels": 4 * LATENT_CHANNELS,
             "out_channels": None, "num_layers": 1, "num_single_layers": 1, "attention_head_dim": 16,
             "num_attention_heads": 2, "joint_attention_dim": 48, "timestep_guidance_channels": 32, "mlp_ratio": 3.0,
             "axes_dims_rope": [4, 4, 4, 4], "rope_theta": 2000, "eps": 1e-6, "guidance_embeds": False}
+
+
+# Mistral-Small-3's chat template as FLUX.2-dev's pipeline calls it: bos, the system message in
+# [SYSTEM_PROMPT] tags, each user turn in [INST] tags (content as a list of typed blocks).
+MISTRAL3_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}"
+    "{% set text = m.content if m.content is string else m.content | map(attribute='text') | join('') %}"
+    "{% if m.role == 'system' %}[SYSTEM_PROMPT]{{ text }}[/SYSTEM_PROMPT]"
+    "{% elif m.role == 'user' %}[INST]{{ text }}[/INST]{% else %}{{ text }}{{ eos_token }}{% endif %}"
+    "{% endfor %}")
+MISTRAL3_SPECIAL = ["[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[IMG]", "[IMG_BREAK]", "[IMG_END]"]
+
+
+def flux2_dev(out):
+    from tokenizers import AddedToken
+    from transformers import (Mistral3Config, Mistral3ForConditionalGeneration, PixtralImageProcessor,
+                              PixtralProcessor)
+    tok = tokenizer(1024, bos=False)
+    tok.add_special_tokens({"additional_special_tokens": [AddedToken(t, special=True) for t in MISTRAL3_SPECIAL]})
+    # 32 text layers so that layer 30, the last FLUX.2-dev reads, is not the final (normed) state.
+    config = Mistral3Config(
+        text_config={"model_type": "mistral", "vocab_size": 100, "hidden_size": 16, "intermediate_size": 32,
+                     "num_hidden_layers": 32, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8,
+                     "max_position_embeddings": 1024, "sliding_window": None, "pad_token_id": 0, "bos_token_id": 2,
+                     "eos_token_id": 3},
+        vision_config={"model_type": "pixtral", "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+                       "num_attention_heads": 2, "head_dim": 8, "image_size": 32, "patch_size": 8},
+        image_token_index=tok.convert_tokens_to_ids("[IMG]"), spatial_merge_size=1)
+    seeded(Mistral3ForConditionalGeneration(config), 13).save_pretrained(os.path.join(out, "text_encoder"))
+    PixtralProcessor(image_processor=PixtralImageProcessor(patch_size=8), tokenizer=tok, patch_size=8,
+                     spatial_merge_size=1, chat_template=MISTRAL3_CHAT_TEMPLATE).save_pretrained(
+        os.path.join(out, "tokenizer"))
+    # The DiT: text width = 3 stacked Mistral layers x 16.
+    return flux2_dit()
 
 
 def pickscore(out):
@@ -185,7 +225,8 @@ def pickscore(out):
 
 def main(out, families):
     torch.manual_seed(0)
-    builders = {"sd3": sd3, "wan": wan, "qwen_image": qwen_image, "flux": flux, "flux2": flux2}
+    builders = {"sd3": sd3, "wan": wan, "qwen_image": qwen_image, "flux": flux, "flux2": flux2,
+                "flux2_dev": flux2_dev}
     for family in families:
         folder = os.path.join(out, family)
         os.makedirs(folder, exist_ok=True)
