@@ -228,7 +228,7 @@ TEST_CASE("sd3: gradients reach every parameter", "[models][sd3]") {
 }
 
 TEST_CASE("families: registry / conditioning lookup and CFG combine", "[models][family]") {
-  CHECK(family_names() == std::vector<std::string>{"flux", "ltx", "qwen_image", "sd3", "wan"});
+  CHECK(family_names() == std::vector<std::string>{"flux", "flux2", "ltx", "qwen_image", "sd3", "wan"});
   FamilyOptions o;
   o.family = "sdxl";
   CHECK_THROWS_WITH(create_family(o), Contains("unknown model family 'sdxl'") && Contains("sd3"));
