@@ -125,6 +125,14 @@ TEST_CASE("recipes: FLUX.2 [klein] Flow-GRPO proxy reproduces its standard", "[e
   check_standard("proxy_flux2_klein_grpo");
 }
 
+TEST_CASE("recipes: FLUX.2 [klein] DiffusionNFT proxy reproduces its standard", "[e2e][standard][recipe]") {
+  check_standard("proxy_flux2_nft");
+}
+
+TEST_CASE("recipes: FLUX.2 [klein] LoRA SFT proxy reproduces its standard", "[e2e][standard][recipe]") {
+  check_standard("proxy_flux2_sft");
+}
+
 TEST_CASE("recipes: Wan2.2 two-expert Flow-GRPO proxy reproduces its standard", "[e2e][standard][recipe]") {
   check_standard("proxy_wan22_grpo");
 }
