@@ -3,10 +3,12 @@
 
 The module's forward(latents) takes the final fp32 latents in the family's layout
     sd3 [B, 16, H, W]      qwen_image [B, 16, H, W]      wan [B, 16, F, H, W]      flux [B, 16, H, W]
+    flux2 [B, 128, H/2, W/2]   (the 32-channel VAE latent patchified 2x2, as ditrl's sampler holds it)
 (the layout tools/export_reward.py documents), undoes the latent normalisation (export_reward's
 DiffusersDecode: SD3 x / scaling_factor + shift_factor; Qwen-Image and Wan x * std + mean per
-channel), decodes, and returns what diffusers' image / video post-processing gives as uint8:
-    round(255 * clamp(x / 2 + 0.5, 0, 1))  as  [B, H, W, 3] (sd3, qwen_image, flux) or [B, F, H, W, 3] (wan).
+channel; FLUX.2 x * sqrt(bn.running_var + eps) + bn.running_mean per channel, then the 2x2
+unpatchify, as Flux2Pipeline does), decodes, and returns what diffusers' image / video post-processing gives as uint8:
+    round(255 * clamp(x / 2 + 0.5, 0, 1))  as  [B, H, W, 3] (sd3, qwen_image, flux, flux2) or [B, F, H, W, 3] (wan).
 It is what ditrl's `http` reward runs on the rollout's device to send decoded images to a reward
 server (docs/reward-server.md), and what `[log] decoder` decodes the preview samples with.
 
@@ -29,7 +31,7 @@ from typing import List
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from export_reward import DiffusersDecode, FAMILIES  # noqa: E402
+from export_reward import DiffusersDecode, FAMILIES, latent_channels, vae_class  # noqa: E402
 from torchscript_compat import math_attention  # noqa: E402
 
 VERSION = "ditrl-export-decoder 1"
@@ -44,17 +46,19 @@ class Uint8Decoder(torch.nn.Module):
     """DiffusersDecode -> uint8 RGB, channels last, as diffusers' post-processing rounds it."""
     identity: str
 
-    def __init__(self, decode: torch.nn.Module, video: bool, latent_frames: int, identity: str):
+    def __init__(self, decode: torch.nn.Module, video: bool, channels: int, latent_frames: int, identity: str):
         super().__init__()
         self.decode = decode
         self.video = video
+        self.channels = channels
         self.latent_frames = latent_frames
         self.identity = identity
 
     def forward(self, latents: torch.Tensor) -> torch.Tensor:
         want = 5 if self.video else 4
-        if latents.dim() != want or latents.shape[1] != 16:
-            raise ValueError("latents must be fp32 [B, 16, H, W] (sd3, qwen_image, flux) or [B, 16, F, H, W] (wan)")
+        if latents.dim() != want or latents.shape[1] != self.channels:
+            raise ValueError("latents must be fp32 [B, 16, H, W] (sd3, qwen_image, flux), [B, 128, H/2, W/2] (flux2) "
+                             "or [B, 16, F, H, W] (wan), with the channels of the decoder's family")
         if self.video and latents.shape[2] != self.latent_frames:
             raise ValueError("latents have another number of frames than the decoder was exported for "
                              "(export_decoder.py --latent-frames)")
@@ -77,6 +81,15 @@ def tiny_vae(family: str):
                                       scaling_factor=0.3611 if flux else 1.5305,
                                       shift_factor=0.1159 if flux else 0.0609, use_quant_conv=not flux,
                                       use_post_quant_conv=not flux)
+    elif family == "flux2":
+        # The released 32-channel latent; drawn batch-norm statistics so that the de-normalisation shows.
+        vae = diffusers.AutoencoderKLFlux2(in_channels=3, out_channels=3, latent_channels=LATENT_CHANNELS * 2,
+                                           down_block_types=("DownEncoderBlock2D",) * 2,
+                                           up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(8, 16),
+                                           layers_per_block=1, norm_num_groups=8)
+        channels = vae.bn.running_mean.numel()
+        vae.bn.running_mean.copy_(0.3 * torch.randn(channels))
+        vae.bn.running_var.copy_(0.5 + torch.rand(channels))
     else:
         cls = diffusers.AutoencoderKLWan if family == "wan" else diffusers.AutoencoderKLQwenImage
         vae = cls(base_dim=8, z_dim=LATENT_CHANNELS, dim_mult=[1, 2], num_res_blocks=1, temperal_downsample=[False],
@@ -86,16 +99,13 @@ def tiny_vae(family: str):
 
 
 def load_vae(family: str, path: str):
-    import diffusers
-    cls = {"sd3": diffusers.AutoencoderKL, "qwen_image": diffusers.AutoencoderKLQwenImage,
-           "wan": diffusers.AutoencoderKLWan, "flux": diffusers.AutoencoderKL}[family]
-    return cls.from_pretrained(path, torch_dtype=torch.float32).eval()
+    return vae_class(family).from_pretrained(path, torch_dtype=torch.float32).eval()
 
 
 def example_latents(family: str, size: int, latent_frames: int) -> torch.Tensor:
     if family == "wan":
         return torch.randn(1, LATENT_CHANNELS, latent_frames, size, size)
-    return torch.randn(1, LATENT_CHANNELS, size, size)
+    return torch.randn(1, latent_channels(family), size, size)
 
 
 def export(family: str, vae, latent_frames: int, size: int, identity: str) -> torch.jit.ScriptModule:
@@ -103,7 +113,7 @@ def export(family: str, vae, latent_frames: int, size: int, identity: str) -> to
     example = example_latents(family, size, latent_frames)
     with torch.no_grad(), math_attention():
         traced = torch.jit.trace(decode, (example,))
-    module = Uint8Decoder(traced, family == "wan", latent_frames, f"{identity}; {VERSION}")
+    module = Uint8Decoder(traced, family == "wan", latent_channels(family), latent_frames, f"{identity}; {VERSION}")
     return torch.jit.script(module.eval())
 
 

@@ -5,13 +5,17 @@ ditrl's `[reward] kind = "torchscript"` loads MODULE.pt and calls
     forward(latents: Tensor, prompt_index: Tensor) -> Tensor          # [N] fp32 rewards
 with `latents` the final fp32 latents of the rollout in the family's layout
     sd3         [N, 16, H, W]          qwen_image  [N, 16, H, W]      wan  [N, 16, F, H, W]
-    flux        [N, 16, H, W]
+    flux        [N, 16, H, W]          flux2 [N, 128, H/2, W/2]
+(flux2: the sampler's latent, the 32-channel VAE latent of an H x W grid patchified 2x2, channel
+4c + 2dy + dx holding VAE channel c at row 2y+dy, column 2x+dx; docs/families.md §10)
 and `prompt_index` [N] int64 the row of each sample's prompt in the deck's prompt dataset
 (`[data] prompts`, written by `ditrl encode-prompts` from the same prompt list).
 
 The exported module holds, as buffers:
   * the family's VAE decoder with its latent de-normalisation (SD3: x / 1.5305 + 0.0609;
     FLUX.1: x / 0.3611 + 0.1159 (its VAE config's scaling and shift factors);
+    FLUX.2: x * sqrt(bn.running_var + eps) + bn.running_mean per patchified channel, then the
+    2x2 unpatchify;
     Qwen-Image and Wan: x * std + mean per channel; video: the frames are decoded and
     `--frames` of them scored, the mean taken),
   * the scorer's image preprocessing (resize to its size, centre crop, CLIP mean/std) written in
@@ -24,7 +28,7 @@ PickScore: reward = logit_scale * <normalised image embedding, normalised text e
 tools/scorers.py.
 
 Status: the real export path runs in ditrl's tests on the real classes (diffusers AutoencoderKL /
-AutoencoderKLWan / AutoencoderKLQwenImage, transformers CLIPModel + CLIPProcessor) built from tiny
+AutoencoderKLWan / AutoencoderKLQwenImage / AutoencoderKLFlux2, transformers CLIPModel + CLIPProcessor) built from tiny
 configs with random weights (tests/interop/export_tools.py): the rewards ditrl computes with the
 exported module equal the eager Python modules' within 1e-7. The preprocessing is the tool's own
 torch version of CLIPProcessor's (bicubic resize, centre crop, normalise), not the PIL one. The
@@ -57,7 +61,9 @@ import scorers
 from torchscript_compat import math_attention
 
 VERSION = "ditrl-export-reward 3"
-FAMILIES = ("sd3", "qwen_image", "wan", "flux")
+FAMILIES = ("sd3", "qwen_image", "wan", "flux", "flux2")
+# FLUX.2's sampler latent is its 32-channel VAE latent patchified 2x2; the others hand over the VAE latent.
+LATENT_CHANNELS = {"flux2": 128}
 PICKSCORE_PROCESSOR = "laion/CLIP-ViT-H-14-laion2B-s32B-b79K"
 
 
@@ -110,7 +116,10 @@ class DiffusersDecode(torch.nn.Module):
         self.vae = vae
         self.family = family
         cfg = vae.config
-        if family in ("sd3", "flux"):
+        if family == "flux2":  # the pipeline de-normalises with the VAE's batch-norm statistics
+            self.register_buffer("scale", (vae.bn.running_var + cfg.batch_norm_eps).sqrt().view(1, -1, 1, 1))
+            self.register_buffer("shift", vae.bn.running_mean.clone().view(1, -1, 1, 1))
+        elif family in ("sd3", "flux"):
             self.register_buffer("scale", torch.tensor(1.0 / cfg.scaling_factor))
             self.register_buffer("shift", torch.tensor(cfg.shift_factor))
         else:
@@ -123,17 +132,32 @@ class DiffusersDecode(torch.nn.Module):
             return images[:, :, 0]
         if self.family == "wan":
             return self.vae.decode(latents * self.scale + self.shift, return_dict=False)[0]
+        if self.family == "flux2":
+            return self.vae.decode(unpatchify_2x2(latents * self.scale + self.shift), return_dict=False)[0]
         return self.vae.decode(latents * self.scale + self.shift, return_dict=False)[0]
+
+
+def unpatchify_2x2(latents: torch.Tensor) -> torch.Tensor:
+    """[B, 4C, h, w] -> [B, C, 2h, 2w], channel 4c + 2dy + dx to pixel (2y + dy, 2x + dx) of channel c."""
+    b, c4, h, w = latents.shape
+    blocks = latents.reshape(b, c4 // 4, 2, 2, h, w).permute(0, 1, 4, 2, 5, 3)
+    return blocks.reshape(b, c4 // 4, 2 * h, 2 * w)
+
+
+def vae_class(family: str):
+    import diffusers
+    return {"sd3": diffusers.AutoencoderKL, "qwen_image": diffusers.AutoencoderKLQwenImage,
+            "wan": diffusers.AutoencoderKLWan, "flux": diffusers.AutoencoderKL,
+            "flux2": diffusers.AutoencoderKLFlux2}[family]
 
 
 def real_parts(args: argparse.Namespace, prompts: List[str]):
     try:
-        import diffusers
+        import diffusers  # noqa: F401
     except ImportError:
         fail("the real export needs `transformers` and `diffusers` (and the checkpoints)")
-    vae_class = {"sd3": diffusers.AutoencoderKL, "qwen_image": diffusers.AutoencoderKLQwenImage,
-                 "wan": diffusers.AutoencoderKLWan, "flux": diffusers.AutoencoderKL}[args.family]
-    decode = DiffusersDecode(vae_class.from_pretrained(args.vae, torch_dtype=torch.float32).eval(), args.family)
+    vae = vae_class(args.family).from_pretrained(args.vae, torch_dtype=torch.float32).eval()
+    decode = DiffusersDecode(vae, args.family)
     model = args.model or (args.pickscore if args.scorer == "pickscore" else None)
     processor = args.processor or (PICKSCORE_PROCESSOR if args.scorer == "pickscore" else None)
     try:
@@ -148,10 +172,10 @@ def real_parts(args: argparse.Namespace, prompts: List[str]):
 class TinyDecode(torch.nn.Module):
     """Seeded stand-in for a VAE decoder: a 1x1 conv to RGB and x4 nearest upsampling."""
 
-    def __init__(self, video: bool):
+    def __init__(self, video: bool, channels: int):
         super().__init__()
         self.video = video
-        self.to_rgb = torch.nn.Conv3d(16, 3, 1) if video else torch.nn.Conv2d(16, 3, 1)
+        self.to_rgb = torch.nn.Conv3d(channels, 3, 1) if video else torch.nn.Conv2d(channels, 3, 1)
 
     def forward(self, latents: torch.Tensor) -> torch.Tensor:
         x = torch.tanh(self.to_rgb(latents))
@@ -175,11 +199,16 @@ def tiny_parts(args: argparse.Namespace, prompts: List[str]):
     torch.manual_seed(0)
     head = TinyHead(args.size)
     text = F.normalize(torch.randn(len(prompts), 16), dim=-1)
-    return TinyDecode(args.family == "wan"), head, text, args.size, f"tiny-{args.scorer}-{args.family} seed 0"
+    return TinyDecode(args.family == "wan", latent_channels(args.family)), head, text, args.size, f"tiny-{args.scorer}-{args.family} seed 0"
+
+
+def latent_channels(family: str) -> int:
+    return LATENT_CHANNELS.get(family, 16)
 
 
 def example_latents(family: str, h: int, latent_frames: int) -> torch.Tensor:
-    return torch.randn(2, 16, latent_frames, h, h) if family == "wan" else torch.randn(2, 16, h, h)
+    c = latent_channels(family)
+    return torch.randn(2, c, latent_frames, h, h) if family == "wan" else torch.randn(2, c, h, h)
 
 
 def main(argv: List[str]) -> None:

@@ -1,14 +1,16 @@
 """tools/export_decoder.py against diffusers' own decode and post-processing.
 
-For each family (sd3, qwen_image, wan, flux) a seeded tiny VAE of the family's diffusers class is saved as a
+For each family (sd3, qwen_image, wan, flux, flux2) a seeded tiny VAE of the family's diffusers class is saved as a
 checkpoint folder, exported with `export_decoder.py --vae FOLDER`, reloaded with torch.jit.load and
 run on latents of another batch size and spatial size than the tracing example. The reference is
 what a diffusers pipeline does with the same latents: the pipeline's de-normalisation (SD3: x /
-scaling_factor + shift_factor; Wan, Qwen-Image: x * latents_std + latents_mean), vae.decode, then
+scaling_factor + shift_factor; Wan, Qwen-Image: x * latents_std + latents_mean; FLUX.2: the
+[B, 128, h, w] patchified latent x * sqrt(bn.running_var + eps) + bn.running_mean, then
+Flux2Pipeline._unpatchify_latents), vae.decode, then
 VaeImageProcessor.postprocess / VideoProcessor.postprocess_video to [0, 1] and numpy_to_pil's
-round(255 x) to uint8. Pass: max |exported - diffusers| <= 1 in uint8 (measured: 0 on all three,
+round(255 x) to uint8. Pass: max |exported - diffusers| <= 1 in uint8 (measured: 0 on all five,
 fp32 on the CPU). Negative control: the decode without de-normalisation differs by more than 1.
-The module refuses latents of another rank and (wan) another frame count.
+The module refuses latents of another rank, (wan) another frame count and (flux2) another channel count.
 Usage: export_decoder_test.py SOURCE_DIR WORK_DIR
 """
 
@@ -37,7 +39,13 @@ def diffusers_uint8(family, vae, latents, denormalise=True):
     from diffusers.video_processor import VideoProcessor
     cfg = vae.config
     with torch.no_grad():
-        if family in ("sd3", "flux"):
+        if family == "flux2":
+            from diffusers.pipelines.flux2.pipeline_flux2 import Flux2Pipeline
+            mean = vae.bn.running_mean.view(1, -1, 1, 1)
+            std = (vae.bn.running_var.view(1, -1, 1, 1) + cfg.batch_norm_eps).sqrt()
+            z = Flux2Pipeline._unpatchify_latents(latents * std + mean if denormalise else latents)
+            images = VaeImageProcessor().postprocess(vae.decode(z).sample, output_type="np")
+        elif family in ("sd3", "flux"):
             z = latents / cfg.scaling_factor + cfg.shift_factor if denormalise else latents
             images = VaeImageProcessor().postprocess(vae.decode(z).sample, output_type="np")
         else:
@@ -56,7 +64,7 @@ def diffusers_uint8(family, vae, latents, denormalise=True):
 def main():
     os.makedirs(WORK, exist_ok=True)
     torch.manual_seed(1)
-    for family in ("sd3", "qwen_image", "wan", "flux"):
+    for family in ("sd3", "qwen_image", "wan", "flux", "flux2"):
         start = time.time()
         folder = os.path.join(WORK, f"vae_{family}")
         vae = export_decoder.tiny_vae(family)
@@ -68,7 +76,7 @@ def main():
         export_decoder.main(["--family", family, "--vae", folder, "--out", out, "--latent-frames", "2",
                              "--latent-size", "4"])
         module = torch.jit.load(out)
-        shape = (3, 16, 2, 6, 10) if family == "wan" else (3, 16, 6, 10)
+        shape = {"wan": (3, 16, 2, 6, 10), "flux2": (3, 128, 3, 5)}.get(family, (3, 16, 6, 10))
         latents = torch.randn(shape)
         with torch.no_grad():
             got = module(latents).numpy()
@@ -87,6 +95,12 @@ def main():
             check(f"{family} refuses latents of another rank", False, "accepted")
         except Exception as e:  # TorchScript raises its own wrapper of the module's ValueError
             check(f"{family} refuses latents of another rank", "latents must be" in str(e), str(e).splitlines()[-1])
+        if family == "flux2":  # an unpatchified (VAE-layout) latent is not FLUX.2's sampler latent
+            try:
+                module(torch.randn(1, 32, 6, 10))
+                check("flux2 refuses 32-channel latents", False, "accepted")
+            except Exception as e:
+                check("flux2 refuses 32-channel latents", "[B, 128, H/2, W/2]" in str(e), str(e).splitlines()[-1])
         if family == "wan":
             try:
                 module(torch.randn(1, 16, 3, 6, 10))
