@@ -9,9 +9,9 @@ downloaded) stand in for the pipeline folders. Per family:
      score (the diffusers VAE decode, the tool's preprocessing, CLIPModel's features) on the
      rollout's final latents;
   3. `ditrl train` runs on the encoded prompts with that reward.
-flux2 (FLUX.2 [klein]'s Qwen3 text path, against Flux2KleinPipeline) and flux2_dev (FLUX.2-dev's
-Mistral3 text path, against Flux2Pipeline; the same `--family flux2`, told apart by the folder) run
-step 1 only: export_reward.py has no FLUX.2 VAE yet.
+flux2 is FLUX.2 [klein] (the Qwen3 text path, against Flux2KleinPipeline; its AutoencoderKLFlux2 in
+step 2); flux2_dev (FLUX.2-dev's Mistral3 text path, against Flux2Pipeline; the same `--family flux2`,
+told apart by the folder) runs step 1 only, as steps 2 and 3 are [klein]'s again.
 Prints one line per check with the measured max abs difference; exits non-zero on any failure.
 
 Usage: export_tools.py DITRL MPIEXEC OUT_DIR SOURCE_DIR [case ...]   (a family, or flux2_dev)
@@ -143,7 +143,8 @@ def read_dataset(path):
 
 def deck(family, folder, prompts_h5, reward, out_dir):
     body = {"sd3": "height = 8\nwidth = 8\n", "qwen_image": "height = 8\nwidth = 8\n",
-            "wan": "frames = 2\nheight = 8\nwidth = 8\n", "flux": "height = 8\nwidth = 8\n"}[family]
+            "wan": "frames = 2\nheight = 8\nwidth = 8\n", "flux": "height = 8\nwidth = 8\n",
+            "flux2": "height = 8\nwidth = 8\n"}[family]
     text = f"""[run]
 out_dir = "{out_dir}"
 seed = 5
@@ -191,11 +192,8 @@ prompts = "{prompts_h5}"
 def eager_reward(family, folder, pickscore, processor, latents, prompt_index, size, frames):
     """The reward from the Python modules themselves (not the traces): diffusers' VAE decode with the
     family's de-normalisation, the tool's CLIP preprocessing, CLIPModel's features and logit scale."""
-    import diffusers
     from transformers import AutoModel, AutoProcessor
-    vae_class = {"sd3": diffusers.AutoencoderKL, "qwen_image": diffusers.AutoencoderKLQwenImage,
-                 "wan": diffusers.AutoencoderKLWan, "flux": diffusers.AutoencoderKL}[family]
-    vae = vae_class.from_pretrained(os.path.join(folder, "vae")).eval()
+    vae = export_reward.vae_class(family).from_pretrained(os.path.join(folder, "vae")).eval()
     decode = export_reward.DiffusersDecode(vae, family)
     model = AutoModel.from_pretrained(pickscore).eval()
     proc = AutoProcessor.from_pretrained(processor)
@@ -251,7 +249,7 @@ def main():
                                      f"--out {os.path.join(work, 'wrong.h5')} --family flux2 "
                                      f"--config {os.path.join(folder, 'ditrl_config.json')}", "mistral3")
             check(f"{case}: encode-prompts refuses tokens under another tokenizer's key", ok, detail)
-        if family == "flux2":
+        if case == "flux2_dev":
             continue
 
         reward = os.path.join(work, "reward.pt")

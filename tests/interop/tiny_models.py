@@ -6,7 +6,7 @@
   <out>/qwen_image/ text_encoder (Qwen2.5-VL), tokenizer, vae (AutoencoderKLQwenImage)
   <out>/flux/       text_encoder (CLIP-L, CLIPTextModel), text_encoder_2 (T5), tokenizer{,_2}, vae (AutoencoderKL)
   <out>/flux2/      text_encoder (Qwen3, 28 layers: FLUX.2 [klein] reads layers 9, 18, 27), tokenizer
-                    with a Qwen3-style chat template (no VAE: the FLUX.2 reward is not exported yet)
+                    with a Qwen3-style chat template, vae (AutoencoderKLFlux2, 32 channels)
   <out>/flux2_dev/  text_encoder (Mistral3ForConditionalGeneration, 32 text layers: FLUX.2-dev reads 10, 20,
                     30), tokenizer (PixtralProcessor with a Mistral-Small-3-style chat template)
   <out>/pickscore/  CLIPModel (the PickScore architecture);  <out>/processor/  its CLIPProcessor
@@ -24,6 +24,7 @@ import sys
 import torch
 
 LATENT_CHANNELS = 16  # the real VAEs': ditrl's latents are [N, 16, (F,) H, W]
+FLUX2_LATENT_CHANNELS = 32  # FLUX.2's VAE; ditrl's flux2 latents are it patchified 2x2, [N, 128, H/2, W/2]
 
 
 def tokenizer(max_length, bos=True):
@@ -157,6 +158,7 @@ QWEN3_CHAT_TEMPLATE = (
 
 
 def flux2(out):
+    from diffusers import AutoencoderKLFlux2
     from transformers import Qwen3Config, Qwen3ForCausalLM
     config = Qwen3Config(vocab_size=100, hidden_size=16, intermediate_size=32, num_hidden_layers=28,
                          num_attention_heads=2, num_key_value_heads=1, head_dim=8, max_position_embeddings=1024,
@@ -165,12 +167,21 @@ def flux2(out):
     tok = tokenizer(1024, bos=False)
     tok.chat_template = QWEN3_CHAT_TEMPLATE
     tok.save_pretrained(os.path.join(out, "tokenizer"))
+    vae = seeded(AutoencoderKLFlux2(in_channels=3, out_channels=3, latent_channels=FLUX2_LATENT_CHANNELS,
+                                    down_block_types=("DownEncoderBlock2D",) * 2,
+                                    up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(8, 16),
+                                    layers_per_block=1, norm_num_groups=8), 14)
+    # Drawn batch-norm statistics (the de-normalisation Flux2Pipeline applies), not the identity 0 / 1.
+    g = torch.Generator().manual_seed(15)
+    vae.bn.running_mean.copy_(0.3 * torch.randn(vae.bn.running_mean.shape, generator=g))
+    vae.bn.running_var.copy_(0.5 + torch.rand(vae.bn.running_var.shape, generator=g))
+    vae.save_pretrained(os.path.join(out, "vae"))
     # The DiT: text width = 3 stacked Qwen3 layers x 16.
     return flux2_dit()
 
 
 def flux2_dit():
-    return {"_class_name": "Flux2Transformer2DModel", "patch_size": 1, "in_channels": 4 * LATENT_CHANNELS,
+    return {"_class_name": "Flux2Transformer2DModel", "patch_size": 1, "in_channels": 4 * FLUX2_LATENT_CHANNELS,
             "out_channels": None, "num_layers": 1, "num_single_layers": 1, "attention_head_dim": 16,
             "num_attention_heads": 2, "joint_attention_dim": 48, "timestep_guidance_channels": 32, "mlp_ratio": 3.0,
             "axes_dims_rope": [4, 4, 4, 4], "rope_theta": 2000, "eps": 1e-6, "guidance_embeds": False}

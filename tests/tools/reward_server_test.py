@@ -20,8 +20,8 @@ Modes (one CTest test each):
             answered 4xx with its reason, every scorer failure (wrong count, NaN, exception) 500 with
             its reason; bad command lines exit non-zero naming the problem.
   export    tools/export_reward.py --scorer for pickscore, hpsv2, clip, aesthetic on a tiny SD3 VAE
-            (and clip on a tiny Wan VAE, 2 frames averaged): the TorchScript module's rewards vs the
-            eager decode + scorer.
+            (and clip on a tiny Wan VAE, 2 frames averaged, and on a tiny FLUX.2 VAE from its 2x2-patchified
+            latents): the TorchScript module's rewards vs the eager decode + scorer.
 Usage: reward_server_test.py MODE SOURCE_DIR WORK_DIR
 """
 
@@ -567,10 +567,10 @@ def mode_export():
     prompts_txt = os.path.join(WORK, "prompts.txt")
     with open(prompts_txt, "w") as f:
         f.write("\n".join(PROMPTS) + "\n")
-    for family in ("sd3", "wan"):
+    for family in ("sd3", "wan", "flux2"):
         folder = os.path.join(WORK, f"vae_{family}")
         export_decoder.tiny_vae(family).save_pretrained(folder)
-    cases = [(name, "sd3") for name in models] + [("clip", "wan")]
+    cases = [(name, "sd3") for name in models] + [("clip", "wan"), ("clip", "flux2")]
     for name, family in cases:
         start = time.time()
         args = models[name]
@@ -591,7 +591,8 @@ def mode_export():
             # score, so that the comparison is not between zeros.
             for seed in range(50):
                 torch.manual_seed(seed)
-                latents = torch.randn(3, 16, 2, 16, 16) if family == "wan" else torch.randn(3, 16, 20, 26)  # resized
+                shape = {"wan": (3, 16, 2, 16, 16), "flux2": (3, 128, 10, 13)}.get(family, (3, 16, 20, 26))
+                latents = torch.randn(shape)  # sd3 and flux2 decode to 40x52, resized by the scorer
                 pixels = (export_reward.DiffusersDecode(vae, family)(latents) * 0.5 + 0.5).clamp(0, 1)
                 if family == "wan":  # 2 latent frames -> 2 video frames, both scored
                     frames = [scorer.score_pixels(pixels[:, :, f], text) for f in range(pixels.shape[2])]
