@@ -20,6 +20,7 @@ decoder is traced for `--latent-frames` and refuses other frame counts. LTX is n
 Usage:
   export_decoder.py --family sd3 --vae models/stable-diffusion-3.5-medium/vae --out decoder_sd3.pt
   export_decoder.py --family wan --vae MODEL_DIR/vae --latent-frames 21 --out decoder_wan.pt
+  export_decoder.py --family flux2 --vae MODEL_DIR/vae --out decoder_flux2.pt  # latents [B, 128, H/2, W/2]
   export_decoder.py --family qwen_image --tiny --out tiny_decoder.pt      # seeded tiny VAE (tests)
 """
 
