@@ -272,9 +272,9 @@ TEST_CASE("flux2: units run in order / recomputable - gradients reach every para
 }
 
 TEST_CASE("flux2: RoPE tables - four axes / interleaved pairs / fp64 angles", "[models][flux2]") {
-  const Flux2Rope rope({4, 4, 4, 4}, 2000);
+  const FluxRope rope({4, 4, 4, 4}, 2000);
   const at::Tensor ids = at::tensor({0, 2, 3, 0, 0, 0, 0, 5}, at::kLong).reshape({2, 4});
-  const auto [cos, sin] = rope.tables(ids);
+  const auto [cos, sin] = rope.cos_sin(ids);
   REQUIRE(cos.sizes() == at::IntArrayRef{2, 16});
   // Axis 1 (h = 2) pair 1: angle 2 * 2000^(-2/4), computed in fp64, stored fp32.
   const double angle = 2.0 / std::pow(2000.0, 0.5);
@@ -284,8 +284,8 @@ TEST_CASE("flux2: RoPE tables - four axes / interleaved pairs / fp64 angles", "[
   CHECK(cos[1][0].item<float>() == 1.0f);                                // t = 0: no rotation
   // x' = (x0 cos - x1 sin, x1 cos + x0 sin) per pair, heads broadcast.
   const at::Tensor x = at::randn({1, 2, 3, 16});
-  const at::Tensor y = Flux2Rope::apply(x, cos, sin);
+  const at::Tensor y = FluxRope::apply(x, cos.unsqueeze(1), sin.unsqueeze(1));
   CHECK(y[0][1][2][12].item<float>() == Approx(x[0][1][2][12].item<float>() * cos[1][12].item<float>() -
                                                x[0][1][2][13].item<float>() * sin[1][12].item<float>()));
-  CHECK_THROWS_WITH(rope.tables(at::zeros({2, 3}, at::kLong)), Contains("[N, 4]"));
+  CHECK_THROWS_WITH(rope.cos_sin(at::zeros({2, 3}, at::kLong)), Contains("[L, 4]"));
 }

@@ -29,7 +29,7 @@ std::pair<at::Tensor, at::Tensor> FluxRope::cos_sin(const at::Tensor& ids) const
 
 at::Tensor FluxRope::apply(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const std::vector<at::Tensor> pairs = x.unflatten(-1, {-1, 2}).unbind(-1);
-  const at::Tensor rotated = at::stack({pairs[1].neg(), pairs[0]}, -1).flatten(3);
+  const at::Tensor rotated = at::stack({pairs[1].neg(), pairs[0]}, -1).flatten(-2);
   return (x.to(at::kFloat) * cos + rotated.to(at::kFloat) * sin).to(x.scalar_type());
 }
 

@@ -106,9 +106,7 @@ at::Tensor flux2_unpack(const at::Tensor& tokens, int64_t height, int64_t width)
 }
 
 Flux2::Flux2(const Flux2Config& config, const FamilyOptions& options)
-    : config_(config),
-      inputs_(options.inputs),
-      rope_(config.axes_dims_rope, config.rope_theta) {
+    : config_(config), inputs_(options.inputs), rope_(config.axes_dims_rope, static_cast<double>(config.rope_theta)) {
   config_.validate();
   const AttentionBackend backend = usable_attention_backend(options.attention);
   const at::TensorOptions opts = options.parameter_options();
@@ -185,10 +183,10 @@ at::Tensor Flux2::forward(const at::Tensor& hidden_states, const at::Tensor& enc
   at::Tensor c = context_embedder->forward(encoder_hidden_states);
   ctx.record("context_embedder", "out0", c);
   // Tables are built where the model runs, from the ids the reference reads.
-  const auto [img_cos, img_sin] = rope_.tables(batch_ids(img_ids).to(x.device()));
+  const auto [img_cos, img_sin] = rope_.cos_sin(batch_ids(img_ids).to(x.device()));
   ctx.record("pos_embed", "out0", img_cos);
   ctx.record("pos_embed", "out1", img_sin);
-  const auto [txt_cos, txt_sin] = rope_.tables(batch_ids(txt_ids).to(x.device()));
+  const auto [txt_cos, txt_sin] = rope_.cos_sin(batch_ids(txt_ids).to(x.device()));
   ctx.record("pos_embed", "out0", txt_cos);
   ctx.record("pos_embed", "out1", txt_sin);
 

@@ -76,8 +76,8 @@ Tensors Flux2DoubleBlock::forward(const Tensors& inputs, Tap* tap, const std::st
   // the text-first concatenation gives the joint sequence's values.
   const auto rotary = [](const at::Tensor& cos, const at::Tensor& sin) -> QKRotary {
     return [cos, sin](at::Tensor& q, at::Tensor& k) {
-      q = Flux2Rope::apply(q.transpose(1, 2), cos, sin).transpose(1, 2);
-      k = Flux2Rope::apply(k.transpose(1, 2), cos, sin).transpose(1, 2);
+      q = FluxRope::apply(q.transpose(1, 2), cos.unsqueeze(1), sin.unsqueeze(1)).transpose(1, 2);
+      k = FluxRope::apply(k.transpose(1, 2), cos.unsqueeze(1), sin.unsqueeze(1)).transpose(1, 2);
     };
   };
   const at::Tensor img_modulated = modulate(layer_norm(x, eps_), im[0], im[1]);
@@ -123,8 +123,8 @@ at::Tensor Flux2ParallelAttention::forward(const at::Tensor& x, const at::Tensor
   const at::Tensor mlp = projected.slice(-1, 3 * inner);
   // (B, T, H, Dh) as the reference holds them; attention reads (B, H, T, Dh).
   const auto heads = [this](const at::Tensor& t) { return t.unflatten(-1, {heads_, head_dim_}); };
-  const at::Tensor q = Flux2Rope::apply(norm_q->forward(heads(qkv[0])), cos, sin);
-  const at::Tensor k = Flux2Rope::apply(norm_k->forward(heads(qkv[1])), cos, sin);
+  const at::Tensor q = FluxRope::apply(norm_q->forward(heads(qkv[0])), cos.unsqueeze(1), sin.unsqueeze(1));
+  const at::Tensor k = FluxRope::apply(norm_k->forward(heads(qkv[1])), cos.unsqueeze(1), sin.unsqueeze(1));
   const at::Tensor v = heads(qkv[2]);
   at::Tensor out = scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), {}, backend_);
   out = out.transpose(1, 2).flatten(2, 3).to(q.scalar_type());

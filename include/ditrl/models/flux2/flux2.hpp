@@ -22,6 +22,7 @@
 #include <ditrl/models/embeddings.hpp>
 #include <ditrl/models/family.hpp>
 #include <ditrl/models/family_traits.hpp>
+#include <ditrl/models/flux/flux_rope.hpp>
 #include <ditrl/models/flux2/flux2_blocks.hpp>
 #include <ditrl/models/flux2/flux2_rope.hpp>
 
@@ -134,7 +135,7 @@ class Flux2 : public Family {
 
   Flux2Config config_;
   precision::InputPolicy inputs_;
-  Flux2Rope rope_;
+  FluxRope rope_;
 };
 
 // (B, C, h, w) -> (B, h*w, C), tokens row-major: the pipeline's _pack_latents.
