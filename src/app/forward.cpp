@@ -65,7 +65,7 @@ std::shared_ptr<models::Family> build_model(ForwardOptions& o) {
   options.config_json = o.config;
   options.attention = o.attention;
   const auto family = models::create_family(options);
-  models::load_weights(*family, io::Checkpoint(o.weights));
+  models::load_weights(*family, models::open_checkpoint(*family, o.weights));
   return family;
 }
 

@@ -52,13 +52,18 @@ int inspect(const InspectOptions& o) {
   options.config_json = o.config;
   options.device = c10::kMeta;  // shapes only: real-size presets allocate nothing
   const auto family = models::create_family(options);
-  models::validate_checkpoint(*family, checkpoint);
+  const io::Checkpoint as_read = models::open_checkpoint(*family, o.file);
+  models::validate_checkpoint(*family, as_read);
   int64_t params = 0;
   for (const auto& p : family->parameters()) params += p.numel();
   size_t skipped = 0;
-  for (const std::string& name : checkpoint.names()) skipped += !family->checkpoint_name(name);
-  std::cout << fmt::format("# matches family {} ({}): {} parameters{}\n", o.family,
+  for (const std::string& name : as_read.names()) skipped += !family->checkpoint_name(name);
+  std::cout << fmt::format("# matches family {} ({}): {} parameters{}{}\n", o.family,
                            o.config.empty() ? "preset " + o.preset : o.config, params,
+                           as_read.regrouped()
+                               ? fmt::format("; {} stored tensors regrouped into {} parameters", as_read.regrouped(),
+                                             as_read.names().size() + as_read.regrouped() - checkpoint.names().size())
+                               : "",
                            skipped ? fmt::format("; {} tensors of the file are not part of the model", skipped) : "");
   return 0;
 }

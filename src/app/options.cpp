@@ -197,7 +197,7 @@ std::vector<models::CheckpointPart> weight_parts(const std::shared_ptr<models::F
 // Those checkpoints into the (materialised) family.
 void load_deck_weights(const std::shared_ptr<models::Family>& family, const config::Config& c) {
   for (const models::CheckpointPart& part : weight_parts(family, c))
-    models::load_weights(*part.module, io::Checkpoint(part.path));
+    models::load_weights(*part.module, models::open_checkpoint(*part.module, part.path));
 }
 
 // Starts from an existing PEFT / diffusers / LTX-2 adapter (model.lora.weights).

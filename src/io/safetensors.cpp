@@ -307,10 +307,17 @@ at::Tensor SafetensorsFile::get(const std::string& name) const {
 }
 
 at::Tensor SafetensorsFile::view(const std::string& name) const {
-  const TensorInfo& t = info(name);
-  const c10::ScalarType dtype = safetensors_scalar_type(t.dtype, fmt::format("tensor '{}' of {}", name, path_));
+  return view(info(name));
+}
+
+at::Tensor SafetensorsFile::view(const TensorInfo& t) const {
+  const c10::ScalarType dtype = safetensors_scalar_type(t.dtype, fmt::format("tensor '{}' of {}", t.name, path_));
   uint8_t* ptr = bytes_->data() + data_start_ + t.begin;
-  if (t.nbytes() == 0 || reinterpret_cast<uintptr_t>(ptr) % c10::elementSize(dtype) != 0) return get(name);
+  if (t.nbytes() == 0 || reinterpret_cast<uintptr_t>(ptr) % c10::elementSize(dtype) != 0) {
+    at::Tensor out = at::empty(t.shape, at::TensorOptions().dtype(dtype));
+    if (t.nbytes() > 0) std::memcpy(out.data_ptr(), ptr, t.nbytes());
+    return out;
+  }
   std::shared_ptr<const MappedBytes> keep = bytes_;
   return at::from_blob(
       ptr, t.shape, [keep](void*) mutable { keep.reset(); }, at::TensorOptions().dtype(dtype));
@@ -328,7 +335,11 @@ at::Tensor SafetensorsFile::read_range(const std::string& name, int64_t begin, i
 
 void SafetensorsFile::read_range_into(const std::string& name, int64_t begin, int64_t end,
                                       const at::Tensor& out) const {
-  const TensorInfo& t = info(name);
+  read_range_into(info(name), begin, end, out);
+}
+
+void SafetensorsFile::read_range_into(const TensorInfo& t, int64_t begin, int64_t end, const at::Tensor& out) const {
+  const std::string& name = t.name;
   const c10::ScalarType dtype = safetensors_scalar_type(t.dtype, fmt::format("tensor '{}' of {}", name, path_));
   if (begin < 0 || end < begin || end > t.numel())
     fail("{}: elements [{}, {}) are outside tensor '{}' of {} elements", path_, begin, end, name, t.numel());
@@ -388,10 +399,86 @@ Checkpoint::Checkpoint(const std::string& path) : path_(path) {
   }
 }
 
+void Checkpoint::regroup(const std::map<std::string, std::vector<StoredRows>>& tensors) {
+  if (!presented_.empty()) fail("checkpoint {}: regrouped twice", path_);
+  std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> used;  // stored -> its rows drawn
+  std::map<std::string, Presented> out;
+  for (const auto& [name, rows] : tensors) {
+    if (rows.empty()) fail("checkpoint {}: '{}' is regrouped from no rows", path_, name);
+    Presented p;
+    int64_t total = 0;
+    for (const StoredRows& r : rows) {
+      const TensorInfo& stored = shard(r.stored).info(r.stored);
+      if (stored.shape.empty()) fail("checkpoint {}: '{}' is a scalar; it has no rows for '{}'", path_, r.stored, name);
+      if (r.begin < 0 || r.end <= r.begin || r.end > stored.shape[0])
+        fail("checkpoint {}: rows [{}, {}) of '{}' (shape [{}]) for '{}' are not within its {} rows", path_, r.begin,
+             r.end, r.stored, fmt::join(stored.shape, ", "), name, stored.shape[0]);
+      const std::vector<int64_t> trailing(stored.shape.begin() + 1, stored.shape.end());
+      if (p.pieces.empty()) {
+        p.info.dtype = stored.dtype;
+        p.info.shape = stored.shape;
+      } else if (stored.dtype != p.info.dtype ||
+                 trailing != std::vector<int64_t>(p.info.shape.begin() + 1, p.info.shape.end())) {
+        fail("checkpoint {}: '{}' joins '{}' ({} [{}]) to rows of {} [{}]", path_, name, r.stored, stored.dtype,
+             fmt::join(stored.shape, ", "), p.info.dtype, fmt::join(p.info.shape, ", "));
+      }
+      const uint64_t row_bytes = stored.nbytes() / static_cast<uint64_t>(stored.shape[0]);
+      Piece piece{shard_of_.at(r.stored), stored};
+      piece.part.shape[0] = r.end - r.begin;
+      piece.part.begin = stored.begin + static_cast<uint64_t>(r.begin) * row_bytes;
+      piece.part.end = stored.begin + static_cast<uint64_t>(r.end) * row_bytes;
+      p.pieces.push_back(piece);
+      used[r.stored].emplace_back(r.begin, r.end);
+      total += r.end - r.begin;
+    }
+    p.info.name = name;
+    p.info.shape[0] = total;
+    if (p.pieces.size() == 1) {
+      p.info.begin = p.pieces[0].part.begin;
+      p.info.end = p.pieces[0].part.end;
+    } else {
+      p.info.end = static_cast<uint64_t>(p.info.numel()) *
+                   (p.pieces[0].part.nbytes() / static_cast<uint64_t>(p.pieces[0].part.numel()));
+    }
+    out[name] = std::move(p);
+  }
+  for (auto& [stored, rows] : used) {
+    std::sort(rows.begin(), rows.end());
+    int64_t next = 0;
+    for (const auto& [begin, end] : rows) {
+      if (begin != next)
+        fail("checkpoint {}: rows {} of '{}' are {} when it is regrouped", path_,
+             begin < next ? fmt::format("[{}, {})", begin, next) : fmt::format("[{}, {})", next, begin), stored,
+             begin < next ? "used twice" : "left out");
+      next = end;
+    }
+    if (next != info(stored).shape[0])
+      fail("checkpoint {}: rows [{}, {}) of '{}' are left out when it is regrouped", path_, next, info(stored).shape[0],
+           stored);
+  }
+  for (const auto& [stored, rows] : used) hidden_.insert(stored);
+  for (const auto& [name, p] : out)
+    if (shard_of_.count(name) && !hidden_.count(name))
+      fail("checkpoint {}: regrouped '{}' would hide the stored tensor of that name", path_, name);
+  presented_ = std::move(out);
+}
+
+const Checkpoint::Presented* Checkpoint::presented(const std::string& name) const {
+  const auto it = presented_.find(name);
+  return it == presented_.end() ? nullptr : &it->second;
+}
+
 std::vector<std::string> Checkpoint::names() const {
   std::vector<std::string> out;
-  for (const auto& [name, f] : shard_of_) out.push_back(name);
+  for (const auto& [name, f] : shard_of_)
+    if (!hidden_.count(name) && !presented_.count(name)) out.push_back(name);
+  for (const auto& [name, p] : presented_) out.push_back(name);
+  std::sort(out.begin(), out.end());
   return out;
+}
+
+bool Checkpoint::contains(const std::string& name) const {
+  return presented_.count(name) || (shard_of_.count(name) && !hidden_.count(name));
 }
 
 const SafetensorsFile& Checkpoint::shard(const std::string& name) const {
@@ -401,24 +488,54 @@ const SafetensorsFile& Checkpoint::shard(const std::string& name) const {
 }
 
 const TensorInfo& Checkpoint::info(const std::string& name) const {
+  if (const Presented* p = presented(name)) return p->info;
   return shard(name).info(name);
 }
 at::Tensor Checkpoint::get(const std::string& name) const {
+  if (presented(name)) return view(name).clone();
   return shard(name).get(name);
 }
 at::Tensor Checkpoint::view(const std::string& name) const {
-  return shard(name).view(name);
+  const Presented* p = presented(name);
+  if (!p) return shard(name).view(name);
+  if (p->pieces.size() == 1) return files_[p->pieces[0].file].view(p->pieces[0].part);
+  std::vector<at::Tensor> parts;
+  for (const Piece& piece : p->pieces) parts.push_back(files_[piece.file].view(piece.part));
+  return at::cat(parts);
 }
 at::Tensor Checkpoint::read_range(const std::string& name, int64_t begin, int64_t end) const {
-  return shard(name).read_range(name, begin, end);
+  if (!presented(name)) return shard(name).read_range(name, begin, end);
+  const TensorInfo& t = info(name);
+  if (begin < 0 || end < begin || end > t.numel())
+    fail("{}: elements [{}, {}) are outside tensor '{}' of {} elements", path_, begin, end, name, t.numel());
+  at::Tensor out = at::empty({end - begin}, at::TensorOptions().dtype(safetensors_scalar_type(t.dtype, name)));
+  read_range_into(name, begin, end, out);
+  return out;
 }
 void Checkpoint::read_range_into(const std::string& name, int64_t begin, int64_t end, const at::Tensor& out) const {
-  shard(name).read_range_into(name, begin, end, out);
+  const Presented* p = presented(name);
+  if (!p) return shard(name).read_range_into(name, begin, end, out);
+  if (begin < 0 || end < begin || end > p->info.numel() || out.numel() != end - begin)
+    fail("{}: elements [{}, {}) of tensor '{}' ({} elements) into {} elements", path_, begin, end, name,
+         p->info.numel(), out.numel());
+  int64_t first = 0;  // of the current piece, in the presented tensor
+  for (const Piece& piece : p->pieces) {
+    const int64_t n = piece.part.numel();
+    const int64_t from = std::max(begin, first), to = std::min(end, first + n);
+    if (from < to)
+      files_[piece.file].read_range_into(piece.part, from - first, to - first, out.narrow(0, from - begin, to - from));
+    first += n;
+  }
 }
 const std::string& Checkpoint::file_of(const std::string& name) const {
+  if (const Presented* p = presented(name)) return files_[p->pieces[0].file].path();
   return shard(name).path();
 }
-uint64_t Checkpoint::file_offset(const std::string& name) const {
+std::optional<uint64_t> Checkpoint::file_offset(const std::string& name) const {
+  if (const Presented* p = presented(name)) {
+    if (p->pieces.size() != 1) return std::nullopt;
+    return files_[p->pieces[0].file].data_start() + p->pieces[0].part.begin;
+  }
   const SafetensorsFile& file = shard(name);
   return file.data_start() + file.info(name).begin;
 }

@@ -1,6 +1,7 @@
 #include <ditrl/error.hpp>
 #include <ditrl/io/safetensors.hpp>
 #include <ditrl/io/text_file.hpp>
+#include <ditrl/models/flux/bfl_checkpoint.hpp>
 #include <ditrl/models/lora_files.hpp>
 
 #include <ATen/ATen.h>
@@ -28,7 +29,8 @@ constexpr const char* kDiffusersWeights = "pytorch_lora_weights.safetensors";
 constexpr const char* kDiffusersMetadata = "lora_adapter_metadata";  // diffusers' LORA_ADAPTER_METADATA_KEY
 constexpr const char* kDiffusersPrefix = "transformer.";
 constexpr const char* kPeftPrefix = "base_model.model.";
-constexpr const char* kLtxPrefix = "diffusion_model.";  // also ComfyUI's for Wan and Qwen-Image
+constexpr const char* kLtxPrefix = "diffusion_model.";      // also ComfyUI's for Wan, Qwen-Image and FLUX.2
+constexpr const char* kBflLayoutKey = "ditrl_lora_layout";  // FLUX.2's ComfyUI file: BFL's fused modules
 
 // Wan's checkpoint names (ComfyUI's Wan model, Wan's own code) of ditrl's
 // diffusers-named Wan linear layers: inside `blocks.N.`, then the others.
@@ -271,6 +273,11 @@ LoraAdapter read_peft(const std::string& config_path, const std::string& weights
 
 LoraAdapter read_safetensors(const std::string& path) {
   const io::SafetensorsFile file(path);
+  if (file.metadata().count(kBflLayoutKey))
+    fail(
+        "{}: a LoRA on Black Forest Labs' fused modules (FLUX.2's ComfyUI file) is for ComfyUI and diffusers; ditrl "
+        "reads the pytorch_lora_weights.safetensors or PEFT folder of the same export",
+        path);
   RawAdapter raw = raw_factors(file);
   const int64_t rank = uniform_rank(raw, path);
   double alpha = static_cast<double>(rank);  // diffusers' and ltx_core's reading without alpha: scale 1
@@ -343,15 +350,67 @@ void write_lora_file(const std::string& path, LoraFormat format, const LoraAdapt
 }
 
 bool has_comfyui_lora_layout(const std::string& family) {
-  return family == "sd3" || family == "wan" || family == "qwen_image" || family == "flux";
+  return family == "sd3" || family == "wan" || family == "qwen_image" || family == "flux" || family == "flux2";
 }
+
+namespace {
+
+// FLUX.2's ComfyUI file (lora_files.hpp): the adapter on BFL's modules. A
+// fused module's adapted parts share it: lora_A stacks their A factors,
+// lora_B holds each part's (alpha/r) B in the part's rows and its columns
+// (zero elsewhere), so B A is each part's update in its rows.
+void write_bfl_lora(const std::string& path, const LoraAdapter& adapter, const LoraFileOptions& options) {
+  struct Fused {
+    const BflRule* rule = nullptr;
+    std::map<size_t, const LoraFactors*> parts;
+  };
+  std::map<std::string, Fused> fused;
+  for (const auto& [name, f] : adapter.modules) {
+    const std::optional<BflPlace> place = bfl_place(name, flux2_bfl_layout());
+    if (!place)
+      fail("{}: flux2 layer {} has no name in Black Forest Labs' layout, which ComfyUI's model uses", path, name);
+    fused[place->module].rule = place->rule;
+    fused[place->module].parts[place->part] = &f;
+  }
+  io::NamedTensors tensors;
+  for (const auto& [module, group] : fused) {
+    const LoraFactors& first = *group.parts.begin()->second;
+    const int64_t out = first.b.size(0), r = adapter.rank;
+    at::Tensor b =
+        at::zeros({out * static_cast<int64_t>(group.rule->to.size()), r * static_cast<int64_t>(group.parts.size())});
+    std::vector<at::Tensor> a;
+    for (const auto& [part, f] : group.parts) {
+      const at::Tensor scaled = f->b.detach().to(at::kCPU, at::kFloat) * adapter.scale();
+      b.slice(0, static_cast<int64_t>(part) * out, static_cast<int64_t>(part + 1) * out)
+          .slice(1, static_cast<int64_t>(a.size()) * r, static_cast<int64_t>(a.size() + 1) * r)
+          .copy_(scaled);
+      a.push_back(f->a.detach().to(at::kCPU, at::kFloat));
+    }
+    if (group.rule->rows == BflRows::swap_halves) b = at::cat({b.chunk(2)[1], b.chunk(2)[0]});
+    if (group.rule->rows == BflRows::qkv_mlp) fail("{}: {} splits unevenly (FLUX.1's linear1)", path, module);
+    tensors.emplace_back(std::string(kLtxPrefix) + module + ".lora_A.weight", stored(at::cat(a), options.dtype));
+    tensors.emplace_back(std::string(kLtxPrefix) + module + ".lora_B.weight", stored(b, options.dtype));
+  }
+  std::map<std::string, std::string> metadata = options.metadata;
+  metadata["format"] = "pt";
+  metadata["ditrl_lora_rank"] = std::to_string(adapter.rank);
+  metadata["ditrl_lora_alpha"] = fmt::format("{}", adapter.alpha);
+  metadata["ditrl_lora_b_scaled"] = "alpha/r";
+  metadata[kBflLayoutKey] = "black-forest-labs";
+  io::write_safetensors(path, tensors, metadata);
+}
+
+}  // namespace
 
 void write_comfyui_lora(const std::string& path, const std::string& family, const LoraAdapter& adapter,
                         const LoraFileOptions& options) {
   adapter.validate("LoRA adapter for " + path);
   if (!has_comfyui_lora_layout(family))
-    fail("{}: no ComfyUI LoRA layout for family '{}' (sd3, wan, qwen_image, flux; LTX-2's is ltx_lora.safetensors)",
-         path, family);
+    fail(
+        "{}: no ComfyUI LoRA layout for family '{}' (sd3, wan, qwen_image, flux, flux2; LTX-2's is "
+        "ltx_lora.safetensors)",
+        path, family);
+  if (family == "flux2") return write_bfl_lora(path, adapter, options);
   const bool diffusers_names = family == "sd3" || family == "flux";
   const std::string prefix = diffusers_names ? kDiffusersPrefix : kLtxPrefix;
   // ComfyUI takes alpha with .item(): stored in fp32 whatever the factors'

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 namespace ditrl::models {
@@ -113,7 +114,7 @@ class CheckpointSource final : public ParameterSource {
     for (const auto& b : model.named_buffers()) model_name[b.value().unsafeGetTensorImpl()] = b.key();
     // Validate every part before reading anything.
     for (const CheckpointPart& part : parts) {
-      checkpoints_.push_back(std::make_unique<io::Checkpoint>(part.path));
+      checkpoints_.push_back(std::make_unique<io::Checkpoint>(open_checkpoint(*part.module, part.path)));
       validate_checkpoint(*part.module, *checkpoints_.back());
     }
     torch::NoGradGuard no_grad;
@@ -186,7 +187,9 @@ class CheckpointSource final : public ParameterSource {
       if (name == by_canonical_.end()) return {};
       const auto& [file, stored] = where(name->second);
       if (io::safetensors_scalar_type(file.info(stored).dtype, stored) != dtype) return {};
-      const uint64_t at = file.file_offset(stored) + static_cast<uint64_t>(r.begin) * element;
+      const std::optional<uint64_t> offset = file.file_offset(stored);
+      if (!offset) return {};
+      const uint64_t at = *offset + static_cast<uint64_t>(r.begin) * element;
       if (!path) {
         path = &file.file_of(stored);
         first = at;

@@ -87,6 +87,13 @@ std::vector<CheckpointEntry> checkpoint_layout(const torch::nn::Module& model) {
 
 }  // namespace
 
+io::Checkpoint open_checkpoint(const torch::nn::Module& model, const std::string& path) {
+  io::Checkpoint checkpoint(path);
+  if (const auto* family = dynamic_cast<const Family*>(&model))
+    if (const auto table = family->checkpoint_regrouping(checkpoint); !table.empty()) checkpoint.regroup(table);
+  return checkpoint;
+}
+
 std::map<std::string, std::string> stored_names(const torch::nn::Module& model, const io::Checkpoint& checkpoint) {
   return canonical_names(model, checkpoint);
 }

@@ -12,7 +12,9 @@ the real checkpoint names) and its case_0 inputs:
   2b. comfyui_lora.safetensors as ComfyUI's LoraLoader reads it (its keys where ComfyUI's key map
      looks, an .alpha per module, W + (alpha/r) B A equal to the merged export; a file without
      .alpha is shown to fail that check); Wan and Qwen-Image: diffusers' own converters of those
-     layouts load it to ditrl's forward. ComfyUI's own loader: tests/interop/comfyui_lora.py;
+     layouts load it to ditrl's forward. ComfyUI's own loader: tests/interop/comfyui_lora.py.
+     FLUX.2's file is on Black Forest Labs' fused modules (lora_B pre-scaled, no .alpha): its patch
+     on the fixture's BFL layout equals the merged export's, and diffusers' Flux2 loader reads it;
   3. a LoRA made by PEFT/diffusers on the reference model (random factors, alpha != r), saved by
      diffusers' save_lora_weights and by PEFT's save_pretrained: `ditrl forward --lora` equals the
      reference forward with it, and `ditrl train` with model.lora.weights starts from it;
@@ -286,9 +288,7 @@ def diffusers_family(family, work):
     compare(f"{family}: from_pretrained(export/merged) forward", ours, reference_forward(family, merged_model, inputs))
 
     if family == "flux2":
-        # No ComfyUI layout for FLUX.2 yet (models::has_comfyui_lora_layout): the export holds none.
-        check(f"{family}: export writes no comfyui_lora.safetensors",
-              not os.path.exists(os.path.join(export, "comfyui_lora.safetensors")), "PEFT and diffusers files only")
+        comfyui_bfl_file(export, state, inputs, ours, base_out, work)
     else:
         comfyui_file(family, export, state, inputs, ours, base_out, work)
 
@@ -420,6 +420,82 @@ def comfyui_file(family, export, state, inputs, ours, base_out, work):
         pipe.load_lora_weights(export, weight_name="comfyui_lora.safetensors")
         compare(f"{family}: {type(pipe).__name__}.load_lora_weights(comfyui_lora.safetensors) forward", ours,
                 reference_forward(family, transformer, inputs), base_out)
+
+
+def comfyui_bfl_file(export, state, inputs, ours, base_out, work):
+    # FLUX.2's comfyui_lora.safetensors is on Black Forest Labs' modules under `diffusion_model.`:
+    # ComfyUI's FLUX.2 model keeps BFL's weight names, and its key map takes `diffusion_model.<name>`
+    # for the weight `diffusion_model.<name>.weight` (comfy/lora.py model_lora_keys_unet, the generic
+    # format); diffusers' Flux2 loader reads the same layout (_convert_non_diffusers_flux2_lora_to_diffusers).
+    # No .alpha (that loader refuses one; ComfyUI then patches at alpha/r = 1): lora_B holds (alpha/r) B.
+    sys.path.insert(0, FIXTURES)
+    from bfl_layout import to_bfl  # the fixture's BFL layout, checked against diffusers' own converter
+
+    path = os.path.join(export, "comfyui_lora.safetensors")
+    lora = load_file(path)
+    base = to_bfl("flux2", state)
+    merged = to_bfl("flux2", load_folder(os.path.join(export, "merged")))
+    prefix = "diffusion_model."
+    modules, stray = {}, []
+    for key, value in lora.items():
+        part = next((p for p in (".lora_A.weight", ".lora_B.weight") if key.endswith(p)), None)
+        if part is None or not key.startswith(prefix):
+            stray.append(key)
+        else:
+            modules.setdefault(key[len(prefix):-len(part)], {})[part] = value
+    misfit = [m for m, parts in modules.items()
+              if len(parts) != 2 or m + ".weight" not in base
+              or parts[".lora_B.weight"].shape[0] != base[m + ".weight"].shape[0]
+              or parts[".lora_A.weight"].shape[1] != base[m + ".weight"].shape[1]
+              or parts[".lora_A.weight"].shape[0] != parts[".lora_B.weight"].shape[1]]
+    check("flux2: comfyui_lora.safetensors on BFL's weights under diffusion_model., no .alpha",
+          not stray and not misfit and modules,
+          f"{len(modules)} modules ({len(lora)} keys); stray {stray[:3]}, not fitting a BFL weight {misfit[:3]}")
+
+    changed = {k for k in merged if not torch.equal(merged[k], base[k])}
+    alpha_over_r = float(load_file_metadata(path)["ditrl_lora_alpha"]) / float(load_file_metadata(path)["ditrl_lora_rank"])
+    worst, worst_scaled, effect = 0.0, 0.0, 0.0
+    for m, parts in modules.items():
+        w = m + ".weight"
+        b, a = parts[".lora_B.weight"].float(), parts[".lora_A.weight"].float()
+        delta = b @ a
+        # Half an fp32 ulp of |W| + sum |b_i a_i|: the scale of the product's rounding, where
+        # |B A| itself may cancel.
+        u = (base[w].abs() + b.abs() @ a.abs()) * 2.0 ** -24 + 2.0 ** -149
+        worst = max(worst, ((base[w] + delta - merged[w]).abs() / u).max().item())
+        worst_scaled = max(worst_scaled, ((base[w] + alpha_over_r * delta - merged[w]).abs() / u).max().item())
+        effect = max(effect, (delta.abs() / u).max().item())
+    covered = changed <= {m + ".weight" for m in modules}
+    # Measured: 3.9 u (AMD EPYC); bound 40 u, about 10x (lora_B is rounded once more, scaled by
+    # alpha/r before the product, and the product's k is r per adapted part).
+    check("flux2: ComfyUI's patch W + B A (no .alpha: scale 1) on BFL's weights == ditrl's merge",
+          covered and worst <= 40.0 and effect > 1000.0,
+          f"{len(changed)} merged BFL weights differ from the base, all in the file: {covered}; worst difference "
+          f"{worst:.2f} u (bound 40; u = 2^-24 (|W| + |B| |A|))")
+    check("flux2: negative control: lora_B scaled by alpha/r once more fails that check", worst_scaled > 100.0,
+          f"worst difference {worst_scaled:.0f} u")
+
+    transformer = diffusers_model("flux2", state)
+    pipe = pipeline("flux2", transformer)
+    pipe.load_lora_weights(export, weight_name="comfyui_lora.safetensors")
+    compare(f"flux2: {type(pipe).__name__}.load_lora_weights(comfyui_lora.safetensors) forward", ours,
+            reference_forward("flux2", transformer, inputs), base_out)
+
+    forward_args = f"--family flux2 --config {base_config('flux2')} --weights {base_weights('flux2')}"
+    inputs_file = os.path.join(FIXTURES, "flux2", "case_0.safetensors")
+    refused = subprocess.run([DITRL] + shlex.split(f"forward {forward_args} --lora {path} --inputs {inputs_file} "
+                                                   f"--out {os.path.join(work, 'refused.safetensors')}"),
+                             capture_output=True, text=True)
+    check("flux2: ditrl forward --lora refuses the BFL-layout file by name",
+          refused.returncode != 0 and "Black Forest Labs' fused modules" in refused.stderr + refused.stdout,
+          (refused.stderr + refused.stdout).strip().splitlines()[-1:] or "no output")
+
+
+def load_file_metadata(path):
+    from safetensors import safe_open
+
+    with safe_open(path, "pt") as f:
+        return f.metadata()
 
 
 def ltx_family(work):

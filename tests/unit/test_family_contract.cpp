@@ -30,6 +30,7 @@
 #include "same_bits.hpp"
 
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <utility>
@@ -163,9 +164,7 @@ struct flux {
              "single_transformer_blocks.0.attn.norm_k.weight (checkpoint [32]"}};
   }
   // 8 targets per double block, to_q/k/v per single block.
-  static LoraCase lora() {
-    return {0, 2 * 8 + 2 * 3, "single_transformer_blocks.1.attn.to_k.lora_B.weight", "case_1"};
-  }
+  static LoraCase lora() { return {0, 2 * 8 + 2 * 3, "single_transformer_blocks.1.attn.to_k.lora_B.weight", "case_1"}; }
 };
 
 // The fixture's architecture, seeded init (on `device`).
@@ -427,6 +426,12 @@ TEST_CASE("family contract: sliced loading gives the full load's parameters slic
         INFO(family << " weights file");
         auto sliced = create_family(o);
         const auto source = checkpoint_source(*sliced, {{sliced, fixture_path(family + "/weights.safetensors")}});
+        check_slices(*source, *sliced, *test::fixture_family(family));
+      }
+      if (std::filesystem::exists(fixture_path(family + "/bfl.safetensors"))) {
+        INFO(family << " Black Forest Labs' single file (fused q, k, v; swapped modulation halves)");
+        auto sliced = create_family(o);
+        const auto source = checkpoint_source(*sliced, {{sliced, fixture_path(family + "/bfl.safetensors")}});
         check_slices(*source, *sliced, *test::fixture_family(family));
       }
       {

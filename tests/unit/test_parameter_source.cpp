@@ -60,7 +60,7 @@ TEST_CASE("map_private: a file's element range as a tensor / writes to it stay p
   for (const auto& [begin, end] : {std::pair<int64_t, int64_t>{0, 5000}, {1, 2}, {2047, 4099}}) {
     INFO("[" << begin << ", " << end << ")");
     const at::Tensor mapped =
-        io::map_private(path, file.file_offset("a") + begin * 2, (end - begin) * 2, at::kBFloat16);
+        io::map_private(path, *file.file_offset("a") + begin * 2, (end - begin) * 2, at::kBFloat16);
     REQUIRE(mapped.defined());
     CHECK(same_bits(mapped, values.narrow(0, begin, end - begin)));
     mapped.fill_(-1);

@@ -261,3 +261,65 @@ TEST_CASE("safetensors: thousands of truncated and mutated files give only ditrl
   CHECK(foreign_errors == 0);
   CHECK(parsed < cases);
 }
+
+TEST_CASE("safetensors: regroup presents row ranges of stored tensors under other names", "[io][safetensors]") {
+  // Black Forest Labs' layout in small: a fused qkv split in three, a pair of
+  // halves swapped, a tensor renamed whole; across the shards of an index.
+  const std::string dir = ditrl::test::fresh_output_dir("regroup");
+  const at::Tensor qkv = at::arange(24, at::kFloat).reshape({6, 4});
+  const at::Tensor mod = at::arange(8, at::kFloat).to(at::kBFloat16).reshape({4, 2});
+  write_safetensors(dir + "/a.safetensors", {{"qkv", qkv}, {"kept", at::ones({3})}});
+  write_safetensors(dir + "/b.safetensors", {{"mod", mod}, {"bias", at::arange(3, at::kFloat)}});
+  {
+    std::ofstream index(dir + "/m.safetensors.index.json");
+    index << R"({"weight_map": {"qkv": "a.safetensors", "kept": "a.safetensors", "mod": "b.safetensors",
+                                "bias": "b.safetensors"}})";
+  }
+  const std::map<std::string, std::vector<StoredRows>> table{{"q", {{"qkv", 0, 2}}},
+                                                             {"k", {{"qkv", 2, 4}}},
+                                                             {"v", {{"qkv", 4, 6}}},
+                                                             {"swapped", {{"mod", 2, 4}, {"mod", 0, 2}}},
+                                                             {"renamed", {{"bias", 0, 3}}}};
+  Checkpoint c(dir + "/m.safetensors.index.json");
+  c.regroup(table);
+  CHECK(c.regrouped() == 3);
+  CHECK(c.names() == std::vector<std::string>{"k", "kept", "q", "renamed", "swapped", "v"});
+  CHECK_FALSE(c.contains("qkv"));
+  CHECK(c.info("k").shape == std::vector<int64_t>{2, 4});
+  CHECK(c.info("swapped").dtype == "BF16");
+  CHECK(at::equal(c.view("k"), qkv.slice(0, 2, 4)));
+  CHECK(at::equal(c.get("v"), qkv.slice(0, 4, 6)));
+  const at::Tensor swapped = at::cat({mod.slice(0, 2, 4), mod.slice(0, 0, 2)});
+  CHECK(at::equal(c.view("swapped"), swapped));
+  CHECK(at::equal(c.view("renamed"), at::arange(3, at::kFloat)));
+  // Element ranges across the two runs of bytes, as sliced loading reads them.
+  for (const auto& [begin, end] : {std::pair<int64_t, int64_t>{0, 8}, {3, 5}, {1, 7}, {4, 8}, {2, 2}}) {
+    INFO("[" << begin << ", " << end << ")");
+    CHECK(at::equal(c.read_range("swapped", begin, end), swapped.reshape(-1).slice(0, begin, end)));
+  }
+  CHECK(c.file_offset("k").has_value());
+  CHECK_FALSE(c.file_offset("swapped").has_value());  // two runs: not mappable as one
+  CHECK(c.file_of("swapped") == dir + "/b.safetensors");
+  CHECK(*c.file_offset("k") == *Checkpoint(dir + "/m.safetensors.index.json").file_offset("qkv") + 2 * 4 * 4);
+  // Negative control: the same ranges unswapped are not what was read.
+  CHECK_FALSE(at::equal(c.view("swapped"), mod));
+
+  auto refused = [&](const std::map<std::string, std::vector<StoredRows>>& bad) {
+    Checkpoint fresh(dir + "/m.safetensors.index.json");
+    try {
+      fresh.regroup(bad);
+    } catch (const ditrl::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK_THAT(refused({{"q", {{"qkv", 0, 2}}}, {"k", {{"qkv", 2, 4}}}}),
+             Contains("m.safetensors.index.json") && Contains("rows [4, 6) of 'qkv' are left out"));
+  CHECK_THAT(refused({{"q", {{"qkv", 0, 4}}}, {"k", {{"qkv", 2, 6}}}}),
+             Contains("rows [2, 4) of 'qkv' are used twice"));
+  CHECK_THAT(refused({{"q", {{"qkv", 0, 7}}}}), Contains("rows [0, 7) of 'qkv'") && Contains("within its 6 rows"));
+  CHECK_THAT(refused({{"q", {{"qkv", 0, 6}, {"mod", 0, 4}}}}), Contains("'q' joins 'mod' (BF16 [4, 2])"));
+  CHECK_THAT(refused({{"kept", {{"bias", 0, 3}}}}), Contains("would hide the stored tensor"));
+  CHECK_THAT(refused({{"q", {{"missing", 0, 1}}}}), Contains("has no tensor 'missing'"));
+  CHECK_THROWS_WITH(c.regroup(table), Contains("regrouped twice"));
+}

@@ -125,7 +125,8 @@ struct ModelSection {
     v("preset", preset, "the family's architecture preset (a released checkpoint's, or \"tiny\" for tests)");
     v("config", config, "a diffusers config.json whose architecture overrides the preset's; empty = the preset");
     v("weights", weights,
-      "the transformer's weights: a safetensors file or a sharded `*.index.json`; empty = the seeded init");
+      "the transformer's weights: a safetensors file or a sharded `*.index.json` (flux, flux2: also Black Forest "
+      "Labs' single file); empty = the seeded init");
     v("weights_2", weights_2, "Wan2.2 A14B's second (low-noise) expert, `transformer_2/`; empty = one expert");
     v("init_seed", init_seed, "seeds the initial weights without a weights file, and the LoRA init",
       Between{0, kIntMax});

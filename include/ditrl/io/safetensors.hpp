@@ -13,6 +13,8 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -69,6 +71,10 @@ class SafetensorsFile {
   // dtype and end - begin elements (sliced loading reads straight into a
   // rank's slice).
   void read_range_into(const std::string& name, int64_t begin, int64_t end, const at::Tensor& out) const;
+  // view and read_range_into of a part of a tensor: `part` has the tensor's
+  // name and dtype and a contiguous byte range within it (Checkpoint::regroup).
+  at::Tensor view(const TensorInfo& part) const;
+  void read_range_into(const TensorInfo& part, int64_t begin, int64_t end, const at::Tensor& out) const;
 
  private:
   SafetensorsFile(std::shared_ptr<const MappedBytes> bytes, std::string path);
@@ -81,23 +87,43 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
+// Rows [begin, end) (along dim 0) of a stored tensor.
+struct StoredRows {
+  std::string stored;
+  int64_t begin = 0, end = 0;
+};
+
 // A checkpoint: one safetensors file, or a `*.safetensors.index.json` and its
 // shards (resolved next to the index). Names are unique across shards.
 class Checkpoint {
  public:
   explicit Checkpoint(const std::string& path);
 
+  // Presents each entry of `tensors` as the concatenation, along dim 0, of
+  // its rows of stored tensors, in place of those stored tensors (which
+  // leave names()): a layout that fuses parameters into one tensor (Black
+  // Forest Labs' q, k and v) or orders their rows otherwise (a modulation's
+  // (shift, scale) halves) is read under the model's names, with no copy.
+  // Every row of a source goes to exactly one presented tensor, and the
+  // sources of one tensor share its dtype and sizes after dim 0; otherwise an
+  // Error names the file and the tensors. Once per checkpoint.
+  void regroup(const std::map<std::string, std::vector<StoredRows>>& tensors);
+  // How many stored tensors regroup() replaced.
+  size_t regrouped() const { return hidden_.size(); }
+
   const std::string& path() const { return path_; }
   std::vector<std::string> names() const;  // sorted
-  bool contains(const std::string& name) const { return shard_of_.count(name) > 0; }
+  bool contains(const std::string& name) const;
   const TensorInfo& info(const std::string& name) const;
   at::Tensor get(const std::string& name) const;
   at::Tensor view(const std::string& name) const;                                    // see SafetensorsFile::view
   at::Tensor read_range(const std::string& name, int64_t begin, int64_t end) const;  // see SafetensorsFile
   void read_range_into(const std::string& name, int64_t begin, int64_t end, const at::Tensor& out) const;
-  // The file that holds `name` (the shard for an index), and where its bytes start in that file.
+  // The file that holds `name` (the shard for an index), and where its bytes
+  // start in that file; nullopt for a regrouped tensor gathered from several
+  // runs of bytes.
   const std::string& file_of(const std::string& name) const;
-  uint64_t file_offset(const std::string& name) const;
+  std::optional<uint64_t> file_offset(const std::string& name) const;
   // The single file's metadata, or the index's "metadata" values as text.
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const std::vector<SafetensorsFile>& files() const { return files_; }
@@ -105,10 +131,24 @@ class Checkpoint {
  private:
   const SafetensorsFile& shard(const std::string& name) const;
 
+  // A regrouped tensor: its info (begin/end locate it only when it is one
+  // run), and its runs of bytes in order.
+  struct Piece {
+    size_t file = 0;
+    TensorInfo part;  // the stored tensor's name and dtype, the run's bytes
+  };
+  struct Presented {
+    TensorInfo info;
+    std::vector<Piece> pieces;
+  };
+  const Presented* presented(const std::string& name) const;
+
   std::string path_;
   std::vector<SafetensorsFile> files_;
   std::map<std::string, size_t> shard_of_;
   std::map<std::string, std::string> metadata_;
+  std::map<std::string, Presented> presented_;
+  std::set<std::string> hidden_;  // stored tensors regroup() replaced
 };
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;

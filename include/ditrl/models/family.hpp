@@ -5,6 +5,7 @@
 // and the sampler need to drive it: the velocity forward in the timestep
 // domain its DiT consumes, wrap units, LoRA targets, dtype overrides, CFG.
 
+#include <ditrl/io/safetensors.hpp>
 #include <ditrl/models/attention_backend.hpp>
 #include <ditrl/models/unit.hpp>
 #include <ditrl/precision/dtype.hpp>
@@ -181,6 +182,13 @@ class Family : public torch::nn::Module {
   // nullopt for a tensor of the file that is not part of this model (skipped
   // on load; e.g. the VAE of a single-file LTX checkpoint).
   virtual std::optional<std::string> checkpoint_name(const std::string& stored) const { return stored; }
+  // How a checkpoint in a layout other than the model's own (Black Forest
+  // Labs' single files, which fuse q, k and v) maps onto the parameters, as
+  // a Checkpoint::regroup table; empty for a checkpoint already under the
+  // model's names. Applied by models::open_checkpoint.
+  virtual std::map<std::string, std::vector<io::StoredRows>> checkpoint_regrouping(const io::Checkpoint&) const {
+    return {};
+  }
 };
 
 // Builds a family from options (preset or config.json, LoRA adapters

@@ -32,11 +32,21 @@
 //                  (blocks.N.self_attn.q, .cross_attn.o, .ffn.0,
 //                  time_embedding.0, head.head, ...): ComfyUI has no
 //                  diffusers names for Wan.
+//      flux2       `diffusion_model.<BFL module>` (double_blocks.N.img_attn.qkv,
+//                  single_blocks.N.linear1, ...): ComfyUI's FLUX.2 model
+//                  keeps Black Forest Labs' names, and diffusers' Flux2
+//                  loader reads this layout (ai-toolkit's). Adapted parts
+//                  of a fused module share its factors: lora_A stacks
+//                  theirs, lora_B holds each part's B in its rows and
+//                  columns (zero elsewhere), so the module's rank is r per
+//                  adapted part. No `.alpha` (diffusers' loader refuses
+//                  one): lora_B holds (alpha/r) B, as LTX-2's file does.
+//                  ditrl reads the export's other files, not this one.
 //    LTX-2's ComfyUI file is the LTX-2 layout above (lora_B pre-scaled).
 //    What ComfyUI's loader does with these files, by hand against its
 //    repository: benchmarks/results/comfyui_lora.md.
 //
-// read_lora_file() takes any of these (Wan checkpoint names come back as
+// read_lora_file() takes any of these but FLUX.2's ComfyUI file (Wan checkpoint names come back as
 // ditrl's; kohya-style per-module `.alpha` tensors are read); what it cannot
 // represent (DoRA, per-module ranks or alphas, biases on lora_B,
 // fan_in_fan_out) is an error naming the file.

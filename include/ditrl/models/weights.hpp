@@ -17,6 +17,11 @@
 
 namespace ditrl::models {
 
+// The checkpoint at `path` as `model` reads it: regrouped by
+// Family::checkpoint_regrouping when `model` is a Family whose checkpoints
+// come in another layout too.
+io::Checkpoint open_checkpoint(const torch::nn::Module& model, const std::string& path);
+
 // Checks the checkpoint's names (PEFT names resolved to canonical ones) and
 // shapes against the model; throws one Error, naming the checkpoint, that
 // lists every missing, unexpected, wrongly-shaped and wrongly-typed (not

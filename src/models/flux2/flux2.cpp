@@ -1,5 +1,6 @@
 #include <ditrl/error.hpp>
 #include <ditrl/models/config_fields.hpp>
+#include <ditrl/models/flux/bfl_checkpoint.hpp>
 #include <ditrl/models/flux2/flux2.hpp>
 
 #include <ATen/ATen.h>
@@ -262,6 +263,44 @@ std::vector<WrapUnit> Flux2::wrap_units() {
   for (size_t i = 0; i < single_blocks.size(); ++i)
     units.push_back({"single_transformer_blocks." + std::to_string(i), single_blocks[i]});
   return units;
+}
+
+const BflLayout& flux2_bfl_layout() {
+  // diffusers' convert_flux2_transformer_checkpoint_to_diffusers, as a table;
+  // the single blocks keep their fused projection (to_qkv_mlp_proj).
+  static const BflLayout layout{
+      {{"img_in", {"x_embedder"}},
+       {"txt_in", {"context_embedder"}},
+       {"time_in.in_layer", {"time_guidance_embed.timestep_embedder.linear_1"}},
+       {"time_in.out_layer", {"time_guidance_embed.timestep_embedder.linear_2"}},
+       {"guidance_in.in_layer", {"time_guidance_embed.guidance_embedder.linear_1"}},
+       {"guidance_in.out_layer", {"time_guidance_embed.guidance_embedder.linear_2"}},
+       {"double_stream_modulation_img.lin", {"double_stream_modulation_img.linear"}},
+       {"double_stream_modulation_txt.lin", {"double_stream_modulation_txt.linear"}},
+       {"single_stream_modulation.lin", {"single_stream_modulation.linear"}},
+       {"final_layer.linear", {"proj_out"}},
+       {"final_layer.adaLN_modulation.1", {"norm_out.linear"}, BflRows::swap_halves}},
+      {{"img_attn.qkv", {"attn.to_q", "attn.to_k", "attn.to_v"}, BflRows::thirds},
+       {"txt_attn.qkv", {"attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"}, BflRows::thirds},
+       {"img_attn.norm.query_norm", {"attn.norm_q"}},
+       {"img_attn.norm.key_norm", {"attn.norm_k"}},
+       {"txt_attn.norm.query_norm", {"attn.norm_added_q"}},
+       {"txt_attn.norm.key_norm", {"attn.norm_added_k"}},
+       {"img_attn.proj", {"attn.to_out.0"}},
+       {"txt_attn.proj", {"attn.to_add_out"}},
+       {"img_mlp.0", {"ff.linear_in"}},
+       {"img_mlp.2", {"ff.linear_out"}},
+       {"txt_mlp.0", {"ff_context.linear_in"}},
+       {"txt_mlp.2", {"ff_context.linear_out"}}},
+      {{"linear1", {"attn.to_qkv_mlp_proj"}},
+       {"linear2", {"attn.to_out"}},
+       {"norm.query_norm", {"attn.norm_q"}},
+       {"norm.key_norm", {"attn.norm_k"}}}};
+  return layout;
+}
+
+std::map<std::string, std::vector<io::StoredRows>> Flux2::checkpoint_regrouping(const io::Checkpoint& c) const {
+  return bfl_regrouping(c, flux2_bfl_layout());
 }
 
 std::vector<std::string> Flux2::default_lora_targets() const {

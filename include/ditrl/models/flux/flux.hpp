@@ -125,6 +125,8 @@ class Flux : public Family {
   bool embeds_guidance() const override { return config_.guidance_embeds; }
   std::vector<int64_t> latent_shape(int64_t batch, const LatentGrid& grid) const override;
   std::vector<CondSpec> cond_spec() const override;
+  // Black Forest Labs' single files (models/flux/bfl_checkpoint.hpp).
+  std::map<std::string, std::vector<io::StoredRows>> checkpoint_regrouping(const io::Checkpoint& c) const override;
 
   // ComfyUI's factors for FLUX.1's 16-channel VAE (models/latent_preview.hpp); another width: empty.
   LatentRgbFactors latent_rgb_factors() const;

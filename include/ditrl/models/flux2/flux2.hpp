@@ -109,6 +109,8 @@ class Flux2 : public Family {
   bool embeds_guidance() const override { return config_.guidance_embeds; }
   std::vector<int64_t> latent_shape(int64_t batch, const LatentGrid& grid) const override;
   std::vector<CondSpec> cond_spec() const override;
+  // Black Forest Labs' single files (models/flux/bfl_checkpoint.hpp).
+  std::map<std::string, std::vector<io::StoredRows>> checkpoint_regrouping(const io::Checkpoint& c) const override;
 
   const Flux2Config& config() const { return config_; }
 

@@ -1,0 +1,134 @@
+#include <ditrl/error.hpp>
+#include <ditrl/models/flux/bfl_checkpoint.hpp>
+
+#include <optional>
+#include <tuple>
+
+namespace ditrl::models {
+
+namespace {
+
+constexpr const char* kComfyPrefix = "model.diffusion_model.";
+
+bool starts_with(const std::string& s, const std::string& prefix) {
+  return s.compare(0, prefix.size(), prefix) == 0;
+}
+
+// `name` as (block prefix read, rules, module within the block, parameter):
+// "double_blocks.3.img_attn.qkv.weight" -> ("transformer_blocks.3.",
+// double_block, "img_attn.qkv", "weight"). nullopt for a name outside
+// BFL's layout.
+struct Place {
+  std::string read_prefix;
+  const std::vector<BflRule>* rules = nullptr;
+  std::string module;
+  std::string parameter;
+};
+
+std::optional<Place> place_of(const std::string& name, const BflLayout& layout) {
+  const size_t dot = name.rfind('.');
+  if (dot == std::string::npos) return std::nullopt;
+  Place p{"", &layout.model, name.substr(0, dot), name.substr(dot + 1)};
+  for (const auto& [stored, read, rules] : {std::tuple<const char*, const char*, const std::vector<BflRule>*>{
+                                                "double_blocks.", "transformer_blocks.", &layout.double_block},
+                                            {"single_blocks.", "single_transformer_blocks.", &layout.single_block}}) {
+    if (!starts_with(p.module, stored)) continue;
+    const size_t index_end = p.module.find('.', std::string(stored).size());
+    if (index_end == std::string::npos) return std::nullopt;
+    const std::string index = p.module.substr(std::string(stored).size(), index_end - std::string(stored).size());
+    p.read_prefix = read + index + ".";
+    p.rules = rules;
+    p.module = p.module.substr(index_end + 1);
+  }
+  if (p.parameter == "scale") p.parameter = "weight";  // BFL's RMSNorm
+  return p;
+}
+
+const BflRule* rule_for(const Place& p) {
+  for (const BflRule& r : *p.rules)
+    if (r.from == p.module) return &r;
+  return nullptr;
+}
+
+// The rows of `stored` each of rule.to reads.
+std::vector<io::StoredRows> split_rows(const io::Checkpoint& checkpoint, const std::string& stored,
+                                       const std::string& weight, const BflRule& rule) {
+  const int64_t rows = checkpoint.info(stored).shape.at(0);
+  switch (rule.rows) {
+    case BflRows::whole:
+      return {{stored, 0, rows}};
+    case BflRows::thirds: {
+      if (rows % 3 != 0)
+        fail("{}: '{}' has {} rows; fused q, k and v need a multiple of 3", checkpoint.path(), stored, rows);
+      const int64_t n = rows / 3;
+      return {{stored, 0, n}, {stored, n, 2 * n}, {stored, 2 * n, rows}};
+    }
+    case BflRows::qkv_mlp: {
+      if (!checkpoint.contains(weight) || checkpoint.info(weight).shape.size() != 2)
+        fail("{}: '{}' needs the 2-D '{}' beside it to tell its width", checkpoint.path(), stored, weight);
+      const int64_t d = checkpoint.info(weight).shape[1];
+      if (rows <= 3 * d)
+        fail("{}: '{}' has {} rows; fused q, k, v of width {} and the MLP input need more than {}", checkpoint.path(),
+             stored, rows, d, 3 * d);
+      return {{stored, 0, d}, {stored, d, 2 * d}, {stored, 2 * d, 3 * d}, {stored, 3 * d, rows}};
+    }
+    case BflRows::swap_halves:
+      if (rows % 2 != 0)
+        fail("{}: '{}' has {} rows; (shift, scale) halves need an even count", checkpoint.path(), stored, rows);
+      return {{stored, rows / 2, rows}, {stored, 0, rows / 2}};
+  }
+  return {};
+}
+
+}  // namespace
+
+std::map<std::string, std::vector<io::StoredRows>> bfl_regrouping(const io::Checkpoint& checkpoint,
+                                                                  const BflLayout& layout) {
+  // BFL's layout is the one with double_blocks (diffusers': transformer_blocks).
+  std::optional<std::string> found;
+  for (const std::string& stored : checkpoint.names())
+    for (const std::string& prefix : {std::string(kComfyPrefix), std::string()})
+      if (!found && starts_with(stored, prefix + "double_blocks.")) found = prefix;
+  if (!found) return {};
+  const std::string prefix = *found;
+  std::map<std::string, std::vector<io::StoredRows>> out;
+  for (const std::string& stored : checkpoint.names()) {
+    if (!starts_with(stored, prefix)) continue;
+    const std::optional<Place> place = place_of(stored.substr(prefix.size()), layout);
+    if (!place) continue;
+    const BflRule* rule = rule_for(*place);
+    if (!rule) continue;
+    const std::string weight = stored.substr(0, stored.rfind('.')) + ".weight";
+    std::vector<io::StoredRows> rows = split_rows(checkpoint, stored, weight, *rule);
+    auto read = [&](size_t i) { return place->read_prefix + rule->to.at(i) + "." + place->parameter; };
+    if (rule->rows == BflRows::swap_halves) {
+      out[read(0)] = rows;  // one module, its halves exchanged
+      continue;
+    }
+    for (size_t i = 0; i < rows.size(); ++i) out[read(i)] = {rows[i]};
+  }
+  return out;
+}
+
+std::optional<BflPlace> bfl_place(const std::string& diffusers_module, const BflLayout& layout) {
+  std::string module = diffusers_module, stored_prefix;
+  const std::vector<BflRule>* rules = &layout.model;
+  for (const auto& [read, stored, block_rules] :
+       {std::tuple<const char*, const char*, const std::vector<BflRule>*>{"transformer_blocks.", "double_blocks.",
+                                                                          &layout.double_block},
+        {"single_transformer_blocks.", "single_blocks.", &layout.single_block}}) {
+    const std::string prefix = read;
+    if (!starts_with(module, prefix)) continue;
+    const size_t index_end = module.find('.', prefix.size());
+    if (index_end == std::string::npos) return std::nullopt;
+    stored_prefix = stored + module.substr(prefix.size(), index_end - prefix.size()) + ".";
+    rules = block_rules;
+    module = module.substr(index_end + 1);
+  }
+  for (const BflRule& r : *rules)
+    for (size_t i = 0; i < r.to.size(); ++i)
+      if (r.to[i] == module) return BflPlace{stored_prefix + r.from, &r, i};
+  return std::nullopt;
+}
+
+}  // namespace ditrl::models
