@@ -162,7 +162,7 @@ DECK_BODY = {
 }
 
 
-def write_deck(path, family, out_dir, lora="", full=False):
+def write_deck(path, family, out_dir, lora="", full=False, weights=None):
     lora_section = "" if full else (
         "[model.lora]\nenabled = true\nrank = 4\nalpha = 12.0\n" + lora)
     text = f"""[run]
@@ -173,7 +173,7 @@ deterministic = true
 [model]
 family = "{family}"
 config = "{base_config(family)}"
-weights = "{base_weights(family)}"
+weights = "{weights or base_weights(family)}"
 
 {lora_section}
 [precision]
@@ -263,6 +263,18 @@ def diffusers_family(family, work):
     export = os.path.join(work, "export")
     print(ditrl(f"export {ckpt} --out {export} --merged").strip())
     ours = output_of(ditrl_forward(family, f"--checkpoint {ckpt}", os.path.join(work, "ckpt_forward.safetensors")))
+
+    if family in ("flux", "flux2"):
+        # Black Forest Labs' single file of the same weights (tests/fixtures/bfl_layout.py), read slice
+        # by slice on 2 ranks, trains to the same model.
+        bfl_dir = os.path.join(work, "bfl_run")
+        deck = write_deck(os.path.join(work, "bfl.toml"), family, bfl_dir,
+                          weights=os.path.join(FIXTURES, family, "bfl.safetensors"))
+        ditrl_mpi(2, f"train {deck}")
+        from_bfl = output_of(ditrl_forward(family, f"--checkpoint {os.path.join(bfl_dir, 'checkpoints', 'step-1.h5')}",
+                                           os.path.join(work, "bfl_forward.safetensors")))
+        check(f"{family}: train from Black Forest Labs' single file == from the diffusers weights",
+              torch.equal(from_bfl, ours), f"bitwise: max diff {max_diff(from_bfl, ours):.1e}")
 
     peft_model = PeftModel.from_pretrained(diffusers_model(family, state), export).eval()
     compare(f"{family}: PeftModel.from_pretrained(export) forward", ours,

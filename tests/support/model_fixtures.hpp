@@ -21,6 +21,15 @@ inline std::string fixture_path(const std::string& relative) {
   return std::string(DITRL_FIXTURES_DIR) + "/" + relative;
 }
 
+// The fixture's architecture (its config.json) with the seeded init.
+inline std::shared_ptr<models::Family> fixture_architecture(const std::string& family, c10::Device device = c10::kCPU) {
+  models::FamilyOptions o;
+  o.family = family;
+  o.config_json = fixture_path(family + "/config.json");
+  o.device = device;
+  return models::create_family(o);
+}
+
 // The fixture's model with its weights loaded.
 inline std::shared_ptr<models::Family> fixture_family(const std::string& family, models::FamilyOptions options = {}) {
   options.family = family;

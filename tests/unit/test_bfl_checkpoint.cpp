@@ -29,13 +29,6 @@ using test::fixture_path;
 
 namespace {
 
-std::shared_ptr<Family> architecture(const std::string& family) {
-  FamilyOptions o;
-  o.family = family;
-  o.config_json = fixture_path(family + "/config.json");
-  return create_family(o);
-}
-
 // Parameters of `a` that differ from `b`'s bitwise.
 std::vector<std::string> differing(Family& a, Family& b) {
   std::vector<std::string> out;
@@ -58,7 +51,7 @@ std::string edited_bfl(const std::string& family, const std::string& label,
 
 std::string load_error(const std::string& family, const std::string& path) {
   try {
-    auto model = architecture(family);
+    auto model = test::fixture_architecture(family);
     load_weights(*model, open_checkpoint(*model, path));
   } catch (const Error& e) {
     return e.what();
@@ -72,7 +65,7 @@ TEST_CASE("bfl checkpoint: Black Forest Labs' single file reads as the diffusers
           "[models][flux][checkpoint]") {
   for (const std::string family : {"flux", "flux2"}) DYNAMIC_SECTION(family) {
       const auto reference = test::fixture_family(family);
-      auto model = architecture(family);
+      auto model = test::fixture_architecture(family);
       const io::Checkpoint bfl = open_checkpoint(*model, fixture_path(family + "/bfl.safetensors"));
       CHECK(bfl.regrouped() == io::SafetensorsFile(fixture_path(family + "/bfl.safetensors")).names().size());
       load_weights(*model, bfl);
@@ -86,7 +79,7 @@ TEST_CASE("bfl checkpoint: Black Forest Labs' single file reads as the diffusers
           edited_bfl(family, "comfy", [](const std::string& name, const at::Tensor& t, io::NamedTensors& out) {
             out.emplace_back("model.diffusion_model." + name, t);
           });
-      auto from_comfy = architecture(family);
+      auto from_comfy = test::fixture_architecture(family);
       load_weights(*from_comfy, open_checkpoint(*from_comfy, comfy));
       CHECK(differing(*from_comfy, *reference).empty());
 
@@ -97,7 +90,7 @@ TEST_CASE("bfl checkpoint: Black Forest Labs' single file reads as the diffusers
             const bool modulation = name.rfind("final_layer.adaLN_modulation.1.", 0) == 0;
             out.emplace_back(name, modulation ? at::cat({t.chunk(2)[1], t.chunk(2)[0]}) : t);
           });
-      auto from_unswapped = architecture(family);
+      auto from_unswapped = test::fixture_architecture(family);
       load_weights(*from_unswapped, open_checkpoint(*from_unswapped, unswapped));
       std::vector<std::string> modulation{"norm_out.linear.weight"};
       if (family == "flux") modulation.push_back("norm_out.linear.bias");  // FLUX.2's linears have none

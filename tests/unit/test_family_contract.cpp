@@ -39,6 +39,7 @@
 using namespace ditrl;
 using namespace ditrl::models;
 using Catch::Matchers::Contains;
+using test::fixture_architecture;
 using test::fixture_path;
 using test::same_bits;
 
@@ -168,14 +169,6 @@ struct flux {
 };
 
 // The fixture's architecture, seeded init (on `device`).
-std::shared_ptr<Family> fixture_architecture(const std::string& family, c10::Device device = c10::kCPU) {
-  FamilyOptions o;
-  o.family = family;
-  o.config_json = fixture_path(family + "/config.json");
-  o.device = device;
-  return create_family(o);
-}
-
 std::string write_bad_checkpoint(const std::string& family, const BadCheckpoint& bad) {
   const io::SafetensorsFile weights(fixture_path(family + "/weights.safetensors"));
   io::NamedTensors tensors;

@@ -110,6 +110,30 @@ std::map<std::string, std::vector<io::StoredRows>> bfl_regrouping(const io::Chec
   return out;
 }
 
+BflLayout bfl_layout(const std::string& time_embed, const BflLayout& own) {
+  BflLayout out{{{"img_in", {"x_embedder"}},
+                 {"txt_in", {"context_embedder"}},
+                 {"time_in.in_layer", {time_embed + ".timestep_embedder.linear_1"}},
+                 {"time_in.out_layer", {time_embed + ".timestep_embedder.linear_2"}},
+                 {"guidance_in.in_layer", {time_embed + ".guidance_embedder.linear_1"}},
+                 {"guidance_in.out_layer", {time_embed + ".guidance_embedder.linear_2"}},
+                 {"final_layer.linear", {"proj_out"}},
+                 {"final_layer.adaLN_modulation.1", {"norm_out.linear"}, BflRows::swap_halves}},
+                {{"img_attn.qkv", {"attn.to_q", "attn.to_k", "attn.to_v"}, BflRows::thirds},
+                 {"txt_attn.qkv", {"attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"}, BflRows::thirds},
+                 {"img_attn.norm.query_norm", {"attn.norm_q"}},
+                 {"img_attn.norm.key_norm", {"attn.norm_k"}},
+                 {"txt_attn.norm.query_norm", {"attn.norm_added_q"}},
+                 {"txt_attn.norm.key_norm", {"attn.norm_added_k"}},
+                 {"img_attn.proj", {"attn.to_out.0"}},
+                 {"txt_attn.proj", {"attn.to_add_out"}}},
+                {{"norm.query_norm", {"attn.norm_q"}}, {"norm.key_norm", {"attn.norm_k"}}}};
+  out.model.insert(out.model.end(), own.model.begin(), own.model.end());
+  out.double_block.insert(out.double_block.end(), own.double_block.begin(), own.double_block.end());
+  out.single_block.insert(out.single_block.end(), own.single_block.begin(), own.single_block.end());
+  return out;
+}
+
 std::optional<BflPlace> bfl_place(const std::string& diffusers_module, const BflLayout& layout) {
   std::string module = diffusers_module, stored_prefix;
   const std::vector<BflRule>* rules = &layout.model;

@@ -348,36 +348,18 @@ std::vector<WrapUnit> Flux::wrap_units() {
 
 const BflLayout& flux1_bfl_layout() {
   // diffusers' convert_flux_transformer_checkpoint_to_diffusers, as a table.
-  static const BflLayout layout{
-      {{"img_in", {"x_embedder"}},
-       {"txt_in", {"context_embedder"}},
-       {"time_in.in_layer", {"time_text_embed.timestep_embedder.linear_1"}},
-       {"time_in.out_layer", {"time_text_embed.timestep_embedder.linear_2"}},
-       {"vector_in.in_layer", {"time_text_embed.text_embedder.linear_1"}},
-       {"vector_in.out_layer", {"time_text_embed.text_embedder.linear_2"}},
-       {"guidance_in.in_layer", {"time_text_embed.guidance_embedder.linear_1"}},
-       {"guidance_in.out_layer", {"time_text_embed.guidance_embedder.linear_2"}},
-       {"final_layer.linear", {"proj_out"}},
-       {"final_layer.adaLN_modulation.1", {"norm_out.linear"}, BflRows::swap_halves}},
-      {{"img_mod.lin", {"norm1.linear"}},
-       {"txt_mod.lin", {"norm1_context.linear"}},
-       {"img_attn.qkv", {"attn.to_q", "attn.to_k", "attn.to_v"}, BflRows::thirds},
-       {"txt_attn.qkv", {"attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"}, BflRows::thirds},
-       {"img_attn.norm.query_norm", {"attn.norm_q"}},
-       {"img_attn.norm.key_norm", {"attn.norm_k"}},
-       {"txt_attn.norm.query_norm", {"attn.norm_added_q"}},
-       {"txt_attn.norm.key_norm", {"attn.norm_added_k"}},
-       {"img_attn.proj", {"attn.to_out.0"}},
-       {"txt_attn.proj", {"attn.to_add_out"}},
-       {"img_mlp.0", {"ff.net.0.proj"}},
-       {"img_mlp.2", {"ff.net.2"}},
-       {"txt_mlp.0", {"ff_context.net.0.proj"}},
-       {"txt_mlp.2", {"ff_context.net.2"}}},
-      {{"modulation.lin", {"norm.linear"}},
-       {"linear1", {"attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp"}, BflRows::qkv_mlp},
-       {"norm.query_norm", {"attn.norm_q"}},
-       {"norm.key_norm", {"attn.norm_k"}},
-       {"linear2", {"proj_out"}}}};
+  static const BflLayout layout = bfl_layout(
+      "time_text_embed", {{{"vector_in.in_layer", {"time_text_embed.text_embedder.linear_1"}},
+                           {"vector_in.out_layer", {"time_text_embed.text_embedder.linear_2"}}},
+                          {{"img_mod.lin", {"norm1.linear"}},
+                           {"txt_mod.lin", {"norm1_context.linear"}},
+                           {"img_mlp.0", {"ff.net.0.proj"}},
+                           {"img_mlp.2", {"ff.net.2"}},
+                           {"txt_mlp.0", {"ff_context.net.0.proj"}},
+                           {"txt_mlp.2", {"ff_context.net.2"}}},
+                          {{"modulation.lin", {"norm.linear"}},
+                           {"linear1", {"attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp"}, BflRows::qkv_mlp},
+                           {"linear2", {"proj_out"}}}});
   return layout;
 }
 

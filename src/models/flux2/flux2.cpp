@@ -268,34 +268,15 @@ std::vector<WrapUnit> Flux2::wrap_units() {
 const BflLayout& flux2_bfl_layout() {
   // diffusers' convert_flux2_transformer_checkpoint_to_diffusers, as a table;
   // the single blocks keep their fused projection (to_qkv_mlp_proj).
-  static const BflLayout layout{
-      {{"img_in", {"x_embedder"}},
-       {"txt_in", {"context_embedder"}},
-       {"time_in.in_layer", {"time_guidance_embed.timestep_embedder.linear_1"}},
-       {"time_in.out_layer", {"time_guidance_embed.timestep_embedder.linear_2"}},
-       {"guidance_in.in_layer", {"time_guidance_embed.guidance_embedder.linear_1"}},
-       {"guidance_in.out_layer", {"time_guidance_embed.guidance_embedder.linear_2"}},
-       {"double_stream_modulation_img.lin", {"double_stream_modulation_img.linear"}},
-       {"double_stream_modulation_txt.lin", {"double_stream_modulation_txt.linear"}},
-       {"single_stream_modulation.lin", {"single_stream_modulation.linear"}},
-       {"final_layer.linear", {"proj_out"}},
-       {"final_layer.adaLN_modulation.1", {"norm_out.linear"}, BflRows::swap_halves}},
-      {{"img_attn.qkv", {"attn.to_q", "attn.to_k", "attn.to_v"}, BflRows::thirds},
-       {"txt_attn.qkv", {"attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"}, BflRows::thirds},
-       {"img_attn.norm.query_norm", {"attn.norm_q"}},
-       {"img_attn.norm.key_norm", {"attn.norm_k"}},
-       {"txt_attn.norm.query_norm", {"attn.norm_added_q"}},
-       {"txt_attn.norm.key_norm", {"attn.norm_added_k"}},
-       {"img_attn.proj", {"attn.to_out.0"}},
-       {"txt_attn.proj", {"attn.to_add_out"}},
-       {"img_mlp.0", {"ff.linear_in"}},
-       {"img_mlp.2", {"ff.linear_out"}},
-       {"txt_mlp.0", {"ff_context.linear_in"}},
-       {"txt_mlp.2", {"ff_context.linear_out"}}},
-      {{"linear1", {"attn.to_qkv_mlp_proj"}},
-       {"linear2", {"attn.to_out"}},
-       {"norm.query_norm", {"attn.norm_q"}},
-       {"norm.key_norm", {"attn.norm_k"}}}};
+  static const BflLayout layout =
+      bfl_layout("time_guidance_embed", {{{"double_stream_modulation_img.lin", {"double_stream_modulation_img.linear"}},
+                                          {"double_stream_modulation_txt.lin", {"double_stream_modulation_txt.linear"}},
+                                          {"single_stream_modulation.lin", {"single_stream_modulation.linear"}}},
+                                         {{"img_mlp.0", {"ff.linear_in"}},
+                                          {"img_mlp.2", {"ff.linear_out"}},
+                                          {"txt_mlp.0", {"ff_context.linear_in"}},
+                                          {"txt_mlp.2", {"ff_context.linear_out"}}},
+                                         {{"linear1", {"attn.to_qkv_mlp_proj"}}, {"linear2", {"attn.to_out"}}}});
   return layout;
 }
 

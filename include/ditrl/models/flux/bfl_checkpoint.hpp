@@ -38,6 +38,12 @@ struct BflLayout {
   std::vector<BflRule> single_block;  // in single_blocks.N, read as single_transformer_blocks.N
 };
 
+// BFL's rules where diffusers names FLUX.1's and FLUX.2's modules alike (the
+// input projections, the time and guidance embedders under `time_embed`,
+// the final layer, the double blocks' attention, the single blocks' q/k
+// norms), then a family's `own`.
+BflLayout bfl_layout(const std::string& time_embed, const BflLayout& own);
+
 // The two families' layouts (diffusers' single-file converters as tables).
 const BflLayout& flux1_bfl_layout();
 const BflLayout& flux2_bfl_layout();
