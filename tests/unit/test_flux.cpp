@@ -8,7 +8,7 @@
 #include <ditrl/models/family_traits.hpp>
 #include <ditrl/models/flux/flux.hpp>
 #include <ditrl/models/guided.hpp>
-#include <ditrl/models/qwen_image/qwen_image.hpp>
+#include <ditrl/models/packed_latents.hpp>
 #include <ditrl/models/reference.hpp>
 
 #include <fmt/format.h>

@@ -1,5 +1,6 @@
 #include <ditrl/error.hpp>
 #include <ditrl/models/guided.hpp>
+#include <ditrl/models/packed_latents.hpp>
 #include <ditrl/models/qwen_image/qwen_image.hpp>
 #include <ditrl/models/reference.hpp>
 #include <ditrl/models/weights.hpp>

@@ -2,7 +2,7 @@
 #include <ditrl/models/config_fields.hpp>
 #include <ditrl/models/flux/bfl_checkpoint.hpp>
 #include <ditrl/models/flux/flux.hpp>
-#include <ditrl/models/qwen_image/qwen_image.hpp>
+#include <ditrl/models/packed_latents.hpp>
 
 #include <ATen/ATen.h>
 #include <boost/json.hpp>

@@ -1,5 +1,6 @@
 #include <ditrl/error.hpp>
 #include <ditrl/models/config_fields.hpp>
+#include <ditrl/models/packed_latents.hpp>
 #include <ditrl/models/qwen_image/qwen_image.hpp>
 
 #include <ATen/ATen.h>
@@ -104,16 +105,6 @@ void QwenImageConfig::validate() const {
   if (sum != attention_head_dim)
     fail("qwen_image config: axes_dims_rope [{}] must sum to attention_head_dim {}", fmt::join(axes_dims_rope, ", "),
          attention_head_dim);
-}
-
-at::Tensor pack_latents(const at::Tensor& latents, int64_t patch) {
-  const int64_t b = latents.size(0), c = latents.size(1), h = latents.size(2) / patch, w = latents.size(3) / patch;
-  return latents.view({b, c, h, patch, w, patch}).permute({0, 2, 4, 1, 3, 5}).reshape({b, h * w, c * patch * patch});
-}
-
-at::Tensor unpack_latents(const at::Tensor& packed, int64_t height, int64_t width, int64_t patch) {
-  const int64_t b = packed.size(0), h = height / patch, w = width / patch, c = packed.size(2) / (patch * patch);
-  return packed.view({b, h, w, c, patch, patch}).permute({0, 3, 1, 4, 2, 5}).reshape({b, c, height, width});
 }
 
 QwenImageBlock::QwenImageBlock(const QwenImageConfig& config, AttentionBackend backend,

@@ -11,7 +11,7 @@
 // snapshot in [0, 1] and the raw guidance scale: the model scales both by
 // 1000 itself.
 //
-// Latent layout: as Qwen-Image's (models/qwen_image/qwen_image.hpp), the
+// Latent layout: as Qwen-Image's (models/packed_latents.hpp), the
 // reference forward takes 2x2-packed latents (B, h*w, 64); noise_pred and
 // latent_shape use the VAE latent (B, 16, H, W), packed on the way in with
 // the pipeline's img_ids (0, row, col) and zero txt_ids.

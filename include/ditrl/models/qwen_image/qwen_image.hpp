@@ -76,12 +76,6 @@ struct QwenImageConfig {
   void validate() const;
 };
 
-// (B, C, H, W) -> (B, (H/p)*(W/p), C*p*p), feature c*p*p + py*p + px: the
-// pipeline's _pack_latents.
-at::Tensor pack_latents(const at::Tensor& latents, int64_t patch);
-// The inverse: (B, h*w, C*p*p) -> (B, C, h*p, w*p).
-at::Tensor unpack_latents(const at::Tensor& packed, int64_t height, int64_t width, int64_t patch);
-
 class QwenImageBlock : public torch::nn::Module {
  public:
   QwenImageBlock(const QwenImageConfig& config, AttentionBackend backend, const at::TensorOptions& options);
