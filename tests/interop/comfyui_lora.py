@@ -4,12 +4,13 @@ No package index carries ComfyUI's `comfy` modules (benchmarks/results/comfyui_l
 check runs only where DITRL_COMFYUI names a ComfyUI checkout, and is SKIPPED (exit 77) otherwise.
 DITRL_COMFYUI_PYTHON names a Python with ComfyUI's requirements and diffusers (default: this one).
 
-Per family (sd3, wan, qwen_image), on the fixture model (tests/fixtures/<family>):
+Per family (sd3, wan, qwen_image, flux), on the fixture model (tests/fixtures/<family>):
   1. `ditrl train` a LoRA on every linear layer (targets ["*"], r 4, alpha 12), `ditrl export --merged`;
   2. the fixture weights become a ComfyUI model: ComfyUI's model class from its own detected
      config, with the fixture's sizes where ComfyUI takes the released models' (SD3's block count,
-     Wan's heads / freq_dim / text_dim, Qwen-Image's widths); SD3's diffusers names converted by
-     ComfyUI (convert_diffusers_mmdit), Wan's by diffusers' single-file converter, inverted;
+     Wan's heads / freq_dim / text_dim, Qwen-Image's widths, FLUX.1's widths and RoPE axes); SD3's
+     diffusers names converted by ComfyUI (convert_diffusers_mmdit), Wan's by diffusers' single-file
+     converter, inverted, FLUX.1's into Black Forest Labs' layout (tests/fixtures/bfl_layout.py);
   3. the export goes through comfy.sd.load_lora_for_models at strength 1 (model_lora_keys_unet,
      load_lora, the model patcher's weight patches), and every patched weight is compared with
      ditrl's merged export converted the same way; the diffusers file
@@ -77,6 +78,12 @@ def fixture_sizes(family, config):
     if family == "wan":
         return {"num_heads": config["num_attention_heads"], "freq_dim": config["freq_dim"],
                 "text_dim": config["text_dim"]}
+    if family == "flux":
+        # ComfyUI's Flux patchifies 2x2 itself: its channels are the packed ones / 4.
+        heads = config["num_attention_heads"]
+        return {"in_channels": config["in_channels"] // 4, "out_channels": config["in_channels"] // 4,
+                "hidden_size": heads * config["attention_head_dim"], "num_heads": heads,
+                "context_in_dim": config["joint_attention_dim"], "axes_dim": list(config["axes_dims_rope"])}
     return {"patch_size": config["patch_size"], "out_channels": config["out_channels"],
             "attention_head_dim": config["attention_head_dim"], "num_attention_heads": config["num_attention_heads"],
             "joint_attention_dim": config["joint_attention_dim"], "axes_dims_rope": tuple(config["axes_dims_rope"])}
@@ -90,7 +97,7 @@ def comfy_model(family, base):
     unet_config = comfy.model_detection.detect_unet_config(base, "")
     unet_config.update(fixture_sizes(family, config))
     cls = {"sd3": comfy.supported_models.SD3, "wan": comfy.supported_models.WAN21_T2V,
-           "qwen_image": comfy.supported_models.QwenImage}[family]
+           "qwen_image": comfy.supported_models.QwenImage, "flux": comfy.supported_models.Flux}[family]
     model_config = cls(unet_config)
     model_config.set_inference_dtype(torch.float32, None)
     model = model_config.get_model(base, "")
@@ -108,6 +115,12 @@ def to_comfy_names(family, diffusers_state, native_keys=None):
         return comfy.model_detection.convert_diffusers_mmdit(dict(diffusers_state), "")
     if family == "qwen_image":
         return dict(diffusers_state)
+    if family == "flux":
+        # ComfyUI's Flux keeps Black Forest Labs' names: the fixtures' mapping, checked against BFL's
+        # own model (tests/fixtures/bfl_layout.py).
+        sys.path.insert(0, rt.FIXTURES)
+        from bfl_layout import to_bfl
+        return to_bfl("flux", diffusers_state)
     # Wan: diffusers' single-file converter (Wan checkpoint names -> diffusers), inverted.
     from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
     probe = {k: torch.tensor(float(i)) for i, k in enumerate(native_keys)}
