@@ -110,6 +110,14 @@ io::NamedTensors factor_tensors(const LoraAdapter& adapter, const std::string& p
   return out;
 }
 
+// A file whose lora_B holds (alpha/r) B (LTX-2's, FLUX.2's ComfyUI file):
+// read_safetensors gets the trained factors back from these entries.
+void note_b_scaled(const LoraAdapter& adapter, std::map<std::string, std::string>& metadata) {
+  metadata["ditrl_lora_rank"] = std::to_string(adapter.rank);
+  metadata["ditrl_lora_alpha"] = fmt::format("{}", adapter.alpha);
+  metadata["ditrl_lora_b_scaled"] = "alpha/r";
+}
+
 // ------------------------------------------------------------------ reading
 
 // What the keys and metadata of one file say before the factors are paired.
@@ -340,9 +348,7 @@ void write_lora_file(const std::string& path, LoraFormat format, const LoraAdapt
     metadata[kDiffusersMetadata] = json::serialize(packed);
     io::write_safetensors(path, factor_tensors(adapter, kDiffusersPrefix, options.dtype), metadata);
   } else if (format == LoraFormat::Ltx) {
-    metadata["ditrl_lora_rank"] = std::to_string(adapter.rank);
-    metadata["ditrl_lora_alpha"] = fmt::format("{}", adapter.alpha);
-    metadata["ditrl_lora_b_scaled"] = "alpha/r";
+    note_b_scaled(adapter, metadata);
     io::write_safetensors(path, factor_tensors(adapter, kLtxPrefix, options.dtype, adapter.scale()), metadata);
   } else {
     fail("write_lora_file: a PEFT adapter is a folder (write_peft_adapter)");
@@ -369,6 +375,7 @@ void write_bfl_lora(const std::string& path, const LoraAdapter& adapter, const L
     const std::optional<BflPlace> place = bfl_place(name, flux2_bfl_layout());
     if (!place)
       fail("{}: flux2 layer {} has no name in Black Forest Labs' layout, which ComfyUI's model uses", path, name);
+    if (place->rule->rows == BflRows::qkv_mlp) fail("{}: {} splits unevenly (FLUX.1's linear1)", path, place->module);
     fused[place->module].rule = place->rule;
     fused[place->module].parts[place->part] = &f;
   }
@@ -387,15 +394,12 @@ void write_bfl_lora(const std::string& path, const LoraAdapter& adapter, const L
       a.push_back(f->a.detach().to(at::kCPU, at::kFloat));
     }
     if (group.rule->rows == BflRows::swap_halves) b = at::cat({b.chunk(2)[1], b.chunk(2)[0]});
-    if (group.rule->rows == BflRows::qkv_mlp) fail("{}: {} splits unevenly (FLUX.1's linear1)", path, module);
     tensors.emplace_back(std::string(kLtxPrefix) + module + ".lora_A.weight", stored(at::cat(a), options.dtype));
     tensors.emplace_back(std::string(kLtxPrefix) + module + ".lora_B.weight", stored(b, options.dtype));
   }
   std::map<std::string, std::string> metadata = options.metadata;
   metadata["format"] = "pt";
-  metadata["ditrl_lora_rank"] = std::to_string(adapter.rank);
-  metadata["ditrl_lora_alpha"] = fmt::format("{}", adapter.alpha);
-  metadata["ditrl_lora_b_scaled"] = "alpha/r";
+  note_b_scaled(adapter, metadata);
   metadata[kBflLayoutKey] = "black-forest-labs";
   io::write_safetensors(path, tensors, metadata);
 }
