@@ -2,7 +2,6 @@
 #include <ditrl/models/flux/bfl_checkpoint.hpp>
 
 #include <optional>
-#include <tuple>
 
 namespace ditrl::models {
 
@@ -14,39 +13,55 @@ bool starts_with(const std::string& s, const std::string& prefix) {
   return s.compare(0, prefix.size(), prefix) == 0;
 }
 
-// `name` as (block prefix read, rules, module within the block, parameter):
-// "double_blocks.3.img_attn.qkv.weight" -> ("transformer_blocks.3.",
-// double_block, "img_attn.qkv", "weight"). nullopt for a name outside
-// BFL's layout.
-struct Place {
-  std::string read_prefix;
+// A module inside a block, named in one layout, and its block's prefix in
+// the other: "double_blocks.3.img_attn.qkv" read from BFL's layout ->
+// ("transformer_blocks.3.", double_block rules, "img_attn.qkv"); a module
+// outside the blocks keeps its name, with the top-level rules.
+struct InBlock {
+  std::string other_prefix;
   const std::vector<BflRule>* rules = nullptr;
   std::string module;
+};
+
+struct BlockKind {
+  const char* bfl;
+  const char* diffusers;
+  std::vector<BflRule> BflLayout::*rules;
+};
+const BlockKind kBlockKinds[] = {{"double_blocks.", "transformer_blocks.", &BflLayout::double_block},
+                                 {"single_blocks.", "single_transformer_blocks.", &BflLayout::single_block}};
+
+std::optional<InBlock> in_block(const std::string& module, const BflLayout& layout, bool from_bfl) {
+  for (const BlockKind& kind : kBlockKinds) {
+    const std::string from = from_bfl ? kind.bfl : kind.diffusers, to = from_bfl ? kind.diffusers : kind.bfl;
+    if (!starts_with(module, from)) continue;
+    const size_t index_end = module.find('.', from.size());
+    if (index_end == std::string::npos) return std::nullopt;
+    return InBlock{to + module.substr(from.size(), index_end - from.size()) + ".", &(layout.*kind.rules),
+                   module.substr(index_end + 1)};
+  }
+  return InBlock{"", &layout.model, module};
+}
+
+// A stored tensor's name as its place (block prefix read, rules, module
+// within the block) and parameter; nullopt for a name outside BFL's layout.
+struct Place {
+  InBlock block;
   std::string parameter;
 };
 
 std::optional<Place> place_of(const std::string& name, const BflLayout& layout) {
   const size_t dot = name.rfind('.');
   if (dot == std::string::npos) return std::nullopt;
-  Place p{"", &layout.model, name.substr(0, dot), name.substr(dot + 1)};
-  for (const auto& [stored, read, rules] : {std::tuple<const char*, const char*, const std::vector<BflRule>*>{
-                                                "double_blocks.", "transformer_blocks.", &layout.double_block},
-                                            {"single_blocks.", "single_transformer_blocks.", &layout.single_block}}) {
-    if (!starts_with(p.module, stored)) continue;
-    const size_t index_end = p.module.find('.', std::string(stored).size());
-    if (index_end == std::string::npos) return std::nullopt;
-    const std::string index = p.module.substr(std::string(stored).size(), index_end - std::string(stored).size());
-    p.read_prefix = read + index + ".";
-    p.rules = rules;
-    p.module = p.module.substr(index_end + 1);
-  }
-  if (p.parameter == "scale") p.parameter = "weight";  // BFL's RMSNorm
-  return p;
+  const std::optional<InBlock> block = in_block(name.substr(0, dot), layout, /*from_bfl=*/true);
+  if (!block) return std::nullopt;
+  const std::string parameter = name.substr(dot + 1);
+  return Place{*block, parameter == "scale" ? "weight" : parameter};  // BFL's RMSNorm weights are `scale`
 }
 
 const BflRule* rule_for(const Place& p) {
-  for (const BflRule& r : *p.rules)
-    if (r.from == p.module) return &r;
+  for (const BflRule& r : *p.block.rules)
+    if (r.from == p.block.module) return &r;
   return nullptr;
 }
 
@@ -100,7 +115,7 @@ std::map<std::string, std::vector<io::StoredRows>> bfl_regrouping(const io::Chec
     if (!rule) continue;
     const std::string weight = stored.substr(0, stored.rfind('.')) + ".weight";
     std::vector<io::StoredRows> rows = split_rows(checkpoint, stored, weight, *rule);
-    auto read = [&](size_t i) { return place->read_prefix + rule->to.at(i) + "." + place->parameter; };
+    auto read = [&](size_t i) { return place->block.other_prefix + rule->to.at(i) + "." + place->parameter; };
     if (rule->rows == BflRows::swap_halves) {
       out[read(0)] = rows;  // one module, its halves exchanged
       continue;
@@ -135,23 +150,11 @@ BflLayout bfl_layout(const std::string& time_embed, const BflLayout& own) {
 }
 
 std::optional<BflPlace> bfl_place(const std::string& diffusers_module, const BflLayout& layout) {
-  std::string module = diffusers_module, stored_prefix;
-  const std::vector<BflRule>* rules = &layout.model;
-  for (const auto& [read, stored, block_rules] :
-       {std::tuple<const char*, const char*, const std::vector<BflRule>*>{"transformer_blocks.", "double_blocks.",
-                                                                          &layout.double_block},
-        {"single_transformer_blocks.", "single_blocks.", &layout.single_block}}) {
-    const std::string prefix = read;
-    if (!starts_with(module, prefix)) continue;
-    const size_t index_end = module.find('.', prefix.size());
-    if (index_end == std::string::npos) return std::nullopt;
-    stored_prefix = stored + module.substr(prefix.size(), index_end - prefix.size()) + ".";
-    rules = block_rules;
-    module = module.substr(index_end + 1);
-  }
-  for (const BflRule& r : *rules)
+  const std::optional<InBlock> block = in_block(diffusers_module, layout, /*from_bfl=*/false);
+  if (!block) return std::nullopt;
+  for (const BflRule& r : *block->rules)
     for (size_t i = 0; i < r.to.size(); ++i)
-      if (r.to[i] == module) return BflPlace{stored_prefix + r.from, &r, i};
+      if (r.to[i] == block->module) return BflPlace{block->other_prefix + r.from, &r, i};
   return std::nullopt;
 }
 
